@@ -1,0 +1,70 @@
+//! Fixed window counter: at most `limit` units per window.
+//!
+//! Windows are aligned to multiples of `window` since the Unix epoch, so every
+//! instance agrees on where a window starts and `reset_after` is exact. The
+//! price is the boundary burst.
+//!
+//! **Bound:** within one aligned window the admitted cost is at most `limit`;
+//! any interval spanning `k` aligned windows admits at most `k · limit` (so up
+//! to `2 · limit` in an interval of length `window`).
+
+use super::Step;
+use crate::decision::Decision;
+
+/// Parameters of a fixed window counter, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    pub(crate) limit: u64,
+    pub(crate) window: u64,
+}
+
+/// The count of the window that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindowState {
+    /// Start of the counted window, µs since the epoch.
+    pub start: u64,
+    /// Units admitted in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// Start of the window holding `now`, and its count so far.
+    fn current(&self, state: Option<&FixedWindowState>, now: u64) -> (u64, u64) {
+        let start = now - now % self.window;
+        match state {
+            Some(state) if state.start == start => (start, state.count),
+            _ => (start, 0),
+        }
+    }
+
+    /// Units that would be admitted now.
+    pub(crate) fn available(&self, state: Option<&FixedWindowState>, now: u64) -> u64 {
+        let (_, count) = self.current(state, now);
+        self.limit.saturating_sub(count)
+    }
+
+    /// Admits `cost` units if the current window has room.
+    pub(crate) fn check(&self, state: Option<&FixedWindowState>, now: u64, cost: u64) -> Step<FixedWindowState> {
+        let (start, count) = self.current(state, now);
+        let end = start + self.window;
+        let reset_after = |count: u64| if count > 0 { end - now } else { 0 };
+        let remaining = self.limit.saturating_sub(count);
+        if cost > self.limit {
+            return Step::unchanged(Decision::deny(self.limit, remaining, None, reset_after(count)));
+        }
+        if cost > remaining {
+            return Step::unchanged(Decision::deny(
+                self.limit,
+                remaining,
+                Some(end - now),
+                reset_after(count),
+            ));
+        }
+        let count = count + cost;
+        let decision = Decision::allow(self.limit, self.limit - count, reset_after(count), 0);
+        if cost == 0 {
+            return Step::unchanged(decision);
+        }
+        Step::changed(decision, FixedWindowState { start, count })
+    }
+}

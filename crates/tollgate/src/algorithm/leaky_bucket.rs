@@ -1,0 +1,82 @@
+//! Leaky bucket as a shaping queue.
+//!
+//! Admitted requests leave through one outlet at `rate` units per `period`:
+//! each departs at `max(now, drained)`, where `drained` is when the requests
+//! queued ahead of it have left, and then occupies the outlet for
+//! `cost · period / rate`. The caller is told to `wait` until its departure.
+//! `capacity` bounds the units in the bucket — queued or leaving — so a
+//! request is denied when it would overfill it; with `capacity = 1` nothing
+//! ever queues and `wait` is always zero.
+//!
+//! **Bound:** over any interval `[a, b]` the admitted cost is at most
+//! `capacity + rate · (b − a) / period`; departures are spaced by the outlet
+//! time of the request ahead, so departures in `[a, b]` carry at most
+//! `rate · (b − a) / period` units plus one request's cost.
+
+use super::rate::{Rate, Tat};
+use super::Step;
+use crate::decision::Decision;
+
+/// Parameters of a leaky bucket, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeakyBucket {
+    pub(crate) rate: u64,
+    pub(crate) period: u64,
+    pub(crate) capacity: u64,
+    pub(crate) ticks: Rate,
+}
+
+/// The instant the queue will have drained.
+pub type LeakyBucketState = Tat;
+
+impl LeakyBucket {
+    /// Units that would be admitted now.
+    pub(crate) fn available(&self, state: Option<&LeakyBucketState>, now: u64) -> u64 {
+        let queued = state.map_or(0, |drained| drained.backlog(now, self.ticks));
+        self.ticks
+            .units((self.capacity * self.ticks.unit).saturating_sub(queued))
+    }
+
+    /// Queues `cost` units if they fit and would depart within `max_wait`
+    /// (`None`: any wait).
+    pub(crate) fn reserve(
+        &self,
+        state: Option<&LeakyBucketState>,
+        now: u64,
+        cost: u64,
+        max_wait: Option<u64>,
+    ) -> Step<LeakyBucketState> {
+        let ticks = self.ticks;
+        let capacity = self.capacity * ticks.unit;
+        let queued = state.map_or(0, |drained| drained.backlog(now, ticks)).min(capacity);
+        let remaining = ticks.units(capacity - queued);
+        if cost > self.capacity {
+            return Step::unchanged(Decision::deny(self.capacity, remaining, None, ticks.micros(queued)));
+        }
+        let departure = ticks.micros(queued);
+        let queued_after = queued + cost * ticks.unit;
+        let overfull = queued_after.saturating_sub(capacity);
+        let too_late = max_wait.map_or(0, |max_wait| {
+            queued.saturating_sub(max_wait.saturating_mul(ticks.per_micro))
+        });
+        if overfull > 0 || too_late > 0 {
+            let retry_after = ticks.micros(overfull.max(too_late));
+            return Step::unchanged(Decision::deny(
+                self.capacity,
+                remaining,
+                Some(retry_after),
+                ticks.micros(queued),
+            ));
+        }
+        let decision = Decision::allow(
+            self.capacity,
+            ticks.units(capacity - queued_after),
+            ticks.micros(queued_after),
+            departure,
+        );
+        if cost == 0 {
+            return Step::unchanged(decision);
+        }
+        Step::changed(decision, Tat::after(now, queued_after, ticks))
+    }
+}

@@ -1,0 +1,684 @@
+//! The eight algorithms, as pure functions of `(params, state, now, cost)`.
+//!
+//! Each file holds one algorithm and mirrors one Lua function of the Redis
+//! store: same names, same steps, same integer units (microseconds, and ticks
+//! for exact rates — see [`rate`]). Nothing here reads a clock, allocates a
+//! key or touches a store; a store loads the state, calls `decide`, and writes
+//! back what changed, all in one atomic step.
+//!
+//! Invalid parameters are refused when a [`Limit`] is built, with a message
+//! that names the field. A denied request returns its state unchanged.
+#![deny(clippy::float_arithmetic)]
+
+pub(crate) mod concurrency;
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod leaky_bucket;
+pub(crate) mod rate;
+pub(crate) mod reservation;
+pub(crate) mod sliding_log;
+pub(crate) mod sliding_window;
+pub(crate) mod token_bucket;
+
+#[cfg(test)]
+mod properties;
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::micros;
+use crate::decision::Decision;
+use crate::duration::{serde_text, MAX_MICROS};
+use crate::error::{Error, Result};
+
+use self::concurrency::{Concurrency, ConcurrencyState};
+use self::fixed_window::{FixedWindow, FixedWindowState};
+use self::gcra::{Gcra, GcraState};
+use self::leaky_bucket::{LeakyBucket, LeakyBucketState};
+use self::rate::{Rate, MAX_TICKS};
+use self::reservation::{Reservation, ReservationState};
+use self::sliding_log::{SlidingLog, SlidingLogState};
+use self::sliding_window::{SlidingWindow, SlidingWindowState};
+pub use self::token_bucket::Refill;
+use self::token_bucket::{TokenBucket, TokenBucketState};
+
+/// The most sub-intervals a sliding window may have.
+pub const MAX_BUCKETS: u64 = 1_000;
+
+/// What an algorithm returns: its decision, and its new state when it changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Step<S> {
+    pub decision: Decision,
+    pub state: Option<S>,
+}
+
+impl<S> Step<S> {
+    pub(crate) fn unchanged(decision: Decision) -> Self {
+        Self { decision, state: None }
+    }
+
+    pub(crate) fn changed(decision: Decision, state: S) -> Self {
+        Self {
+            decision,
+            state: Some(state),
+        }
+    }
+
+    fn map<T>(self, wrap: impl FnOnce(S) -> T) -> Step<T> {
+        Step {
+            decision: self.decision,
+            state: self.state.map(wrap),
+        }
+    }
+}
+
+/// What a request asks of one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action<'a> {
+    /// Decide at once, consuming when allowed.
+    Check,
+    /// Borrowing or shaping: accept a wait of at most this many µs (`None`: any).
+    Reserve(Option<u64>),
+    /// Take a lease (concurrency) or, on rate limits, a reservation within
+    /// `max_wait` / a check.
+    Acquire {
+        lease: Option<&'a str>,
+        max_wait: Option<u64>,
+    },
+    /// Give a lease back; other limits only report.
+    Release(&'a str),
+}
+
+/// The stored state of one limit for one subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    FixedWindow(FixedWindowState),
+    SlidingWindow(SlidingWindowState),
+    SlidingLog(SlidingLogState),
+    TokenBucket(TokenBucketState),
+    Reservation(ReservationState),
+    LeakyBucket(LeakyBucketState),
+    Gcra(GcraState),
+    Concurrency(ConcurrencyState),
+}
+
+/// Parameters of one limit, as written in JSON or YAML (DESIGN §3): the
+/// `algorithm` name and its fields, durations as text like `"1.5s"`.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "algorithm", rename_all = "snake_case")]
+pub enum LimitSpec {
+    /// See [`Limit::fixed_window`].
+    FixedWindow(WindowSpec),
+    /// See [`Limit::sliding_window`].
+    SlidingWindow(SlidingWindowSpec),
+    /// See [`Limit::sliding_log`].
+    SlidingLog(WindowSpec),
+    /// See [`Limit::token_bucket`].
+    TokenBucket(TokenBucketSpec),
+    /// See [`Limit::reservation`].
+    Reservation(ReservationSpec),
+    /// See [`Limit::leaky_bucket`].
+    LeakyBucket(LeakyBucketSpec),
+    /// See [`Limit::gcra`].
+    Gcra(GcraSpec),
+    /// See [`Limit::concurrency`].
+    Concurrency(ConcurrencySpec),
+}
+
+/// `limit` units per `window` (fixed window, sliding log).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowSpec {
+    pub limit: u64,
+    #[serde(with = "serde_text")]
+    pub window: Duration,
+}
+
+/// `limit` units per `window`, counted in `buckets` sub-intervals (default 10).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlidingWindowSpec {
+    pub limit: u64,
+    #[serde(with = "serde_text")]
+    pub window: Duration,
+    #[serde(default = "default_buckets")]
+    pub buckets: u64,
+}
+
+fn default_buckets() -> u64 {
+    10
+}
+
+/// `capacity` tokens, `refill` more per `interval`; `initial` defaults to `capacity`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBucketSpec {
+    pub capacity: u64,
+    pub refill: u64,
+    #[serde(with = "serde_text")]
+    pub interval: Duration,
+    #[serde(default)]
+    pub mode: Refill,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u64>,
+}
+
+/// `rate` permits per `period`, storing up to `max_burst`; `initial` defaults to `max_burst`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationSpec {
+    pub rate: u64,
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    pub max_burst: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u64>,
+}
+
+/// Draining `rate` units per `period`, holding at most `capacity` units.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeakyBucketSpec {
+    pub rate: u64,
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    pub capacity: u64,
+}
+
+/// `rate` cells per `period`, `burst` at once.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcraSpec {
+    pub rate: u64,
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    pub burst: u64,
+}
+
+/// At most `limit` units in flight; a lease ends by itself after `ttl`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySpec {
+    pub limit: u64,
+    #[serde(with = "serde_text")]
+    pub ttl: Duration,
+}
+
+/// A validated limit: one algorithm with its parameters.
+///
+/// Build one with a constructor ([`Limit::gcra`], …), from a [`LimitSpec`],
+/// or from JSON ([`Limit::from_json`]). Each refuses invalid parameters with
+/// an error naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    spec: LimitSpec,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    FixedWindow(FixedWindow),
+    SlidingWindow(SlidingWindow),
+    SlidingLog(SlidingLog),
+    TokenBucket(TokenBucket),
+    Reservation(Reservation),
+    LeakyBucket(LeakyBucket),
+    Gcra(Gcra),
+    Concurrency(Concurrency),
+}
+
+fn at_least_one(value: u64, field: &str) -> Result<u64> {
+    if value == 0 {
+        return Err(Error::invalid_limit(format!("{field} must be at least 1")));
+    }
+    if value > MAX_TICKS {
+        return Err(Error::invalid_limit(format!("{field} must be at most {MAX_TICKS}")));
+    }
+    Ok(value)
+}
+
+fn positive(duration: Duration, field: &str) -> Result<u64> {
+    let value = micros(duration);
+    if value == 0 {
+        return Err(Error::invalid_limit(format!("{field} must be positive")));
+    }
+    if value > MAX_MICROS {
+        return Err(Error::invalid_limit(format!(
+            "{field} is too long (at most {MAX_MICROS} us)"
+        )));
+    }
+    if duration.subsec_nanos() % 1_000 != 0 {
+        return Err(Error::invalid_limit(format!("{field} is finer than a microsecond")));
+    }
+    Ok(value)
+}
+
+fn at_most(value: Option<u64>, ceiling: u64, field: &str, ceiling_field: &str) -> Result<u64> {
+    match value {
+        Some(value) if value > ceiling => Err(Error::invalid_limit(format!(
+            "{field} ({value}) must be at most {ceiling_field} ({ceiling})"
+        ))),
+        Some(value) => Ok(value),
+        None => Ok(ceiling),
+    }
+}
+
+impl LimitSpec {
+    /// Validates the parameters into a [`Limit`].
+    ///
+    /// # Errors
+    ///
+    /// An [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) error
+    /// naming the field at fault.
+    pub fn build(self) -> Result<Limit> {
+        let kind = match self {
+            Self::FixedWindow(spec) => Kind::FixedWindow(FixedWindow {
+                limit: at_least_one(spec.limit, "limit")?,
+                window: positive(spec.window, "window")?,
+            }),
+            Self::SlidingWindow(spec) => {
+                let limit = at_least_one(spec.limit, "limit")?;
+                let window = positive(spec.window, "window")?;
+                let buckets = at_least_one(spec.buckets, "buckets")?;
+                if buckets > MAX_BUCKETS {
+                    return Err(Error::invalid_limit(format!("buckets must be at most {MAX_BUCKETS}")));
+                }
+                if window % buckets != 0 {
+                    return Err(Error::invalid_limit(format!(
+                        "window ({window} us) must be a whole number of microseconds per bucket ({buckets} buckets)"
+                    )));
+                }
+                Kind::SlidingWindow(SlidingWindow { limit, window, buckets })
+            }
+            Self::SlidingLog(spec) => Kind::SlidingLog(SlidingLog {
+                limit: at_least_one(spec.limit, "limit")?,
+                window: positive(spec.window, "window")?,
+            }),
+            Self::TokenBucket(spec) => {
+                let capacity = at_least_one(spec.capacity, "capacity")?;
+                let refill = at_least_one(spec.refill, "refill")?;
+                let interval = positive(spec.interval, "interval")?;
+                let initial = at_most(spec.initial, capacity, "initial", "capacity")?;
+                let rate = Rate::new(refill, interval, capacity, ["refill", "interval", "capacity"])?;
+                Kind::TokenBucket(TokenBucket {
+                    capacity,
+                    refill,
+                    interval,
+                    mode: spec.mode,
+                    initial,
+                    rate,
+                })
+            }
+            Self::Reservation(spec) => {
+                let rate = at_least_one(spec.rate, "rate")?;
+                let period = positive(spec.period, "period")?;
+                if spec.max_burst > MAX_TICKS {
+                    return Err(Error::invalid_limit(format!("max_burst must be at most {MAX_TICKS}")));
+                }
+                let initial = at_most(spec.initial, spec.max_burst, "initial", "max_burst")?;
+                let ticks = Rate::new(rate, period, spec.max_burst, ["rate", "period", "max_burst"])?;
+                Kind::Reservation(Reservation {
+                    rate,
+                    period,
+                    max_burst: spec.max_burst,
+                    initial,
+                    ticks,
+                })
+            }
+            Self::LeakyBucket(spec) => {
+                let rate = at_least_one(spec.rate, "rate")?;
+                let period = positive(spec.period, "period")?;
+                let capacity = at_least_one(spec.capacity, "capacity")?;
+                let ticks = Rate::new(rate, period, capacity, ["rate", "period", "capacity"])?;
+                Kind::LeakyBucket(LeakyBucket {
+                    rate,
+                    period,
+                    capacity,
+                    ticks,
+                })
+            }
+            Self::Gcra(spec) => {
+                let rate = at_least_one(spec.rate, "rate")?;
+                let period = positive(spec.period, "period")?;
+                let burst = at_least_one(spec.burst, "burst")?;
+                let ticks = Rate::new(rate, period, burst, ["rate", "period", "burst"])?;
+                Kind::Gcra(Gcra {
+                    rate,
+                    period,
+                    burst,
+                    ticks,
+                })
+            }
+            Self::Concurrency(spec) => Kind::Concurrency(Concurrency {
+                limit: at_least_one(spec.limit, "limit")?,
+                ttl: positive(spec.ttl, "ttl")?,
+            }),
+        };
+        Ok(Limit { spec: self, kind })
+    }
+
+    /// The algorithm's name, as written in `"algorithm"`.
+    pub fn algorithm(&self) -> &'static str {
+        match self {
+            Self::FixedWindow(_) => "fixed_window",
+            Self::SlidingWindow(_) => "sliding_window",
+            Self::SlidingLog(_) => "sliding_log",
+            Self::TokenBucket(_) => "token_bucket",
+            Self::Reservation(_) => "reservation",
+            Self::LeakyBucket(_) => "leaky_bucket",
+            Self::Gcra(_) => "gcra",
+            Self::Concurrency(_) => "concurrency",
+        }
+    }
+
+    /// Reads a spec from a JSON object such as
+    /// `{"algorithm":"gcra","rate":10,"period":"1s","burst":5}`.
+    ///
+    /// # Errors
+    ///
+    /// When the object has no known `algorithm`, an unknown or missing field,
+    /// or a value of the wrong type; the message names the field.
+    pub fn from_value(value: serde_json::Value) -> Result<Self> {
+        let serde_json::Value::Object(mut fields) = value else {
+            return Err(Error::invalid_limit(
+                "a limit must be a JSON object with an \"algorithm\" field",
+            ));
+        };
+        let algorithm = match fields.remove("algorithm") {
+            Some(serde_json::Value::String(name)) => name,
+            Some(_) => return Err(Error::invalid_limit("algorithm must be a string")),
+            None => return Err(Error::invalid_limit("missing field \"algorithm\"")),
+        };
+        let fields = serde_json::Value::Object(fields);
+        match algorithm.as_str() {
+            "fixed_window" => parse_fields(fields).map(Self::FixedWindow),
+            "sliding_window" => parse_fields(fields).map(Self::SlidingWindow),
+            "sliding_log" => parse_fields(fields).map(Self::SlidingLog),
+            "token_bucket" => parse_fields(fields).map(Self::TokenBucket),
+            "reservation" => parse_fields(fields).map(Self::Reservation),
+            "leaky_bucket" => parse_fields(fields).map(Self::LeakyBucket),
+            "gcra" => parse_fields(fields).map(Self::Gcra),
+            "concurrency" => parse_fields(fields).map(Self::Concurrency),
+            other => Err(Error::invalid_limit(format!(
+                "unknown algorithm \"{other}\" (expected fixed_window, sliding_window, sliding_log, \
+                 token_bucket, reservation, leaky_bucket, gcra or concurrency)"
+            ))),
+        }
+    }
+}
+
+/// Deserializes an algorithm's fields, naming the field in any error.
+fn parse_fields<T: serde::de::DeserializeOwned>(fields: serde_json::Value) -> Result<T> {
+    serde_path_to_error::deserialize(fields).map_err(|error| {
+        let path = error.path().to_string();
+        let message = error.inner().to_string().replace('`', "\"");
+        if path == "." {
+            Error::invalid_limit(message)
+        } else {
+            Error::invalid_limit(format!("{path}: {message}"))
+        }
+    })
+}
+
+impl Limit {
+    /// A fixed window counter: at most `limit` units per epoch-aligned `window`.
+    ///
+    /// # Errors
+    ///
+    /// When `limit` is zero or `window` is not a positive whole number of microseconds.
+    pub fn fixed_window(limit: u64, window: Duration) -> Result<Self> {
+        LimitSpec::FixedWindow(WindowSpec { limit, window }).build()
+    }
+
+    /// A sliding window counter of `limit` units per `window`, in `buckets` sub-intervals.
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero, or `window` is not a whole number of microseconds per bucket.
+    pub fn sliding_window(limit: u64, window: Duration, buckets: u64) -> Result<Self> {
+        LimitSpec::SlidingWindow(SlidingWindowSpec { limit, window, buckets }).build()
+    }
+
+    /// A sliding log: exactly `limit` units in any `window`.
+    ///
+    /// # Errors
+    ///
+    /// When `limit` is zero or `window` is not positive.
+    pub fn sliding_log(limit: u64, window: Duration) -> Result<Self> {
+        LimitSpec::SlidingLog(WindowSpec { limit, window }).build()
+    }
+
+    /// A smooth token bucket, full at the start; see [`TokenBucketSpec`] for
+    /// `interval` refill and `initial`.
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero or the rate cannot be computed exactly.
+    pub fn token_bucket(capacity: u64, refill: u64, interval: Duration) -> Result<Self> {
+        LimitSpec::TokenBucket(TokenBucketSpec {
+            capacity,
+            refill,
+            interval,
+            mode: Refill::Smooth,
+            initial: None,
+        })
+        .build()
+    }
+
+    /// A token bucket with reservation (borrowing), storing up to `max_burst` permits.
+    ///
+    /// # Errors
+    ///
+    /// When `rate` or `period` is zero or the rate cannot be computed exactly.
+    pub fn reservation(rate: u64, period: Duration, max_burst: u64) -> Result<Self> {
+        LimitSpec::Reservation(ReservationSpec {
+            rate,
+            period,
+            max_burst,
+            initial: None,
+        })
+        .build()
+    }
+
+    /// A leaky bucket shaping to `rate` per `period`, holding `capacity` units.
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero or the rate cannot be computed exactly.
+    pub fn leaky_bucket(rate: u64, period: Duration, capacity: u64) -> Result<Self> {
+        LimitSpec::LeakyBucket(LeakyBucketSpec { rate, period, capacity }).build()
+    }
+
+    /// GCRA: `rate` per `period`, `burst` at once.
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero or the rate cannot be computed exactly.
+    pub fn gcra(rate: u64, period: Duration, burst: u64) -> Result<Self> {
+        LimitSpec::Gcra(GcraSpec { rate, period, burst }).build()
+    }
+
+    /// At most `limit` units in flight; leases end by themselves after `ttl`.
+    ///
+    /// # Errors
+    ///
+    /// When `limit` is zero or `ttl` is not positive.
+    pub fn concurrency(limit: u64, ttl: Duration) -> Result<Self> {
+        LimitSpec::Concurrency(ConcurrencySpec { limit, ttl }).build()
+    }
+
+    /// Reads and validates a limit written as JSON (DESIGN §6).
+    ///
+    /// # Errors
+    ///
+    /// When the text is not JSON, or the limit is invalid; the message names the field.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|error| Error::invalid_limit(format!("invalid JSON: {error}")))?;
+        LimitSpec::from_value(value)?.build()
+    }
+
+    /// The parameters this limit was built from.
+    pub fn spec(&self) -> &LimitSpec {
+        &self.spec
+    }
+
+    /// The algorithm's name (`"gcra"`, `"fixed_window"`, …).
+    pub fn algorithm(&self) -> &'static str {
+        self.spec.algorithm()
+    }
+
+    /// The most unit-cost requests admitted at once (the decision's `limit`).
+    pub fn capacity(&self) -> u64 {
+        match self.kind {
+            Kind::FixedWindow(p) => p.limit,
+            Kind::SlidingWindow(p) => p.limit,
+            Kind::SlidingLog(p) => p.limit,
+            Kind::TokenBucket(p) => p.capacity,
+            Kind::Reservation(p) => p.max_burst + 1,
+            Kind::LeakyBucket(p) => p.capacity,
+            Kind::Gcra(p) => p.burst,
+            Kind::Concurrency(p) => p.limit,
+        }
+    }
+
+    /// True for the concurrency limiter, which is taken with leases.
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self.kind, Kind::Concurrency(_))
+    }
+
+    pub(crate) fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    /// Units that would be admitted now (`u64::MAX`: any cost).
+    pub(crate) fn available(&self, state: Option<&State>, now: u64) -> u64 {
+        match (&self.kind, state) {
+            (Kind::FixedWindow(p), Some(State::FixedWindow(s))) => p.available(Some(s), now),
+            (Kind::FixedWindow(p), _) => p.available(None, now),
+            (Kind::SlidingWindow(p), Some(State::SlidingWindow(s))) => p.available(Some(s), now),
+            (Kind::SlidingWindow(p), _) => p.available(None, now),
+            (Kind::SlidingLog(p), Some(State::SlidingLog(s))) => p.available(Some(s), now),
+            (Kind::SlidingLog(p), _) => p.available(None, now),
+            (Kind::TokenBucket(p), Some(State::TokenBucket(s))) => p.available(Some(s), now),
+            (Kind::TokenBucket(p), _) => p.available(None, now),
+            (Kind::Reservation(p), Some(State::Reservation(s))) => p.available(Some(s), now),
+            (Kind::Reservation(p), _) => p.available(None, now),
+            (Kind::LeakyBucket(p), Some(State::LeakyBucket(s))) => p.available(Some(s), now),
+            (Kind::LeakyBucket(p), _) => p.available(None, now),
+            (Kind::Gcra(p), Some(State::Gcra(s))) => p.available(Some(s), now),
+            (Kind::Gcra(p), _) => p.available(None, now),
+            (Kind::Concurrency(p), Some(State::Concurrency(s))) => p.available(Some(s), now),
+            (Kind::Concurrency(p), _) => p.available(None, now),
+        }
+    }
+
+    /// Runs `action` for `cost` units against `state` at `now`.
+    ///
+    /// A state of another algorithm (the limit was redefined) counts as none.
+    pub(crate) fn decide(&self, state: Option<&State>, now: u64, action: Action<'_>, cost: u64) -> Result<Step<State>> {
+        macro_rules! state {
+            ($variant:ident) => {
+                match state {
+                    Some(State::$variant(state)) => Some(state),
+                    _ => None,
+                }
+            };
+        }
+        let step = match &self.kind {
+            Kind::FixedWindow(p) => {
+                let cost = rate_cost(action, cost, "fixed_window")?;
+                p.check(state!(FixedWindow), now, cost).map(State::FixedWindow)
+            }
+            Kind::SlidingWindow(p) => {
+                let cost = rate_cost(action, cost, "sliding_window")?;
+                p.check(state!(SlidingWindow), now, cost).map(State::SlidingWindow)
+            }
+            Kind::SlidingLog(p) => {
+                let cost = rate_cost(action, cost, "sliding_log")?;
+                p.check(state!(SlidingLog), now, cost).map(State::SlidingLog)
+            }
+            Kind::TokenBucket(p) => {
+                let cost = rate_cost(action, cost, "token_bucket")?;
+                p.check(state!(TokenBucket), now, cost).map(State::TokenBucket)
+            }
+            Kind::Gcra(p) => {
+                let cost = rate_cost(action, cost, "gcra")?;
+                p.check(state!(Gcra), now, cost).map(State::Gcra)
+            }
+            Kind::Reservation(p) => {
+                let (cost, max_wait) = match action {
+                    Action::Check => (cost, Some(0)),
+                    Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => (cost, max_wait),
+                    Action::Release(_) => (0, Some(0)),
+                };
+                p.reserve(state!(Reservation), now, cost, max_wait)
+                    .map(State::Reservation)
+            }
+            Kind::LeakyBucket(p) => {
+                let (cost, max_wait) = match action {
+                    Action::Check => (cost, None),
+                    Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => (cost, max_wait),
+                    Action::Release(_) => (0, None),
+                };
+                p.reserve(state!(LeakyBucket), now, cost, max_wait)
+                    .map(State::LeakyBucket)
+            }
+            Kind::Concurrency(p) => match action {
+                Action::Check if cost == 0 => p.acquire(state!(Concurrency), now, 0, None),
+                Action::Acquire { lease, .. } if lease.is_some() || cost == 0 => {
+                    p.acquire(state!(Concurrency), now, cost, lease)
+                }
+                Action::Release(lease) => p.release(state!(Concurrency), now, lease),
+                Action::Check | Action::Acquire { .. } => {
+                    return Err(Error::invalid_argument(
+                        "a concurrency limit is taken with acquire (and given back with release), not check",
+                    ))
+                }
+                Action::Reserve(_) => return Err(unsupported_reserve("concurrency")),
+            }
+            .map(State::Concurrency),
+        };
+        Ok(step)
+    }
+}
+
+/// The cost a non-borrowing rate limit sees for `action`.
+fn rate_cost(action: Action<'_>, cost: u64, algorithm: &str) -> Result<u64> {
+    match action {
+        Action::Check | Action::Acquire { .. } => Ok(cost),
+        Action::Release(_) => Ok(0),
+        Action::Reserve(_) => Err(unsupported_reserve(algorithm)),
+    }
+}
+
+fn unsupported_reserve(algorithm: &str) -> Error {
+    Error::invalid_argument(format!(
+        "reserve needs a borrowing or shaping limit (reservation, leaky_bucket), not {algorithm}"
+    ))
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let json = serde_json::to_string(&self.spec).map_err(|_| fmt::Error)?;
+        f.write_str(&json)
+    }
+}
+
+impl TryFrom<LimitSpec> for Limit {
+    type Error = Error;
+
+    fn try_from(spec: LimitSpec) -> Result<Self> {
+        spec.build()
+    }
+}

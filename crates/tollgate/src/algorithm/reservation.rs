@@ -1,0 +1,103 @@
+//! Token bucket with reservation: borrow now, the next caller waits (Guava's
+//! `SmoothBursty`).
+//!
+//! Up to `max_burst` permits are stored while idle, at `rate` per `period`. A
+//! request is granted at the next free moment — at once when nothing is owed —
+//! and takes its permits from the store, borrowing what is missing; the debt
+//! pushes the next free moment later, so the *next* caller pays. `reserve`
+//! returns the `wait` until the request's moment, or denies (changing nothing)
+//! when that wait would exceed `max_wait`; `check` is `reserve` with
+//! `max_wait = 0`.
+//!
+//! One number holds it all: the instant the store is full again. Stored
+//! permits are `max_burst` minus what lies between now and that instant; past
+//! `max_burst`, the rest is debt. With no debt one more request always fits,
+//! so `limit` (the most unit requests at once) is `max_burst + 1`, and any
+//! cost can be granted; only a cost too large to compute exactly (over 2^52
+//! ticks) is never admitted.
+//!
+//! **Bound:** over any interval `[a, b]`, requests granted without waiting
+//! carry at most `max_burst + rate · (b − a) / period` units plus the cost of
+//! the last one.
+
+use super::rate::{Rate, Tat, MAX_TICKS};
+use super::Step;
+use crate::decision::Decision;
+
+/// Parameters of a reservation limiter, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub(crate) rate: u64,
+    pub(crate) period: u64,
+    pub(crate) max_burst: u64,
+    pub(crate) initial: u64,
+    pub(crate) ticks: Rate,
+}
+
+/// The instant the permit store is full again (past `max_burst`: debt).
+pub type ReservationState = Tat;
+
+impl Reservation {
+    /// Ticks missing from a full store at `now` (beyond `max_burst`: debt).
+    fn missing(&self, state: Option<&ReservationState>, now: u64) -> u64 {
+        match state {
+            Some(full_at) => full_at.backlog(now, self.ticks),
+            None => (self.max_burst - self.initial) * self.ticks.unit,
+        }
+    }
+
+    fn remaining(&self, missing: u64) -> u64 {
+        let stored = (self.max_burst * self.ticks.unit).checked_sub(missing);
+        stored.map_or(0, |stored| self.ticks.units(stored) + 1)
+    }
+
+    /// Units that would be admitted now: any cost when nothing is owed.
+    pub(crate) fn available(&self, state: Option<&ReservationState>, now: u64) -> u64 {
+        if self.missing(state, now) <= self.max_burst * self.ticks.unit {
+            u64::MAX
+        } else {
+            0
+        }
+    }
+
+    /// Grants `cost` permits at the next free moment if that is within
+    /// `max_wait` (`None`: any wait).
+    pub(crate) fn reserve(
+        &self,
+        state: Option<&ReservationState>,
+        now: u64,
+        cost: u64,
+        max_wait: Option<u64>,
+    ) -> Step<ReservationState> {
+        let ticks = self.ticks;
+        let limit = self.max_burst + 1;
+        let full = self.max_burst * ticks.unit;
+        let missing = self.missing(state, now);
+        let remaining = self.remaining(missing);
+        let Some(cost_ticks) = ticks.ticks(cost) else {
+            return Step::unchanged(Decision::deny(limit, remaining, None, ticks.micros(missing)));
+        };
+        let debt = missing.saturating_sub(full);
+        let wait = ticks.micros(debt);
+        let too_late = max_wait.map_or(0, |max_wait| {
+            debt.saturating_sub(max_wait.saturating_mul(ticks.per_micro))
+        });
+        // Debt is capped at MAX_TICKS so every sum stays exact below 2^53.
+        let missing_after = missing + cost_ticks;
+        let over_cap = missing_after.saturating_sub(full + MAX_TICKS);
+        if too_late > 0 || over_cap > 0 {
+            let retry_after = ticks.micros(too_late.max(over_cap));
+            return Step::unchanged(Decision::deny(
+                limit,
+                remaining,
+                Some(retry_after),
+                ticks.micros(missing),
+            ));
+        }
+        let decision = Decision::allow(limit, self.remaining(missing_after), ticks.micros(missing_after), wait);
+        if cost == 0 {
+            return Step::unchanged(decision);
+        }
+        Step::changed(decision, Tat::after(now, missing_after, ticks))
+    }
+}

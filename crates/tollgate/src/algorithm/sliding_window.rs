@@ -1,0 +1,116 @@
+//! Sliding window counter: `limit` units per `window`, counted in `buckets`
+//! epoch-aligned sub-intervals.
+//!
+//! The count is the sum over every sub-interval that overlaps the last
+//! `window` — including the oldest one, which overlaps only in part. Admitted
+//! units therefore count for a little longer than `window` (up to one
+//! sub-interval more), which makes the bound exact; the state is at most
+//! `buckets + 1` counters.
+//!
+//! **Bound:** any interval of length `window` (both ends included) admits at
+//! most `limit` units.
+
+use super::Step;
+use crate::decision::Decision;
+
+/// Parameters of a sliding window counter, validated (`window` is a multiple
+/// of `buckets`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub(crate) limit: u64,
+    pub(crate) window: u64,
+    pub(crate) buckets: u64,
+}
+
+/// Counts of the sub-intervals that still overlap the window.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlidingWindowState {
+    /// `(sub-interval index since the epoch, units admitted in it)`, oldest
+    /// first, no zero counts.
+    pub counts: Vec<(u64, u64)>,
+}
+
+impl SlidingWindow {
+    fn sub(&self) -> u64 {
+        self.window / self.buckets
+    }
+
+    /// The live counts at `now`, oldest first, and their sum.
+    fn live(&self, state: Option<&SlidingWindowState>, now: u64) -> (Vec<(u64, u64)>, u64) {
+        let oldest = (now / self.sub()).saturating_sub(self.buckets);
+        let counts: Vec<(u64, u64)> = state
+            .map(|state| {
+                state
+                    .counts
+                    .iter()
+                    .copied()
+                    .filter(|&(index, _)| index >= oldest)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let total = counts.iter().map(|&(_, count)| count).sum();
+        (counts, total)
+    }
+
+    /// When the units of sub-interval `index` stop counting.
+    fn leaves(&self, index: u64) -> u64 {
+        (index + self.buckets + 1) * self.sub()
+    }
+
+    fn reset_after(&self, counts: &[(u64, u64)], now: u64) -> u64 {
+        counts.last().map_or(0, |&(index, _)| self.leaves(index) - now)
+    }
+
+    /// Units that would be admitted now.
+    pub(crate) fn available(&self, state: Option<&SlidingWindowState>, now: u64) -> u64 {
+        self.limit.saturating_sub(self.live(state, now).1)
+    }
+
+    /// Admits `cost` units if the window has room.
+    pub(crate) fn check(&self, state: Option<&SlidingWindowState>, now: u64, cost: u64) -> Step<SlidingWindowState> {
+        let (mut counts, total) = self.live(state, now);
+        let remaining = self.limit.saturating_sub(total);
+        if cost > self.limit {
+            return Step::unchanged(Decision::deny(
+                self.limit,
+                remaining,
+                None,
+                self.reset_after(&counts, now),
+            ));
+        }
+        if cost > remaining {
+            // Oldest sub-intervals leave first: wait until enough have gone.
+            let needed = total + cost - self.limit;
+            let mut freed = 0;
+            let mut retry_after = None;
+            for &(index, count) in &counts {
+                freed += count;
+                if freed >= needed {
+                    retry_after = Some(self.leaves(index) - now);
+                    break;
+                }
+            }
+            return Step::unchanged(Decision::deny(
+                self.limit,
+                remaining,
+                retry_after,
+                self.reset_after(&counts, now),
+            ));
+        }
+        if cost == 0 {
+            return Step::unchanged(Decision::allow(
+                self.limit,
+                remaining,
+                self.reset_after(&counts, now),
+                0,
+            ));
+        }
+        let index = now / self.sub();
+        match counts.last_mut() {
+            Some((last, count)) if *last == index => *count += cost,
+            _ => counts.push((index, cost)),
+        }
+        let decision = Decision::allow(self.limit, remaining - cost, self.reset_after(&counts, now), 0);
+        Step::changed(decision, SlidingWindowState { counts })
+    }
+}

@@ -1,0 +1,159 @@
+//! Token bucket without borrowing: a request takes `cost` tokens or is denied.
+//!
+//! The bucket holds up to `capacity` tokens and gains `refill` tokens per
+//! `interval`: continuously in `smooth` mode (exact, in ticks — see
+//! [`rate`](super::rate)), or in whole amounts at epoch-aligned interval
+//! boundaries in `interval` mode. A key with no state holds `initial` tokens;
+//! a bucket that is full again carries no information and its state is
+//! dropped, so with `initial < capacity` an idle key starts again at
+//! `initial` (never more than the steady state would give).
+//!
+//! **Bound:** over any interval `[a, b]` the admitted cost is at most
+//! `capacity + refill · (b − a) / interval` (smooth), or
+//! `capacity + refill · (number of interval boundaries in (a, b])` (interval).
+
+use super::rate::{Rate, Tat};
+use super::Step;
+use crate::decision::Decision;
+
+/// How a token bucket refills.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Refill {
+    /// Continuously: `refill / interval` tokens per microsecond, exactly.
+    #[default]
+    Smooth,
+    /// `refill` whole tokens at each multiple of `interval` since the epoch.
+    Interval,
+}
+
+/// Parameters of a token bucket, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucket {
+    pub(crate) capacity: u64,
+    pub(crate) refill: u64,
+    pub(crate) interval: u64,
+    pub(crate) mode: Refill,
+    pub(crate) initial: u64,
+    /// The smooth refill as ticks (capacity checked to fit).
+    pub(crate) rate: Rate,
+}
+
+/// The bucket's level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenBucketState {
+    /// Smooth mode: the instant the bucket is full again.
+    Smooth(Tat),
+    /// Interval mode: whole tokens as of the interval `boundary` (its index
+    /// since the epoch).
+    Interval {
+        /// Tokens in the bucket.
+        tokens: u64,
+        /// Index of the interval those tokens were counted in.
+        boundary: u64,
+    },
+}
+
+impl TokenBucket {
+    /// Smooth mode: ticks missing from a full bucket at `now`.
+    fn deficit(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
+        let capacity = self.capacity * self.rate.unit;
+        match state {
+            Some(TokenBucketState::Smooth(full_at)) => full_at.backlog(now, self.rate).min(capacity),
+            _ => (self.capacity - self.initial) * self.rate.unit,
+        }
+    }
+
+    /// Interval mode: tokens at `now`, and the index of `now`'s interval.
+    fn tokens(&self, state: Option<&TokenBucketState>, now: u64) -> (u64, u64) {
+        let boundary = now / self.interval;
+        let tokens = match state {
+            Some(&TokenBucketState::Interval { tokens, boundary: then }) if then <= boundary => (boundary - then)
+                .saturating_mul(self.refill)
+                .saturating_add(tokens)
+                .min(self.capacity),
+            Some(&TokenBucketState::Interval { tokens, .. }) => tokens,
+            _ => self.initial,
+        };
+        (tokens, boundary)
+    }
+
+    /// Units that would be admitted now.
+    pub(crate) fn available(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
+        match self.mode {
+            Refill::Smooth => self
+                .rate
+                .units(self.capacity * self.rate.unit - self.deficit(state, now)),
+            Refill::Interval => self.tokens(state, now).0,
+        }
+    }
+
+    /// Takes `cost` tokens if the bucket holds them.
+    pub(crate) fn check(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Step<TokenBucketState> {
+        match self.mode {
+            Refill::Smooth => self.check_smooth(state, now, cost),
+            Refill::Interval => self.check_interval(state, now, cost),
+        }
+    }
+
+    fn check_smooth(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Step<TokenBucketState> {
+        let rate = self.rate;
+        let capacity = self.capacity * rate.unit;
+        let deficit = self.deficit(state, now);
+        let remaining = rate.units(capacity - deficit);
+        if cost > self.capacity {
+            return Step::unchanged(Decision::deny(self.capacity, remaining, None, rate.micros(deficit)));
+        }
+        let deficit_after = deficit + cost * rate.unit;
+        if deficit_after > capacity {
+            let retry_after = rate.micros(deficit_after - capacity);
+            return Step::unchanged(Decision::deny(
+                self.capacity,
+                remaining,
+                Some(retry_after),
+                rate.micros(deficit),
+            ));
+        }
+        let decision = Decision::allow(
+            self.capacity,
+            rate.units(capacity - deficit_after),
+            rate.micros(deficit_after),
+            0,
+        );
+        if cost == 0 {
+            return Step::unchanged(decision);
+        }
+        Step::changed(decision, TokenBucketState::Smooth(Tat::after(now, deficit_after, rate)))
+    }
+
+    fn check_interval(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Step<TokenBucketState> {
+        let (tokens, boundary) = self.tokens(state, now);
+        // The first boundary at which `missing` tokens have been added back.
+        let after_refill = |missing: u64| {
+            if missing == 0 {
+                0
+            } else {
+                (boundary + missing.div_ceil(self.refill)) * self.interval - now
+            }
+        };
+        let reset_after = |tokens: u64| after_refill(self.capacity.saturating_sub(tokens));
+        if cost > self.capacity {
+            return Step::unchanged(Decision::deny(self.capacity, tokens, None, reset_after(tokens)));
+        }
+        if cost > tokens {
+            return Step::unchanged(Decision::deny(
+                self.capacity,
+                tokens,
+                Some(after_refill(cost - tokens)),
+                reset_after(tokens),
+            ));
+        }
+        let tokens = tokens - cost;
+        let decision = Decision::allow(self.capacity, tokens, reset_after(tokens), 0);
+        if cost == 0 {
+            return Step::unchanged(decision);
+        }
+        Step::changed(decision, TokenBucketState::Interval { tokens, boundary })
+    }
+}

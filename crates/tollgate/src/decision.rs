@@ -1,0 +1,75 @@
+//! The answer to every check.
+
+use std::time::Duration;
+
+/// The outcome of one check against a limit or a policy (DESIGN §2).
+///
+/// A denial is a `Decision` with `allowed == false`, never an error. When a
+/// request can never be admitted (its cost is above `limit`), `retry_after` is
+/// `None` rather than a wait that would never end.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The request may proceed now (after `wait`, for shaping and borrowing).
+    pub allowed: bool,
+    /// The most unit-cost requests the limit admits at once.
+    pub limit: u64,
+    /// Unit-cost requests that would still be admitted right now, after this decision.
+    pub remaining: u64,
+    /// When denied: the time until this same request would be admitted; zero
+    /// when allowed; `None` when it can never be admitted.
+    pub retry_after: Option<Duration>,
+    /// The time until the limit is back to its full, untouched state.
+    pub reset_after: Duration,
+    /// For shaping and borrowing: how long the caller must wait before
+    /// proceeding; zero otherwise.
+    pub wait: Duration,
+}
+
+impl Decision {
+    /// An admitted request, with integer microseconds.
+    pub(crate) fn allow(limit: u64, remaining: u64, reset_after: u64, wait: u64) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            retry_after: Some(Duration::ZERO),
+            reset_after: Duration::from_micros(reset_after),
+            wait: Duration::from_micros(wait),
+        }
+    }
+
+    /// A denied request, with integer microseconds (`retry_after` `None`: never).
+    pub(crate) fn deny(limit: u64, remaining: u64, retry_after: Option<u64>, reset_after: u64) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining,
+            retry_after: retry_after.map(Duration::from_micros),
+            reset_after: Duration::from_micros(reset_after),
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// True when the request was denied and can never be admitted.
+    pub fn is_never(&self) -> bool {
+        !self.allowed && self.retry_after.is_none()
+    }
+}
+
+/// A [`Decision`] with what only some operations produce.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The decision of the policy: that of its most restrictive limit (the
+    /// denying one with the longest `retry_after`, else the one with the least
+    /// `remaining`), with `wait` the longest of its limits'.
+    pub decision: Decision,
+    /// Units consumed: the cost when allowed, zero when denied; for
+    /// `check_at_most`, the part of the cost that was granted.
+    pub granted: u64,
+    /// The lease taken by an `acquire` on a concurrency limit.
+    pub lease: Option<String>,
+    /// Each limit's own decision, in the policy's order.
+    pub limits: Vec<(String, Decision)>,
+}

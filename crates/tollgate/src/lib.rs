@@ -1,0 +1,54 @@
+//! # Tollgate
+//!
+//! A rate limiter for services with several replicas: the classic algorithms
+//! (fixed window, sliding window, sliding log, token bucket, token bucket
+//! with reservation, leaky bucket, GCRA, concurrency), each with a per-request
+//! cost, keyed by any subject, decided atomically in one step per call.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{Limit, Limiter, Subject};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! // 10 requests per second per client and route, bursts of 5.
+//! let limit = Limit::gcra(10, Duration::from_secs(1), 5)?;
+//! let limiter = Limiter::in_memory(limit);
+//! let subject = Subject::new("203.0.113.7").and("/login");
+//!
+//! let decision = limiter.check(&subject).await?;
+//! assert!(decision.allowed);
+//! assert_eq!(decision.remaining, 4);
+//! # Ok::<(), tollgate::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! Time is integer microseconds everywhere; rates such as 7 per second are
+//! kept exact (see the GCRA and token bucket docs), so nothing drifts. A
+//! [`Clock`] is the only thing that reads the time: tests use a
+//! [`ManualClock`].
+//!
+//! A [`Policy`] holds several named limits for one subject ("10 per second and
+//! 1000 per hour") and is decided all-or-nothing: when any limit denies, none
+//! consumes.
+
+mod algorithm;
+mod clock;
+mod decision;
+pub mod duration;
+mod error;
+mod limiter;
+mod policy;
+mod store;
+mod subject;
+
+pub use algorithm::{
+    ConcurrencySpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Refill, ReservationSpec, SlidingWindowSpec,
+    TokenBucketSpec, WindowSpec,
+};
+pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
+pub use decision::{Decision, Outcome};
+pub use error::{Error, ErrorKind, Result};
+pub use limiter::{Acquired, Limiter, Permit};
+pub use policy::{Op, Policy, Request};
+pub use store::{MemoryStore, MemoryStoreBuilder, Store};
+pub use subject::{Subject, MAX_KEY_LEN};

@@ -1,0 +1,252 @@
+//! The API a service calls: a [`Limiter`] is one policy over one store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::decision::{Decision, Outcome};
+use crate::error::Result;
+use crate::policy::{Op, Policy, Request};
+use crate::store::{MemoryStore, Store};
+use crate::subject::Subject;
+
+/// A policy over a store: `check`, `reserve`, `acquire`, `reset` for any subject.
+///
+/// Cheap to clone (the policy is shared); generic over the store so that a
+/// `RedisStore` plugs in unchanged.
+#[derive(Debug, Clone)]
+pub struct Limiter<S = MemoryStore> {
+    store: S,
+    policy: Arc<Policy>,
+}
+
+/// What [`Limiter::acquire`] got.
+#[derive(Debug)]
+#[must_use = "dropping a granted permit releases its lease at once"]
+pub enum Acquired<S: Store = MemoryStore> {
+    /// Admitted (after waiting out `decision.wait`, already done).
+    Granted(Permit<S>),
+    /// Not admitted within the timeout.
+    Denied(Decision),
+}
+
+impl<S: Store> Acquired<S> {
+    /// True when the request was admitted.
+    pub fn is_granted(&self) -> bool {
+        matches!(self, Self::Granted(_))
+    }
+
+    /// The decision that settled it.
+    pub fn decision(&self) -> &Decision {
+        match self {
+            Self::Granted(permit) => &permit.decision,
+            Self::Denied(decision) => decision,
+        }
+    }
+}
+
+/// An admitted `acquire`: for concurrency limits it holds a lease, released
+/// by [`Permit::release`] or on drop.
+#[derive(Debug)]
+pub struct Permit<S: Store = MemoryStore> {
+    decision: Decision,
+    lease: Option<Lease<S>>,
+}
+
+impl<S: Store> Permit<S> {
+    /// The decision that admitted the request.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The lease's name, when the policy holds a concurrency limit.
+    pub fn lease(&self) -> Option<&str> {
+        self.lease.as_ref().map(|lease| lease.id.as_str())
+    }
+
+    /// Gives the lease back now and returns the limit's state after it.
+    ///
+    /// # Errors
+    ///
+    /// A store fault (the lease then ends at its ttl).
+    pub async fn release(mut self) -> Result<Option<Decision>> {
+        match self.lease.take() {
+            Some(mut lease) => {
+                lease.released = true;
+                lease.limiter.release(&lease.subject, &lease.id).await.map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Lease<S: Store> {
+    limiter: Limiter<S>,
+    subject: Subject,
+    id: String,
+    released: bool,
+}
+
+impl<S: Store> Drop for Lease<S> {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Release in the background; without a runtime the ttl ends the lease.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let limiter = self.limiter.clone();
+            let subject = self.subject.clone();
+            let id = std::mem::take(&mut self.id);
+            runtime.spawn(async move {
+                let _ = limiter.release(&subject, &id).await;
+            });
+        }
+    }
+}
+
+impl Limiter<MemoryStore> {
+    /// A limiter on a fresh in-process store.
+    pub fn in_memory(policy: impl Into<Policy>) -> Self {
+        Self::new(MemoryStore::new(), policy)
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// `policy` (or a single [`Limit`](crate::Limit)) over `store`.
+    pub fn new(store: S, policy: impl Into<Policy>) -> Self {
+        Self {
+            store,
+            policy: Arc::new(policy.into()),
+        }
+    }
+
+    /// The policy this limiter applies.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The store this limiter decides in.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Runs any request, with every detail of the outcome.
+    ///
+    /// # Errors
+    ///
+    /// An operation the policy's limits do not support, or a store fault.
+    pub async fn decide(&self, subject: &Subject, request: &Request) -> Result<Outcome> {
+        self.store.decide(subject, &self.policy, request).await
+    }
+
+    async fn decision(&self, subject: &Subject, op: Op, cost: u64) -> Result<Decision> {
+        Ok(self.decide(subject, &Request::new(op, cost)).await?.decision)
+    }
+
+    /// Checks one unit, consuming it when allowed.
+    ///
+    /// # Errors
+    ///
+    /// A store fault, or a policy of concurrency limits (use [`Limiter::acquire`]).
+    pub async fn check(&self, subject: &Subject) -> Result<Decision> {
+        self.decision(subject, Op::Check, 1).await
+    }
+
+    /// Checks `cost` units at once, consuming them all when allowed.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check`].
+    pub async fn check_n(&self, subject: &Subject, cost: u64) -> Result<Decision> {
+        self.decision(subject, Op::Check, cost).await
+    }
+
+    /// Reports the state without consuming anything.
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    pub async fn peek(&self, subject: &Subject) -> Result<Decision> {
+        self.decision(subject, Op::Check, 0).await
+    }
+
+    /// Admits as many units as are available, up to `cost`
+    /// (`Outcome::granted` says how many).
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check`].
+    pub async fn check_at_most(&self, subject: &Subject, cost: u64) -> Result<Outcome> {
+        self.decide(subject, &Request::new(Op::CheckAtMost, cost)).await
+    }
+
+    /// Borrowing and shaping limits: books `cost` units at the next free
+    /// moment, `Decision::wait` away; denied (nothing booked) when that is
+    /// more than `max_wait` (`None`: any wait). Does not wait itself.
+    ///
+    /// # Errors
+    ///
+    /// A store fault, or a policy whose limits cannot reserve.
+    pub async fn reserve(&self, subject: &Subject, cost: u64, max_wait: Option<Duration>) -> Result<Decision> {
+        self.decision(subject, Op::Reserve { max_wait }, cost).await
+    }
+
+    /// Waits until `cost` units are admitted, for at most `timeout`.
+    ///
+    /// On borrowing and shaping limits this books a slot and waits it out; on
+    /// concurrency limits it returns a lease that is released when the
+    /// [`Permit`] drops; other limits are retried after their `retry_after`
+    /// while that stays within the timeout. Waiting uses the store's clock
+    /// (a manual clock advances instead of sleeping).
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    pub async fn acquire(&self, subject: &Subject, cost: u64, timeout: Duration) -> Result<Acquired<S>> {
+        let lease = format!("{:016x}", fastrand::u64(..));
+        let mut left = timeout;
+        loop {
+            let op = Op::Acquire {
+                lease: lease.clone(),
+                max_wait: Some(left),
+            };
+            let outcome = self.decide(subject, &Request::new(op, cost)).await?;
+            let decision = outcome.decision;
+            if decision.allowed {
+                if !decision.wait.is_zero() {
+                    self.store.sleep(decision.wait).await;
+                }
+                let lease = outcome.lease.map(|id| Lease {
+                    limiter: self.clone(),
+                    subject: subject.clone(),
+                    id,
+                    released: false,
+                });
+                return Ok(Acquired::Granted(Permit { decision, lease }));
+            }
+            match decision.retry_after {
+                Some(retry_after) if retry_after <= left => {
+                    self.store.sleep(retry_after).await;
+                    left -= retry_after;
+                }
+                _ => return Ok(Acquired::Denied(decision)),
+            }
+        }
+    }
+
+    async fn release(&self, subject: &Subject, lease: &str) -> Result<Decision> {
+        let op = Op::Release {
+            lease: lease.to_owned(),
+        };
+        self.decision(subject, op, 0).await
+    }
+
+    /// Forgets `subject`'s state: its limits are full again.
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    pub async fn reset(&self, subject: &Subject) -> Result<()> {
+        self.store.reset(subject, &self.policy).await
+    }
+}

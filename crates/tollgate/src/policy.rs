@@ -1,0 +1,301 @@
+//! Policies: several named limits on one subject, decided all-or-nothing.
+//!
+//! "10 per second *and* 1000 per hour" is a policy of two limits. A request is
+//! admitted only when every limit admits it; when any denies, none consumes.
+
+use std::time::Duration;
+
+use crate::algorithm::{Action, Limit, LimitSpec, State};
+use crate::clock::{micros, Timestamp};
+use crate::decision::{Decision, Outcome};
+use crate::error::{Error, Result};
+
+/// The longest limit name.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// What a request asks for.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Decide and consume `cost` when allowed (`cost == 0` is a peek).
+    Check,
+    /// Admit as many units as are available, up to `cost`.
+    CheckAtMost,
+    /// Borrowing/shaping limits: grant at the next free moment, denied when
+    /// that is more than `max_wait` away (`None`: any wait).
+    Reserve {
+        /// The longest acceptable wait.
+        max_wait: Option<Duration>,
+    },
+    /// Take lease `lease` on the concurrency limits (and reserve or check the
+    /// others, accepting a wait of at most `max_wait`).
+    Acquire {
+        /// The caller's name for the lease.
+        lease: String,
+        /// The longest acceptable wait on borrowing/shaping limits.
+        max_wait: Option<Duration>,
+    },
+    /// Give lease `lease` back.
+    Release {
+        /// The lease to end.
+        lease: String,
+    },
+}
+
+/// One decision to make: the operation, its cost, and optionally the instant
+/// (`None`: the store's clock, or in Redis the server's time).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// What to do.
+    pub op: Op,
+    /// Units the request weighs.
+    pub cost: u64,
+    /// The instant to decide at; `None` asks the store.
+    pub now: Option<Timestamp>,
+}
+
+impl Request {
+    /// A request for `op` weighing `cost`, decided at the store's time.
+    pub fn new(op: Op, cost: u64) -> Self {
+        Self { op, cost, now: None }
+    }
+
+    /// Decides at `now` instead of the store's time (tests, simulations, replays).
+    #[must_use]
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.now = Some(now);
+        self
+    }
+}
+
+/// Named limits checked together; see the module docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    limits: Vec<(String, Limit)>,
+}
+
+/// A policy's decision and the states to write when it was allowed.
+#[derive(Debug)]
+pub(crate) struct Decided {
+    pub outcome: Outcome,
+    /// `(limit index, new state, µs until that state carries no information)`.
+    pub writes: Vec<(usize, State, u64)>,
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::invalid_limit(format!(
+            "limit name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits, '_', '-' or '.'"
+        )))
+    }
+}
+
+impl Policy {
+    /// A policy of one limit, named after its algorithm.
+    pub fn single(limit: Limit) -> Self {
+        Self {
+            limits: vec![(limit.algorithm().to_owned(), limit)],
+        }
+    }
+
+    /// Builds a policy from `(name, limit)` pairs.
+    ///
+    /// # Errors
+    ///
+    /// When there is no limit, a name is not 1–64 of `[A-Za-z0-9_.-]`, or a
+    /// name repeats.
+    pub fn new<N: Into<String>>(limits: impl IntoIterator<Item = (N, Limit)>) -> Result<Self> {
+        let limits: Vec<(String, Limit)> = limits.into_iter().map(|(name, limit)| (name.into(), limit)).collect();
+        if limits.is_empty() {
+            return Err(Error::invalid_limit("a policy needs at least one limit"));
+        }
+        for (at, (name, _)) in limits.iter().enumerate() {
+            check_name(name)?;
+            if limits[..at].iter().any(|(other, _)| other == name) {
+                return Err(Error::invalid_limit(format!("limit name \"{name}\" is used twice")));
+            }
+        }
+        Ok(Self { limits })
+    }
+
+    /// Reads a limit (`{"algorithm": …}`) or a policy of named limits
+    /// (`{"per_second": {…}, "per_hour": {…}}`) from JSON.
+    ///
+    /// # Errors
+    ///
+    /// When the text is not a JSON object or any limit is invalid; the message
+    /// names the limit and the field (`per_hour.window: …`).
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|error| Error::invalid_limit(format!("invalid JSON: {error}")))?;
+        Self::from_value(value)
+    }
+
+    /// Like [`Policy::from_json`], from a parsed value.
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::from_json`].
+    pub fn from_value(value: serde_json::Value) -> Result<Self> {
+        let serde_json::Value::Object(fields) = value else {
+            return Err(Error::invalid_limit("a limit or policy must be a JSON object"));
+        };
+        if fields.contains_key("algorithm") {
+            let limit = LimitSpec::from_value(serde_json::Value::Object(fields))?.build()?;
+            return Ok(Self::single(limit));
+        }
+        let mut limits = Vec::with_capacity(fields.len());
+        for (name, value) in fields {
+            let limit = LimitSpec::from_value(value)
+                .and_then(LimitSpec::build)
+                .map_err(|error| error.context(&name))?;
+            limits.push((name, limit));
+        }
+        Self::new(limits)
+    }
+
+    /// The limits, in order.
+    pub fn limits(&self) -> impl ExactSizeIterator<Item = (&str, &Limit)> {
+        self.limits.iter().map(|(name, limit)| (name.as_str(), limit))
+    }
+
+    /// How many limits the policy holds.
+    pub fn len(&self) -> usize {
+        self.limits.len()
+    }
+
+    /// Never true: a policy holds at least one limit.
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
+    /// True when a limit is a concurrency limiter (taken with leases).
+    pub fn has_concurrency(&self) -> bool {
+        self.limits.iter().any(|(_, limit)| limit.is_concurrency())
+    }
+
+    /// Decides `op` for `cost` units over every limit, all-or-nothing.
+    ///
+    /// `states[i]` is the stored state of limit `i`.
+    pub(crate) fn decide(&self, states: &[Option<&State>], now: u64, op: &Op, cost: u64) -> Result<Decided> {
+        debug_assert_eq!(states.len(), self.limits.len());
+        let (action, cost) = match op {
+            Op::Check => (Action::Check, cost),
+            Op::CheckAtMost => {
+                let available = self
+                    .limits
+                    .iter()
+                    .zip(states)
+                    .map(|((_, limit), state)| limit.available(*state, now))
+                    .min()
+                    .unwrap_or(0);
+                // With nothing available, ask for one unit so the denial says
+                // when one will be.
+                (
+                    Action::Check,
+                    if available == 0 && cost > 0 {
+                        1
+                    } else {
+                        available.min(cost)
+                    },
+                )
+            }
+            Op::Reserve { max_wait } => (Action::Reserve(max_wait.map(micros)), cost),
+            Op::Acquire { lease, max_wait } => (
+                Action::Acquire {
+                    lease: Some(lease),
+                    max_wait: max_wait.map(micros),
+                },
+                cost,
+            ),
+            Op::Release { lease } => (Action::Release(lease), cost),
+        };
+        let mut steps = Vec::with_capacity(self.limits.len());
+        for ((name, limit), state) in self.limits.iter().zip(states) {
+            let step = limit.decide(*state, now, action, cost).map_err(|error| {
+                if self.limits.len() > 1 {
+                    error.context(name)
+                } else {
+                    error
+                }
+            })?;
+            steps.push(step);
+        }
+        let allowed = steps.iter().all(|step| step.decision.allowed);
+        let mut writes = Vec::new();
+        if allowed {
+            for (index, step) in steps.iter_mut().enumerate() {
+                if let Some(state) = step.state.take() {
+                    writes.push((index, state, micros(step.decision.reset_after)));
+                }
+            }
+        } else {
+            // Nothing is consumed: limits that would have admitted report as a peek.
+            for ((_, limit), (state, step)) in self.limits.iter().zip(states.iter().zip(&mut steps)) {
+                if step.decision.allowed {
+                    *step = limit.decide(*state, now, action, 0)?;
+                }
+            }
+        }
+        let decisions: Vec<(String, Decision)> = self
+            .limits
+            .iter()
+            .zip(steps)
+            .map(|((name, _), step)| (name.clone(), step.decision))
+            .collect();
+        let decision = most_restrictive(&decisions);
+        let lease = match op {
+            Op::Acquire { lease, .. } if allowed && self.has_concurrency() => Some(lease.clone()),
+            _ => None,
+        };
+        Ok(Decided {
+            outcome: Outcome {
+                decision,
+                granted: if allowed { cost } else { 0 },
+                lease,
+                limits: decisions,
+            },
+            writes,
+        })
+    }
+}
+
+/// The denying decision with the longest `retry_after` (never is longest),
+/// else the one with the least `remaining`; `wait` the longest of all.
+fn most_restrictive(decisions: &[(String, Decision)]) -> Decision {
+    let key = |decision: &Decision| {
+        if decision.allowed {
+            (0, Duration::ZERO, u64::MAX - decision.remaining)
+        } else {
+            (1, decision.retry_after.unwrap_or(Duration::MAX), 0)
+        }
+    };
+    let mut chosen = decisions[0].1.clone();
+    for (_, decision) in &decisions[1..] {
+        if key(decision) > key(&chosen) {
+            chosen = decision.clone();
+        }
+    }
+    if chosen.allowed {
+        chosen.wait = decisions
+            .iter()
+            .map(|(_, decision)| decision.wait)
+            .max()
+            .unwrap_or_default();
+    }
+    chosen
+}
+
+impl From<Limit> for Policy {
+    fn from(limit: Limit) -> Self {
+        Self::single(limit)
+    }
+}

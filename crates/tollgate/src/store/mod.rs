@@ -1,0 +1,49 @@
+//! Where limit state lives.
+//!
+//! A [`Store`] runs a whole decision — every limit of a policy, all or
+//! nothing — in one atomic step: a shard lock in memory, one script call in
+//! Redis. There is never a read-compare-write from the caller.
+
+mod memory;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use self::memory::{MemoryStore, MemoryStoreBuilder};
+use crate::clock::Sleep;
+use crate::decision::Outcome;
+use crate::error::Result;
+use crate::policy::{Policy, Request};
+use crate::subject::Subject;
+
+/// A place that keeps limit state and decides atomically.
+///
+/// Used through generics (`Limiter<S: Store>`), so a call costs no dynamic
+/// dispatch.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Decides `request` for `subject` over every limit of `policy`, storing
+    /// the new state when allowed.
+    ///
+    /// # Errors
+    ///
+    /// An invalid argument (an operation the policy's limits do not support),
+    /// or a store fault.
+    fn decide(
+        &self,
+        subject: &Subject,
+        policy: &Policy,
+        request: &Request,
+    ) -> impl Future<Output = Result<Outcome>> + Send;
+
+    /// Forgets the state of every limit of `policy` for `subject`.
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    fn reset(&self, subject: &Subject, policy: &Policy) -> impl Future<Output = Result<()>> + Send;
+
+    /// Waits for `duration` on the store's notion of time.
+    fn sleep(&self, duration: Duration) -> Sleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}

@@ -1,0 +1,137 @@
+//! Subjects: who or what a limit applies to (an IP and a route, a user id…).
+//!
+//! A subject is built from parts, never formatted by hand:
+//! `Subject::new(ip).and("/login")`. Each part is percent-encoded so that the
+//! encoding is injective — a part containing `:`, `{`, `}`, `%`, spaces,
+//! unicode or arbitrary bytes can never make two different subjects share a
+//! key — and parts are joined by `:`. The result is safe inside a Redis
+//! Cluster hash tag (it never holds `{` or `}`). Encodings longer than
+//! [`MAX_KEY_LEN`] bytes are replaced by `#` and the hex SHA-256 of the
+//! encoding; `#` never starts an unhashed encoding.
+
+use std::fmt::{self, Write as _};
+
+use sha2::{Digest, Sha256};
+
+/// Encoded subjects longer than this many bytes are hashed.
+pub const MAX_KEY_LEN: usize = 200;
+
+/// Who a limit applies to; see the module docs.
+#[derive(Clone)]
+pub struct Subject {
+    key: String,
+    parts: usize,
+}
+
+impl PartialEq for Subject {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for Subject {}
+
+impl std::hash::Hash for Subject {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+    }
+}
+
+fn unreserved(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric()
+        || matches!(
+            byte,
+            b'-' | b'_' | b'.' | b'~' | b'/' | b'@' | b'=' | b'+' | b'!' | b',' | b';'
+        )
+}
+
+fn encode_part(key: &mut String, part: &[u8]) {
+    for &byte in part {
+        if unreserved(byte) {
+            key.push(char::from(byte));
+        } else {
+            let _ = write!(key, "%{byte:02X}");
+        }
+    }
+}
+
+impl Subject {
+    fn empty() -> Self {
+        Self {
+            key: String::new(),
+            parts: 0,
+        }
+    }
+
+    /// A subject of one part, written with its `Display` form.
+    pub fn new(part: impl fmt::Display) -> Self {
+        Self::empty().and(part)
+    }
+
+    /// A subject of one part given as raw bytes.
+    pub fn from_bytes(part: &[u8]) -> Self {
+        Self::empty().and_bytes(part)
+    }
+
+    /// A subject of several parts.
+    pub fn from_parts<P: fmt::Display>(parts: impl IntoIterator<Item = P>) -> Self {
+        let mut parts = parts.into_iter();
+        let first = parts.next().map_or_else(|| Self::new(""), Self::new);
+        parts.fold(first, Self::and)
+    }
+
+    /// This subject with one more part (an IP, then a route…).
+    #[must_use]
+    pub fn and(self, part: impl fmt::Display) -> Self {
+        self.and_bytes(part.to_string().as_bytes())
+    }
+
+    /// This subject with one more part given as raw bytes.
+    #[must_use]
+    pub fn and_bytes(mut self, part: &[u8]) -> Self {
+        if self.parts > 0 {
+            self.key.push(':');
+        }
+        self.parts += 1;
+        encode_part(&mut self.key, part);
+        if self.key.len() > MAX_KEY_LEN {
+            let digest = Sha256::digest(self.key.as_bytes());
+            let mut hashed = String::with_capacity(65);
+            hashed.push('#');
+            for byte in digest {
+                let _ = write!(hashed, "{byte:02x}");
+            }
+            self.key = hashed;
+        }
+        self
+    }
+
+    /// The encoded form: the part of a store key between `{` and `}`.
+    pub fn as_key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl fmt::Debug for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Subject({})", self.key)
+    }
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.key)
+    }
+}
+
+impl From<&str> for Subject {
+    fn from(part: &str) -> Self {
+        Self::new(part)
+    }
+}
+
+impl From<String> for Subject {
+    fn from(part: String) -> Self {
+        Self::new(part)
+    }
+}
