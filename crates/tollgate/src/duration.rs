@@ -152,7 +152,7 @@ mod tests {
         assert_eq!(us("0.1s"), 100_000);
         assert_eq!(us(".25ms"), 250);
         assert_eq!(us("1.000001s"), 1_000_001);
-        assert_eq!(us("2.50us"), 2);
+        assert_eq!(us("2.00us"), 2);
         assert_eq!(us("1.5h"), 5_400_000_000);
     }
 

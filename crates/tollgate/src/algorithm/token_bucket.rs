@@ -6,7 +6,11 @@
 //! boundaries in `interval` mode. A key with no state holds `initial` tokens;
 //! a bucket that is full again carries no information and its state is
 //! dropped, so with `initial < capacity` an idle key starts again at
-//! `initial` (never more than the steady state would give).
+//! `initial` (never more than the steady state would give). Such a bucket
+//! starts refilling from the first request that touches it: that request
+//! stores the level even when it is denied or a peek, since without it the
+//! bucket would have no instant to refill from. The stored level is the one
+//! the request saw, so nothing is consumed.
 //!
 //! **Bound:** over any interval `[a, b]` the admitted cost is at most
 //! `capacity + refill · (b − a) / interval` (smooth), or
@@ -97,18 +101,35 @@ impl TokenBucket {
         }
     }
 
+    /// A decision that consumes nothing: it changes no state, except that a
+    /// bucket starting below capacity stores its level on first touch.
+    fn first_touch(
+        &self,
+        state: Option<&TokenBucketState>,
+        decision: Decision,
+        level: TokenBucketState,
+    ) -> Step<TokenBucketState> {
+        if state.is_none() && self.initial < self.capacity {
+            Step::changed(decision, level)
+        } else {
+            Step::unchanged(decision)
+        }
+    }
+
     fn check_smooth(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Step<TokenBucketState> {
         let rate = self.rate;
         let capacity = self.capacity * rate.unit;
         let deficit = self.deficit(state, now);
         let remaining = rate.units(capacity - deficit);
+        let level = TokenBucketState::Smooth(Tat::after(now, deficit, rate));
+        let untouched = |decision| self.first_touch(state, decision, level);
         if cost > self.capacity {
-            return Step::unchanged(Decision::deny(self.capacity, remaining, None, rate.micros(deficit)));
+            return untouched(Decision::deny(self.capacity, remaining, None, rate.micros(deficit)));
         }
         let deficit_after = deficit + cost * rate.unit;
         if deficit_after > capacity {
             let retry_after = rate.micros(deficit_after - capacity);
-            return Step::unchanged(Decision::deny(
+            return untouched(Decision::deny(
                 self.capacity,
                 remaining,
                 Some(retry_after),
@@ -122,7 +143,7 @@ impl TokenBucket {
             0,
         );
         if cost == 0 {
-            return Step::unchanged(decision);
+            return untouched(decision);
         }
         Step::changed(decision, TokenBucketState::Smooth(Tat::after(now, deficit_after, rate)))
     }
@@ -138,11 +159,12 @@ impl TokenBucket {
             }
         };
         let reset_after = |tokens: u64| after_refill(self.capacity.saturating_sub(tokens));
+        let untouched = |decision| self.first_touch(state, decision, TokenBucketState::Interval { tokens, boundary });
         if cost > self.capacity {
-            return Step::unchanged(Decision::deny(self.capacity, tokens, None, reset_after(tokens)));
+            return untouched(Decision::deny(self.capacity, tokens, None, reset_after(tokens)));
         }
         if cost > tokens {
-            return Step::unchanged(Decision::deny(
+            return untouched(Decision::deny(
                 self.capacity,
                 tokens,
                 Some(after_refill(cost - tokens)),
@@ -152,7 +174,7 @@ impl TokenBucket {
         let tokens = tokens - cost;
         let decision = Decision::allow(self.capacity, tokens, reset_after(tokens), 0);
         if cost == 0 {
-            return Step::unchanged(decision);
+            return untouched(decision);
         }
         Step::changed(decision, TokenBucketState::Interval { tokens, boundary })
     }
