@@ -1,0 +1,200 @@
+//! The conformance suite: behaviour every [`Store`] must show, driven with
+//! explicit instants so that it runs unchanged against any store.
+
+use std::time::Duration;
+
+use tollgate::{Decision, Limit, Limiter, Op, Policy, Request, Store, Subject, Timestamp};
+
+/// An instant that is not aligned to any window.
+pub const T0: u64 = 1_700_000_000_250_000;
+
+async fn decide<S: Store>(limiter: &Limiter<S>, subject: &Subject, op: Op, cost: u64, at: u64) -> tollgate::Outcome {
+    limiter
+        .decide(subject, &Request::new(op, cost).at(Timestamp::from_micros(at)))
+        .await
+        .expect("decision")
+}
+
+async fn check<S: Store>(limiter: &Limiter<S>, subject: &Subject, cost: u64, at: u64) -> Decision {
+    decide(limiter, subject, Op::Check, cost, at).await.decision
+}
+
+/// A request that one limit denies consumes from none.
+pub async fn policy_is_all_or_nothing<S: Store>(store: S) {
+    let policy = Policy::new([
+        ("per_second", Limit::gcra(10, Duration::from_secs(1), 10).unwrap()),
+        ("per_minute", Limit::fixed_window(15, Duration::from_secs(60)).unwrap()),
+    ])
+    .unwrap();
+    let limiter = Limiter::new(store, policy);
+    let subject = Subject::new("user-1").and("/search");
+
+    // 12 units: per_minute admits (15), per_second denies (burst 10).
+    let outcome = decide(&limiter, &subject, Op::Check, 12, T0).await;
+    assert!(!outcome.decision.allowed);
+    assert_eq!(outcome.granted, 0);
+    assert_eq!(outcome.decision.limit, 10, "the denying limit speaks for the policy");
+    assert_eq!(outcome.limits.len(), 2);
+    assert!(!outcome.limits[0].1.allowed);
+    assert!(outcome.limits[1].1.allowed);
+    assert_eq!(outcome.limits[1].1.remaining, 15, "per_minute reports as a peek");
+
+    // Nothing was consumed from either.
+    let peek = decide(&limiter, &subject, Op::Check, 0, T0).await;
+    assert_eq!(peek.limits[0].1.remaining, 10);
+    assert_eq!(peek.limits[1].1.remaining, 15);
+
+    // 10 units fit both; then per_minute has 5 left and per_second none.
+    let outcome = decide(&limiter, &subject, Op::Check, 10, T0).await;
+    assert!(outcome.decision.allowed);
+    assert_eq!(outcome.limits[0].1.remaining, 0);
+    assert_eq!(outcome.limits[1].1.remaining, 5);
+    assert_eq!(
+        outcome.decision.remaining, 0,
+        "the policy reports its most restrictive limit"
+    );
+
+    // A second later per_second is full again, but per_minute denies 6.
+    let outcome = decide(&limiter, &subject, Op::Check, 6, T0 + 1_000_000).await;
+    assert!(!outcome.decision.allowed);
+    assert_eq!(outcome.decision.limit, 15);
+    let peek = decide(&limiter, &subject, Op::Check, 0, T0 + 1_000_000).await;
+    assert_eq!(peek.limits[0].1.remaining, 10, "per_second untouched by the denial");
+}
+
+/// Subjects are independent, and `reset` forgets one without touching another.
+pub async fn subjects_are_independent_and_reset_forgets<S: Store>(store: S) {
+    let limiter = Limiter::new(store, Limit::fixed_window(2, Duration::from_secs(10)).unwrap());
+    let alice = Subject::new("alice");
+    let bob = Subject::new("bob");
+    assert!(check(&limiter, &alice, 2, T0).await.allowed);
+    assert!(!check(&limiter, &alice, 1, T0).await.allowed);
+    assert!(check(&limiter, &bob, 1, T0).await.allowed);
+    limiter.reset(&alice).await.unwrap();
+    assert_eq!(check(&limiter, &alice, 0, T0).await.remaining, 2);
+    assert_eq!(check(&limiter, &bob, 0, T0).await.remaining, 1);
+}
+
+/// Subjects that differ only by separators or escapes never share state.
+pub async fn crafted_subjects_do_not_collide<S: Store>(store: S) {
+    let limiter = Limiter::new(store, Limit::fixed_window(1, Duration::from_secs(10)).unwrap());
+    let subjects = [
+        Subject::new("a:b"),
+        Subject::new("a").and("b"),
+        Subject::new("a%3Ab"),
+        Subject::new("{a}"),
+        Subject::new("a}:{b"),
+        Subject::new(""),
+        Subject::new("").and(""),
+        Subject::from_bytes(&[0xff, 0x00]),
+        Subject::new("ü"),
+        Subject::new("x".repeat(500)),
+        Subject::new("x".repeat(501)),
+    ];
+    for subject in &subjects {
+        let decision = check(&limiter, subject, 1, T0).await;
+        assert!(decision.allowed, "{subject:?} shared state with an earlier subject");
+    }
+}
+
+/// `check_at_most` grants what is there; `reserve` books ahead and `wait`s.
+pub async fn partial_grants_and_reservations<S: Store>(store: S) {
+    let limiter = Limiter::new(
+        store.clone(),
+        Limit::token_bucket(5, 1, Duration::from_secs(1)).unwrap(),
+    );
+    let subject = Subject::new("batch");
+    let outcome = decide(&limiter, &subject, Op::CheckAtMost, 8, T0).await;
+    assert!(outcome.decision.allowed);
+    assert_eq!(outcome.granted, 5);
+    let outcome = decide(&limiter, &subject, Op::CheckAtMost, 8, T0).await;
+    assert!(!outcome.decision.allowed);
+    assert_eq!(outcome.granted, 0);
+    assert_eq!(outcome.decision.retry_after, Some(Duration::from_secs(1)));
+
+    let limiter = Limiter::new(store, Limit::reservation(10, Duration::from_secs(1), 0).unwrap());
+    let reserve = |max_wait| Op::Reserve { max_wait };
+    let first = decide(&limiter, &subject, reserve(None), 3, T0).await.decision;
+    assert!(first.allowed);
+    assert_eq!(first.wait, Duration::ZERO, "the first caller goes at once");
+    let second = decide(&limiter, &subject, reserve(None), 1, T0).await.decision;
+    assert_eq!(
+        second.wait,
+        Duration::from_millis(300),
+        "and the next pays for its 3 permits"
+    );
+    let third = decide(&limiter, &subject, reserve(Some(Duration::from_millis(399))), 1, T0)
+        .await
+        .decision;
+    assert!(!third.allowed, "a 400 ms wait is over max_wait");
+    assert_eq!(third.retry_after, Some(Duration::from_millis(1)));
+}
+
+/// Leases: acquire up to the limit, release frees, expiry frees.
+pub async fn leases_are_released_and_expire<S: Store>(store: S) {
+    let limiter = Limiter::new(store, Limit::concurrency(2, Duration::from_secs(30)).unwrap());
+    let subject = Subject::new("jobs");
+    let acquire = |lease: &str| Op::Acquire {
+        lease: lease.to_owned(),
+        max_wait: None,
+    };
+    assert_eq!(
+        decide(&limiter, &subject, acquire("a"), 1, T0).await.lease.as_deref(),
+        Some("a")
+    );
+    assert!(decide(&limiter, &subject, acquire("b"), 1, T0).await.decision.allowed);
+    let denied = decide(&limiter, &subject, acquire("c"), 1, T0 + 1).await.decision;
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after, Some(Duration::from_micros(30_000_000 - 1)));
+    decide(&limiter, &subject, Op::Release { lease: "a".into() }, 0, T0 + 2).await;
+    assert!(
+        decide(&limiter, &subject, acquire("c"), 1, T0 + 3)
+            .await
+            .decision
+            .allowed
+    );
+    // "b" expires at T0 + 30 s, freeing its slot for "d".
+    assert!(
+        !decide(&limiter, &subject, acquire("d"), 1, T0 + 29_999_999)
+            .await
+            .decision
+            .allowed
+    );
+    assert!(
+        decide(&limiter, &subject, acquire("d"), 1, T0 + 30_000_000)
+            .await
+            .decision
+            .allowed
+    );
+}
+
+/// Operations a limit cannot do are errors that name what to use instead.
+pub async fn unsupported_operations_are_errors<S: Store>(store: S) {
+    let gcra = Limiter::new(store.clone(), Limit::gcra(1, Duration::from_secs(1), 1).unwrap());
+    let subject = Subject::new("x");
+    let error = gcra
+        .decide(
+            &subject,
+            &Request::new(Op::Reserve { max_wait: None }, 1).at(Timestamp::from_micros(T0)),
+        )
+        .await
+        .unwrap_err();
+    assert!(error.is_invalid());
+    assert!(error.to_string().contains("reserve needs"), "{error}");
+    let leases = Limiter::new(store, Limit::concurrency(1, Duration::from_secs(1)).unwrap());
+    let error = leases
+        .decide(&subject, &Request::new(Op::Check, 1).at(Timestamp::from_micros(T0)))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("acquire"), "{error}");
+}
+
+/// Runs the whole suite against stores made by `make`.
+pub async fn run_all<S: Store>(make: impl Fn() -> S) {
+    policy_is_all_or_nothing(make()).await;
+    subjects_are_independent_and_reset_forgets(make()).await;
+    crafted_subjects_do_not_collide(make()).await;
+    partial_grants_and_reservations(make()).await;
+    leases_are_released_and_expire(make()).await;
+    unsupported_operations_are_errors(make()).await;
+}

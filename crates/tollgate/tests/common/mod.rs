@@ -1,0 +1,4 @@
+//! Shared test code: the conformance suite every store must pass.
+#![allow(dead_code)]
+
+pub mod conformance;

@@ -1,0 +1,165 @@
+//! The memory store: conformance, concurrency without over-admission, and
+//! eviction of state that carries no information.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tollgate::{Clock, Limit, Limiter, ManualClock, MemoryStore, Op, Policy, Request, Subject, Timestamp};
+
+#[tokio::test]
+async fn memory_store_conforms() {
+    common::conformance::run_all(MemoryStore::new).await;
+}
+
+/// 8 threads × 100 000 checks on one key, each on its own thread, counting
+/// what was admitted.
+fn hammer(store: &MemoryStore, policy: &Policy, clock: Option<&ManualClock>) -> u64 {
+    const THREADS: usize = 8;
+    const CHECKS: usize = 100_000;
+    let admitted = AtomicU64::new(0);
+    let subject = Subject::new("hot-key");
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                let request = Request::new(Op::Check, 1);
+                let mut mine = 0;
+                for _ in 0..CHECKS {
+                    if let Some(clock) = clock {
+                        clock.advance(Duration::from_micros(1));
+                    }
+                    if store.decide_now(&subject, policy, &request).unwrap().decision.allowed {
+                        mine += 1;
+                    }
+                }
+                admitted.fetch_add(mine, Ordering::Relaxed);
+            });
+        }
+    });
+    admitted.into_inner()
+}
+
+#[test]
+fn eight_threads_on_one_key_admit_exactly_the_limit() {
+    let start = Timestamp::from_micros(common::conformance::T0);
+    for limit in [
+        Limit::gcra(1, Duration::from_secs(3600), 1_000).unwrap(),
+        Limit::fixed_window(1_000, Duration::from_secs(3600)).unwrap(),
+        Limit::sliding_log(1_000, Duration::from_secs(3600)).unwrap(),
+        Limit::sliding_window(1_000, Duration::from_secs(3600), 10).unwrap(),
+        Limit::token_bucket(1_000, 1, Duration::from_secs(3600)).unwrap(),
+        Limit::leaky_bucket(1, Duration::from_secs(3600), 1_000).unwrap(),
+    ] {
+        let clock = ManualClock::new(start);
+        let store = MemoryStore::with_clock(clock);
+        let policy = Policy::single(limit.clone());
+        // The clock stands still: exactly the burst is admitted, not one more.
+        assert_eq!(hammer(&store, &policy, None), 1_000, "{limit}");
+    }
+}
+
+#[test]
+fn eight_threads_with_time_passing_stay_within_the_bound() {
+    // 100 000 per second (one per 10 µs), burst 50; every check moves time
+    // by 1 µs, so the 800 000 checks span 0.8 s and demand is 10× the rate.
+    let clock = ManualClock::new(Timestamp::from_micros(common::conformance::T0));
+    let store = MemoryStore::with_clock(clock.clone());
+    let policy = Policy::single(Limit::gcra(100_000, Duration::from_secs(1), 50).unwrap());
+    let admitted = hammer(&store, &policy, Some(&clock));
+    let elapsed = clock.now().as_micros() - common::conformance::T0;
+    let bound = 50 + elapsed / 10;
+    assert_eq!(elapsed, 800_000);
+    assert!(admitted <= bound, "admitted {admitted} over the bound {bound}");
+    // Demand far exceeds the rate, so nearly the whole bound is used.
+    assert!(admitted >= bound * 9 / 10, "admitted only {admitted} of {bound}");
+}
+
+#[tokio::test]
+async fn idle_state_is_evicted() {
+    let clock = ManualClock::new(Timestamp::from_micros(common::conformance::T0));
+    let store = MemoryStore::with_clock(clock.clone());
+    let policy = Policy::new([
+        ("rate", Limit::gcra(10, Duration::from_secs(1), 5).unwrap()),
+        ("window", Limit::fixed_window(100, Duration::from_secs(60)).unwrap()),
+        ("log", Limit::sliding_log(100, Duration::from_secs(10)).unwrap()),
+    ])
+    .unwrap();
+    let limiter = Limiter::new(store.clone(), policy);
+    for user in 0..10_000 {
+        limiter.check(&Subject::new("user").and(user)).await.unwrap();
+    }
+    assert_eq!(store.len(), 30_000);
+
+    // A state is kept exactly as long as it carries information.
+    clock.advance(Duration::from_secs(10));
+    store.evict_expired();
+    assert!(!store.is_empty(), "the fixed window still counts until the minute ends");
+
+    clock.advance(Duration::from_secs(60));
+    store.evict_expired();
+    assert_eq!(store.len(), 0, "all state expired");
+}
+
+#[tokio::test]
+async fn activity_sweeps_expired_state() {
+    let clock = ManualClock::new(Timestamp::from_micros(common::conformance::T0));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .sweep_every(Duration::from_secs(1))
+        .build();
+    let limiter = Limiter::new(store.clone(), Limit::gcra(10, Duration::from_secs(1), 5).unwrap());
+    for user in 0..1_000 {
+        limiter.check(&Subject::new(user)).await.unwrap();
+    }
+    assert_eq!(store.len(), 1_000);
+    clock.advance(Duration::from_secs(2));
+    // One decision is enough for the shard to notice and drop the rest.
+    limiter.check(&Subject::new("newcomer")).await.unwrap();
+    assert_eq!(store.len(), 1);
+}
+
+#[tokio::test]
+async fn full_state_is_dropped_at_once() {
+    let store = MemoryStore::new();
+    let limiter = Limiter::new(store.clone(), Limit::concurrency(3, Duration::from_secs(60)).unwrap());
+    let subject = Subject::new("jobs");
+    let permit = match limiter.acquire(&subject, 1, Duration::ZERO).await.unwrap() {
+        tollgate::Acquired::Granted(permit) => permit,
+        tollgate::Acquired::Denied(decision) => panic!("denied: {decision:?}"),
+    };
+    assert_eq!(store.len(), 1);
+    let after = permit.release().await.unwrap().expect("a lease");
+    assert_eq!(after.remaining, 3);
+    assert_eq!(store.len(), 0, "no lease in flight, nothing to keep");
+}
+
+#[test]
+fn explicit_now_overrides_the_clock() {
+    let store = MemoryStore::with_clock(ManualClock::new(Timestamp::EPOCH));
+    let policy = Policy::single(Limit::fixed_window(1, Duration::from_secs(1)).unwrap());
+    let subject = Subject::new("replay");
+    let at = |micros| Request::new(Op::Check, 1).at(Timestamp::from_micros(micros));
+    assert!(
+        store
+            .decide_now(&subject, &policy, &at(5_000_000))
+            .unwrap()
+            .decision
+            .allowed
+    );
+    assert!(
+        !store
+            .decide_now(&subject, &policy, &at(5_999_999))
+            .unwrap()
+            .decision
+            .allowed
+    );
+    assert!(
+        store
+            .decide_now(&subject, &policy, &at(6_000_000))
+            .unwrap()
+            .decision
+            .allowed
+    );
+}
