@@ -38,7 +38,7 @@ pub struct ConcurrencyState {
 
 impl Concurrency {
     /// Leases still live at `now` other than `except`, and the units they hold.
-    fn live(&self, state: Option<&ConcurrencyState>, now: u64, except: Option<&str>) -> (Vec<LeaseEntry>, u64) {
+    fn live(state: Option<&ConcurrencyState>, now: u64, except: Option<&str>) -> (Vec<LeaseEntry>, u64) {
         let leases: Vec<LeaseEntry> = state
             .map(|state| {
                 state
@@ -59,7 +59,7 @@ impl Concurrency {
 
     /// Units that could be acquired now.
     pub(crate) fn available(&self, state: Option<&ConcurrencyState>, now: u64) -> u64 {
-        self.limit.saturating_sub(self.live(state, now, None).1)
+        self.limit.saturating_sub(Self::live(state, now, None).1)
     }
 
     /// Takes (or renews) lease `id` for `cost` units if they fit; `id` may be
@@ -71,7 +71,7 @@ impl Concurrency {
         cost: u64,
         id: Option<&str>,
     ) -> Step<ConcurrencyState> {
-        let (mut leases, in_flight) = self.live(state, now, id);
+        let (mut leases, in_flight) = Self::live(state, now, id);
         let remaining = self.limit.saturating_sub(in_flight);
         if cost > self.limit {
             return Step::unchanged(Decision::deny(
@@ -124,7 +124,7 @@ impl Concurrency {
 
     /// Ends lease `id` (a lease that is unknown or already expired is fine).
     pub(crate) fn release(&self, state: Option<&ConcurrencyState>, now: u64, id: &str) -> Step<ConcurrencyState> {
-        let (leases, in_flight) = self.live(state, now, Some(id));
+        let (leases, in_flight) = Self::live(state, now, Some(id));
         let decision = Decision::allow(
             self.limit,
             self.limit.saturating_sub(in_flight),

@@ -557,6 +557,7 @@ impl Limit {
         matches!(self.kind, Kind::Concurrency(_))
     }
 
+    #[cfg(test)]
     pub(crate) fn kind(&self) -> &Kind {
         &self.kind
     }

@@ -139,6 +139,7 @@ impl<'a> Harness<'a> {
         }
     }
 
+    #[allow(clippy::too_many_lines)]
     fn run(&mut self, step: &Step) {
         self.now += step.dt;
         if self.now >= self.expires {

@@ -92,7 +92,7 @@ impl MemoryStoreBuilder {
                 shards: (0..shards)
                     .map(|_| {
                         Mutex::new(Shard {
-                            subjects: HashMap::with_hasher(hasher.clone()),
+                            subjects: HashMap::with_hasher(hasher),
                             next_sweep: 0,
                             sweep_above: 64,
                         })
