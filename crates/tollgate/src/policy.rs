@@ -73,6 +73,8 @@ impl Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     limits: Vec<(String, Limit)>,
+    /// Built from named limits: outcomes list each limit's decision.
+    named: bool,
 }
 
 /// A policy's decision and the states to write when it was allowed.
@@ -99,10 +101,12 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 impl Policy {
-    /// A policy of one limit, named after its algorithm.
+    /// A policy of one limit, named after its algorithm; its outcomes carry
+    /// no per-limit list.
     pub fn single(limit: Limit) -> Self {
         Self {
             limits: vec![(limit.algorithm().to_owned(), limit)],
+            named: false,
         }
     }
 
@@ -123,7 +127,7 @@ impl Policy {
                 return Err(Error::invalid_limit(format!("limit name \"{name}\" is used twice")));
             }
         }
-        Ok(Self { limits })
+        Ok(Self { limits, named: true })
     }
 
     /// Reads a limit (`{"algorithm": …}`) or a policy of named limits
@@ -218,31 +222,45 @@ impl Policy {
             ),
             Op::Release { lease } => (Action::Release(lease), cost),
         };
+        if let ([(name, limit)], [state]) = (self.limits.as_slice(), states) {
+            // One limit: its decision is the policy's.
+            let step = limit.decide(*state, now, action, cost)?;
+            let allowed = step.decision.allowed;
+            let writes = step
+                .state
+                .map(|state| vec![(0, state, micros(step.decision.reset_after))])
+                .unwrap_or_default();
+            let outcome = Outcome {
+                granted: if allowed { cost } else { 0 },
+                lease: self.lease(op, allowed),
+                limits: if self.named {
+                    vec![(name.clone(), step.decision.clone())]
+                } else {
+                    Vec::new()
+                },
+                decision: step.decision,
+            };
+            return Ok(Decided { outcome, writes });
+        }
         let mut steps = Vec::with_capacity(self.limits.len());
         for ((name, limit), state) in self.limits.iter().zip(states) {
-            let step = limit.decide(*state, now, action, cost).map_err(|error| {
-                if self.limits.len() > 1 {
-                    error.context(name)
-                } else {
-                    error
-                }
-            })?;
-            steps.push(step);
+            steps.push(limit.decide(*state, now, action, cost).map_err(|error| error.context(name))?);
         }
         let allowed = steps.iter().all(|step| step.decision.allowed);
-        let mut writes = Vec::new();
-        if allowed {
-            for (index, step) in steps.iter_mut().enumerate() {
-                if let Some(state) = step.state.take() {
-                    writes.push((index, state, micros(step.decision.reset_after)));
-                }
-            }
-        } else {
+        if !allowed {
             // Nothing is consumed: limits that would have admitted report as a peek.
             for ((_, limit), (state, step)) in self.limits.iter().zip(states.iter().zip(&mut steps)) {
                 if step.decision.allowed {
                     *step = limit.decide(*state, now, action, 0)?;
                 }
+            }
+        }
+        // What changed: everything when allowed; when denied, only levels
+        // stored on first touch (they consume nothing).
+        let mut writes = Vec::new();
+        for (index, step) in steps.iter_mut().enumerate() {
+            if let Some(state) = step.state.take() {
+                writes.push((index, state, micros(step.decision.reset_after)));
             }
         }
         let decisions: Vec<(String, Decision)> = self
@@ -251,20 +269,21 @@ impl Policy {
             .zip(steps)
             .map(|((name, _), step)| (name.clone(), step.decision))
             .collect();
-        let decision = most_restrictive(&decisions);
-        let lease = match op {
+        let outcome = Outcome {
+            decision: most_restrictive(&decisions),
+            granted: if allowed { cost } else { 0 },
+            lease: self.lease(op, allowed),
+            limits: if self.named { decisions } else { Vec::new() },
+        };
+        Ok(Decided { outcome, writes })
+    }
+
+    /// The lease an admitted `acquire` holds, when a limit takes leases.
+    fn lease(&self, op: &Op, allowed: bool) -> Option<String> {
+        match op {
             Op::Acquire { lease, .. } if allowed && self.has_concurrency() => Some(lease.clone()),
             _ => None,
-        };
-        Ok(Decided {
-            outcome: Outcome {
-                decision,
-                granted: if allowed { cost } else { 0 },
-                lease,
-                limits: decisions,
-            },
-            writes,
-        })
+        }
     }
 }
 
