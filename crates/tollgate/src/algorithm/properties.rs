@@ -453,3 +453,51 @@ proptest! {
         run(&algorithm, &trace, true);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// A policy is all-or-nothing: a denial leaves every limit as it was, an
+    /// admission consumes the cost from every limit, and each limit's own
+    /// bound holds.
+    #[test]
+    fn policies_are_all_or_nothing(
+        rate in 1u64..20, burst in 1u64..10, window_limit in 1u64..30, window_ms in 1u64..3_000,
+        trace in steps(1_000_000, 12, checks()),
+    ) {
+        use crate::policy::{Op, Policy};
+        let gcra = Limit::gcra(rate, ms(1_000), burst).unwrap();
+        let window = Limit::fixed_window(window_limit, ms(window_ms)).unwrap();
+        let policy = Policy::new([("rate", gcra.clone()), ("window", window.clone())]).unwrap();
+        let mut states: [Option<State>; 2] = [None, None];
+        let mut now = START;
+        let mut admitted = Vec::new();
+        for step in &trace {
+            now += step.dt;
+            let refs = [states[0].as_ref(), states[1].as_ref()];
+            let before = [gcra.available(refs[0], now), window.available(refs[1], now)];
+            let decided = policy.decide(&refs, now, &Op::Check, step.cost).unwrap();
+            let allowed = decided.outcome.decision.allowed;
+            prop_assert_eq!(allowed, decided.outcome.limits.iter().all(|(_, d)| d.allowed));
+            for (index, state, ttl) in decided.writes {
+                states[index] = (ttl > 0).then_some(state);
+            }
+            let refs = [states[0].as_ref(), states[1].as_ref()];
+            let after = [gcra.available(refs[0], now), window.available(refs[1], now)];
+            if allowed {
+                prop_assert_eq!([before[0] - step.cost, before[1] - step.cost], after);
+                if step.cost > 0 {
+                    admitted.push(Admission { at: now, cost: step.cost, departs: now });
+                }
+            } else {
+                prop_assert_eq!(before, after, "a denied policy consumed");
+                let denying = decided.outcome.limits.iter().filter(|(_, d)| !d.allowed).count();
+                prop_assert!(denying >= 1);
+            }
+        }
+        let harness = Harness { admissions: admitted, ..Harness::new(&gcra, true) };
+        harness.assert_bound(|a, b| u128::from(burst) + refilled(b - a, rate, 1_000_000));
+        let window_us = window_ms * 1_000;
+        harness.assert_bound(|a, b| u128::from(window_limit) * u128::from(b / window_us - a / window_us + 1));
+    }
+}
