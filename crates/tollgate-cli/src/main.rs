@@ -1,1 +1,57 @@
-fn main() {}
+//! The `tollgate` command.
+//!
+//! Thin on purpose: parse the arguments, hand them to the subcommand's module,
+//! turn its result into an exit code. Exit codes: 0 on success, 2 for invalid
+//! arguments (clap's own usage errors included), 1 for anything else.
+
+mod simulate;
+
+use std::fmt;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A distributed rate limiter: every algorithm, one atomic decision per call.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a trace (JSON Lines on stdin) against a limit on a controlled
+    /// clock, one decision per step (JSON Lines on stdout).
+    Simulate(simulate::Args),
+}
+
+/// An argument the command cannot work with (exit code 2).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate(args) => simulate::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            if error.is::<UsageError>() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

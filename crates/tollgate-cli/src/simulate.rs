@@ -1,0 +1,356 @@
+//! `tollgate simulate`: replays a trace against a limit on a controlled clock
+//! (DESIGN §6).
+//!
+//! Each line of standard input is one step, decided at `--start` + `t_ms` and
+//! answered by one line on standard output, written and flushed before the
+//! next line is read, so a program can drive the simulation step by step. A
+//! step that cannot be run is answered with `{"error": …}` and changes
+//! nothing, not even the simulated time; the replay goes on.
+//!
+//! The simulation decides through the store directly (the memory store's
+//! synchronous `decide_now`), so no async runtime is needed. Only the embedded
+//! memory store exists so far; `--store redis://…` is refused until the Redis
+//! store lands.
+
+mod output;
+mod step;
+
+use std::io::{self, BufRead, Write};
+
+use anyhow::Context as _;
+use tollgate::{Decision, ManualClock, MemoryStore, Op, Outcome, Policy, Request, Subject, Timestamp};
+
+use self::step::{Echo, Step, StepOp};
+use crate::UsageError;
+
+/// The latest simulated instant, µs since the epoch: 2^53, the largest
+/// integer Redis's Lua numbers hold exactly (about the year 2255).
+const MAX_NOW: u64 = 1 << 53;
+
+const TRACE_HELP: &str = "\
+Standard input holds one step per line (JSON Lines):
+
+  {\"t_ms\": 0, \"key\": \"a\", \"op\": \"check\", \"cost\": 1}
+
+  t_ms         milliseconds since --start; may be fractional down to the
+               microsecond (0.001); must never decrease (required)
+  key          the subject (default: \"\")
+  op           check (default; cost 0 is a peek), check_at_most, reserve,
+               acquire, release, reset
+  cost         units the step weighs (default 1)
+  max_wait_ms  reserve / acquire: the longest acceptable wait (default: any)
+  lease        release: the lease an acquire answered with (required);
+               acquire: renew or name a lease (default: \"1\", \"2\", ... in
+               the order leases are granted)
+
+Each step is answered on standard output as soon as it is read:
+
+  {\"allowed\":true,\"limit\":5,\"remaining\":4,\"retry_after_ms\":0,\"reset_after_ms\":100,\"wait_ms\":0}
+
+plus \"granted\" (check_at_most), \"lease\" (a granted acquire) and, for a policy
+of named limits, \"limits\": each limit's own decision. retry_after_ms is null
+when the request can never be admitted. reset answers with a peek after the
+reset. An invalid step is answered with {\"error\":\"...\"}, changes nothing and
+the replay goes on; blank lines are skipped.
+
+Example:
+  tollgate simulate --limit '{\"algorithm\":\"gcra\",\"rate\":5,\"period\":\"1s\",\"burst\":3}' \\
+      --format table < examples/burst.jsonl";
+
+/// Arguments of `tollgate simulate`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = TRACE_HELP)]
+pub struct Args {
+    /// The limit as JSON, e.g. '{"algorithm":"gcra","rate":10,"period":"1s","burst":5}',
+    /// or a policy of named limits '{"per_second":{...},"per_hour":{...}}'
+    #[arg(long, value_name = "JSON")]
+    limit: String,
+    /// Unix time in seconds at t_ms = 0 (places epoch-aligned windows)
+    #[arg(long, value_name = "UNIX_SECONDS", default_value_t = 0)]
+    start: u64,
+    /// How to write the decisions
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    format: Format,
+    /// Where limit state lives: "memory" (embedded); Redis is not available yet
+    #[arg(long, value_name = "URL", default_value = "memory")]
+    store: String,
+}
+
+/// How decisions are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// One JSON object per line
+    Json,
+    /// An aligned table for people
+    Table,
+}
+
+/// The stores `--store` can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    Memory,
+}
+
+impl StoreKind {
+    fn parse(url: &str) -> Result<Self, UsageError> {
+        if url == "memory" || url == "memory://" {
+            return Ok(Self::Memory);
+        }
+        // The URL may carry a password: name only its scheme.
+        match url.split_once("://").map(|(scheme, _)| scheme) {
+            Some("redis" | "rediss" | "redis+unix" | "valkey" | "valkeys") => Err(UsageError(
+                "--store: the Redis store is not available yet; only the embedded memory store \
+                 is (leave out --store)"
+                    .to_owned(),
+            )),
+            Some(scheme) => Err(UsageError(format!(
+                "--store: unknown store \"{scheme}://\" (expected memory)"
+            ))),
+            None => Err(UsageError(format!(
+                "--store: unknown store \"{url}\" (expected memory)"
+            ))),
+        }
+    }
+}
+
+/// Runs `tollgate simulate` on standard input and output.
+///
+/// # Errors
+///
+/// A [`UsageError`] for an invalid `--limit`, `--start` or `--store`; an I/O
+/// error when standard input or output fails.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let StoreKind::Memory = StoreKind::parse(&args.store)?;
+    let mut simulation = Simulation::new(&args.limit, args.start)?;
+    let result = replay(&mut simulation, io::stdin().lock(), io::stdout().lock(), args.format);
+    match result {
+        // The reader went away: nobody is left to answer.
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("simulate"),
+    }
+}
+
+/// Reads steps from `input` until it ends, writing and flushing one answer
+/// per step (a header first, for the table).
+///
+/// # Errors
+///
+/// When reading or writing fails; invalid steps are answered, not errors.
+pub fn replay(
+    simulation: &mut Simulation,
+    mut input: impl BufRead,
+    mut output: impl Write,
+    format: Format,
+) -> io::Result<()> {
+    if format == Format::Table {
+        writeln!(output, "{}", output::table_header())?;
+        output.flush()?;
+    }
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        let answer = match std::str::from_utf8(&line) {
+            Ok(text) if text.trim().is_empty() => continue,
+            Ok(text) => simulation.step(text),
+            Err(_) => Answer::invalid(None, "the step is not valid UTF-8".to_owned()),
+        };
+        let text = match format {
+            Format::Json => output::json(&answer),
+            Format::Table => output::table_row(&answer),
+        };
+        writeln!(output, "{text}")?;
+        output.flush()?;
+    }
+}
+
+/// The answer to one step.
+#[derive(Debug)]
+pub struct Answer {
+    /// The step as written, when it was a JSON object (for the table).
+    echo: Option<Echo>,
+    /// Its decision, or why it could not be run.
+    result: Result<Decided, String>,
+}
+
+impl Answer {
+    fn invalid(echo: Option<Echo>, message: String) -> Self {
+        Self {
+            echo,
+            result: Err(message),
+        }
+    }
+}
+
+/// A step's decision, with what its operation adds.
+#[derive(Debug)]
+struct Decided {
+    decision: Decision,
+    /// `check_at_most`: units admitted.
+    granted: Option<u64>,
+    /// A granted `acquire` on a concurrency limit: the lease taken.
+    lease: Option<String>,
+    /// A policy of named limits: each limit's decision, in order (else empty).
+    limits: Vec<(String, Decision)>,
+}
+
+/// A policy over a fresh memory store on a simulated clock.
+pub struct Simulation {
+    policy: Policy,
+    store: MemoryStore,
+    clock: ManualClock,
+    /// `--start`, µs since the epoch.
+    start: u64,
+    /// `t_ms` of the last step that ran, in µs.
+    last: Option<u64>,
+    /// The next lease name an `acquire` without `lease` gets.
+    next_lease: u64,
+}
+
+impl Simulation {
+    /// A simulation of `limit` (a limit or a policy, as JSON) starting at
+    /// `start` seconds since the Unix epoch.
+    ///
+    /// # Errors
+    ///
+    /// When the limit is invalid (the message names the field) or `start` is
+    /// out of range.
+    pub fn new(limit: &str, start: u64) -> Result<Self, UsageError> {
+        let policy = Policy::from_json(limit).map_err(|error| UsageError(format!("invalid --limit: {error}")))?;
+        let start = start
+            .checked_mul(1_000_000)
+            .filter(|&start| start <= MAX_NOW)
+            .ok_or_else(|| UsageError(format!("--start must be at most {} (2^53 us)", MAX_NOW / 1_000_000)))?;
+        let clock = ManualClock::new(Timestamp::from_micros(start));
+        Ok(Self {
+            policy,
+            store: MemoryStore::with_clock(clock.clone()),
+            clock,
+            start,
+            last: None,
+            next_lease: 1,
+        })
+    }
+
+    /// Runs one line of the trace.
+    pub fn step(&mut self, line: &str) -> Answer {
+        let value: serde_json::Value = match serde_json::from_str(line) {
+            Ok(value) => value,
+            Err(error) => return Answer::invalid(None, format!("invalid JSON: {error}")),
+        };
+        let echo = Echo::of(&value);
+        let result = Step::from_value(value).and_then(|step| self.run(&step));
+        Answer {
+            echo: Some(echo),
+            result,
+        }
+    }
+
+    fn run(&mut self, step: &Step) -> Result<Decided, String> {
+        if let Some(last) = self.last.filter(|&last| step.t_us < last) {
+            return Err(format!(
+                "t_ms must not decrease ({} after {})",
+                output::millis(step.t_us),
+                output::millis(last)
+            ));
+        }
+        let now = self
+            .start
+            .checked_add(step.t_us)
+            .filter(|&now| now <= MAX_NOW)
+            .ok_or_else(|| "t_ms is too large (the simulated time must stay below 2^53 us)".to_owned())?;
+        let now = Timestamp::from_micros(now);
+        self.clock.set(now);
+        let subject = Subject::new(&step.key);
+        let decide = |op: Op, cost: u64| {
+            self.store
+                .decide_now(&subject, &self.policy, &Request::new(op, cost).at(now))
+                .map_err(|error| error.to_string())
+        };
+        let outcome: Outcome = match &step.op {
+            StepOp::Check => decide(Op::Check, step.cost)?,
+            StepOp::CheckAtMost => decide(Op::CheckAtMost, step.cost)?,
+            StepOp::Reserve { max_wait } => decide(Op::Reserve { max_wait: *max_wait }, step.cost)?,
+            StepOp::Acquire { lease, max_wait } => {
+                let lease = lease.clone().unwrap_or_else(|| self.next_lease.to_string());
+                let op = Op::Acquire {
+                    lease,
+                    max_wait: *max_wait,
+                };
+                decide(op, step.cost)?
+            }
+            StepOp::Release { lease } => decide(Op::Release { lease: lease.clone() }, 0)?,
+            StepOp::Reset => {
+                self.store.reset_now(&subject, &self.policy);
+                decide(Op::Check, 0)?
+            }
+        };
+        if matches!(step.op, StepOp::Acquire { lease: None, .. }) && outcome.lease.is_some() {
+            self.next_lease += 1;
+        }
+        self.last = Some(step.t_us);
+        Ok(Decided {
+            decision: outcome.decision,
+            granted: matches!(step.op, StepOp::CheckAtMost).then_some(outcome.granted),
+            lease: outcome.lease,
+            limits: outcome.limits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replay_text(limit: &str, trace: &str) -> String {
+        let mut simulation = Simulation::new(limit, 0).unwrap();
+        let mut out = Vec::new();
+        replay(&mut simulation, trace.as_bytes(), &mut out, Format::Json).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn stores_are_chosen_by_url() {
+        assert_eq!(StoreKind::parse("memory").unwrap(), StoreKind::Memory);
+        let redis = StoreKind::parse("redis://user:secret@localhost:6379").unwrap_err().0;
+        assert!(redis.contains("not available yet"), "{redis}");
+        assert!(!redis.contains("secret"), "{redis}");
+        assert!(StoreKind::parse("etcd://x").unwrap_err().0.contains("unknown store"));
+    }
+
+    #[test]
+    fn blank_lines_are_skipped_and_invalid_utf8_is_answered() {
+        let limit = r#"{"algorithm":"fixed_window","limit":1,"window":"1s"}"#;
+        let mut simulation = Simulation::new(limit, 0).unwrap();
+        let mut out = Vec::new();
+        let trace: &[u8] = b"\n  \r\n\xff\n{\"t_ms\":0}\n";
+        replay(&mut simulation, trace, &mut out, Format::Json).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "{\"error\":\"the step is not valid UTF-8\"}\n\
+             {\"allowed\":true,\"limit\":1,\"remaining\":0,\"retry_after_ms\":0,\"reset_after_ms\":1000,\"wait_ms\":0}\n"
+        );
+    }
+
+    #[test]
+    fn start_places_epoch_aligned_windows() {
+        let limit = r#"{"algorithm":"fixed_window","limit":1,"window":"1m"}"#;
+        let mut simulation = Simulation::new(limit, 90).unwrap();
+        let mut out = Vec::new();
+        replay(&mut simulation, &b"{\"t_ms\":0}\n"[..], &mut out, Format::Json).unwrap();
+        // 90 s is halfway through the window [60 s, 120 s).
+        assert!(String::from_utf8(out).unwrap().contains("\"reset_after_ms\":30000"));
+        assert!(Simulation::new(limit, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn an_invalid_step_does_not_move_the_clock() {
+        let limit = r#"{"algorithm":"fixed_window","limit":5,"window":"1s"}"#;
+        let out = replay_text(limit, "{\"t_ms\":10}\n{\"t_ms\":20,\"op\":\"nope\"}\n{\"t_ms\":15}\n");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[1].starts_with("{\"error\":"), "{}", lines[1]);
+        assert!(lines[2].starts_with("{\"allowed\":true"), "{}", lines[2]);
+    }
+}
