@@ -186,43 +186,62 @@ impl Policy {
         self.limits.iter().any(|(_, limit)| limit.is_concurrency())
     }
 
+    /// The action every limit sees for `op`; `check_at_most` is resolved to a
+    /// `check` of what is available by the caller.
+    fn action(op: &Op) -> Action<'_> {
+        match op {
+            Op::Check | Op::CheckAtMost => Action::Check,
+            Op::Reserve { max_wait } => Action::Reserve(max_wait.map(micros)),
+            Op::Acquire { lease, max_wait } => Action::Acquire {
+                lease: Some(lease),
+                max_wait: max_wait.map(micros),
+            },
+            Op::Release { lease } => Action::Release(lease),
+        }
+    }
+
+    /// Refuses an operation some limit cannot run, before any store is asked.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::supports`], prefixed with the limit's name in a named policy.
+    pub(crate) fn validate(&self, op: &Op, cost: u64) -> Result<()> {
+        let action = Self::action(op);
+        for (name, limit) in &self.limits {
+            limit
+                .supports(action, cost)
+                .map_err(|error| if self.named { error.context(name) } else { error })?;
+        }
+        Ok(())
+    }
+
     /// Decides `op` for `cost` units over every limit, all-or-nothing.
     ///
-    /// `states[i]` is the stored state of limit `i`.
+    /// `states[i]` is the stored state of limit `i`. The Lua function
+    /// `decide` in the Redis store's script mirrors this one.
     pub(crate) fn decide(&self, states: &[Option<&State>], now: u64, op: &Op, cost: u64) -> Result<Decided> {
         debug_assert_eq!(states.len(), self.limits.len());
-        let (action, cost) = match op {
-            Op::Check => (Action::Check, cost),
-            Op::CheckAtMost => {
-                let available = self
-                    .limits
-                    .iter()
-                    .zip(states)
-                    .map(|((_, limit), state)| limit.available(*state, now))
-                    .min()
-                    .unwrap_or(0);
-                // With nothing available, ask for one unit so the denial says
-                // when one will be.
-                (
-                    Action::Check,
-                    if available == 0 && cost > 0 {
-                        1
-                    } else {
-                        available.min(cost)
-                    },
-                )
+        self.validate(op, cost)?;
+        let action = Self::action(op);
+        let cost = if *op == Op::CheckAtMost {
+            let available = self
+                .limits
+                .iter()
+                .zip(states)
+                .map(|((_, limit), state)| limit.available(*state, now))
+                .min()
+                .unwrap_or(0);
+            // With nothing available, ask for one unit so the denial says
+            // when one will be.
+            if available == 0 && cost > 0 {
+                1
+            } else {
+                available.min(cost)
             }
-            Op::Reserve { max_wait } => (Action::Reserve(max_wait.map(micros)), cost),
-            Op::Acquire { lease, max_wait } => (
-                Action::Acquire {
-                    lease: Some(lease),
-                    max_wait: max_wait.map(micros),
-                },
-                cost,
-            ),
-            Op::Release { lease } => (Action::Release(lease), cost),
+        } else {
+            cost
         };
-        if let ([(name, limit)], [state]) = (self.limits.as_slice(), states) {
+        if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
             // One limit: its decision is the policy's.
             let step = limit.decide(*state, now, action, cost)?;
             let allowed = step.decision.allowed;
@@ -230,21 +249,12 @@ impl Policy {
                 .state
                 .map(|state| vec![(0, state, micros(step.decision.reset_after))])
                 .unwrap_or_default();
-            let outcome = Outcome {
-                granted: if allowed { cost } else { 0 },
-                lease: self.lease(op, allowed),
-                limits: if self.named {
-                    vec![(name.clone(), step.decision.clone())]
-                } else {
-                    Vec::new()
-                },
-                decision: step.decision,
-            };
+            let outcome = self.outcome(op, allowed, cost, std::iter::once(step.decision));
             return Ok(Decided { outcome, writes });
         }
         let mut steps = Vec::with_capacity(self.limits.len());
-        for ((name, limit), state) in self.limits.iter().zip(states) {
-            steps.push(limit.decide(*state, now, action, cost).map_err(|error| error.context(name))?);
+        for ((_, limit), state) in self.limits.iter().zip(states) {
+            steps.push(limit.decide(*state, now, action, cost)?);
         }
         let allowed = steps.iter().all(|step| step.decision.allowed);
         if !allowed {
@@ -263,26 +273,45 @@ impl Policy {
                 writes.push((index, state, micros(step.decision.reset_after)));
             }
         }
-        let decisions: Vec<(String, Decision)> = self
-            .limits
-            .iter()
-            .zip(steps)
-            .map(|((name, _), step)| (name.clone(), step.decision))
-            .collect();
-        let outcome = Outcome {
-            decision: most_restrictive(&decisions),
-            granted: if allowed { cost } else { 0 },
-            lease: self.lease(op, allowed),
-            limits: if self.named { decisions } else { Vec::new() },
-        };
+        let outcome = self.outcome(op, allowed, cost, steps.into_iter().map(|step| step.decision));
         Ok(Decided { outcome, writes })
     }
 
-    /// The lease an admitted `acquire` holds, when a limit takes leases.
-    fn lease(&self, op: &Op, allowed: bool) -> Option<String> {
-        match op {
+    /// Assembles the outcome from each limit's decision (in the policy's order).
+    pub(crate) fn outcome(
+        &self,
+        op: &Op,
+        allowed: bool,
+        cost: u64,
+        decisions: impl ExactSizeIterator<Item = Decision>,
+    ) -> Outcome {
+        let lease = match op {
             Op::Acquire { lease, .. } if allowed && self.has_concurrency() => Some(lease.clone()),
             _ => None,
+        };
+        let granted = if allowed { cost } else { 0 };
+        let mut decisions = decisions;
+        if !self.named && decisions.len() == 1 {
+            if let Some(decision) = decisions.next() {
+                return Outcome {
+                    decision,
+                    granted,
+                    lease,
+                    limits: Vec::new(),
+                };
+            }
+        }
+        let limits: Vec<(String, Decision)> = self
+            .limits
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(decisions)
+            .collect();
+        Outcome {
+            decision: most_restrictive(&limits),
+            granted,
+            lease,
+            limits: if self.named { limits } else { Vec::new() },
         }
     }
 }

@@ -584,9 +584,35 @@ impl Limit {
         }
     }
 
+    /// Whether this limit can run `action` for `cost` units.
+    ///
+    /// # Errors
+    ///
+    /// `reserve` on a limit that neither borrows nor shapes; `check` (or
+    /// `acquire` without a lease) of a positive cost on a concurrency limit.
+    pub(crate) fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
+        match (&self.kind, action) {
+            (Kind::Concurrency(_), Action::Reserve(_)) => Err(unsupported_reserve("concurrency")),
+            (Kind::Concurrency(_), Action::Check | Action::Acquire { lease: None, .. }) if cost > 0 => {
+                Err(Error::invalid_argument(
+                    "a concurrency limit is taken with acquire (and given back with release), not check",
+                ))
+            }
+            (Kind::Reservation(_) | Kind::LeakyBucket(_) | Kind::Concurrency(_), _) => Ok(()),
+            (_, Action::Reserve(_)) => Err(unsupported_reserve(self.algorithm())),
+            _ => Ok(()),
+        }
+    }
+
     /// Runs `action` for `cost` units against `state` at `now`.
     ///
     /// A state of another algorithm (the limit was redefined) counts as none.
+    /// Limits that do not queue see `release` as a peek; limits that do not
+    /// borrow or shape see `acquire` as `check`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::supports`].
     pub(crate) fn decide(&self, state: Option<&State>, now: u64, action: Action<'_>, cost: u64) -> Result<Step<State>> {
         macro_rules! state {
             ($variant:ident) => {
@@ -596,70 +622,62 @@ impl Limit {
                 }
             };
         }
+        self.supports(action, cost)?;
+        let (cost, max_wait, lease) = match action {
+            Action::Check => (cost, None, None),
+            Action::Reserve(max_wait) => (cost, max_wait, None),
+            Action::Acquire { lease, max_wait } => (cost, max_wait, lease),
+            Action::Release(_) => (0, None, None),
+        };
         let step = match &self.kind {
-            Kind::FixedWindow(p) => {
-                let cost = rate_cost(action, cost, "fixed_window")?;
-                p.check(state!(FixedWindow), now, cost).map(State::FixedWindow)
-            }
-            Kind::SlidingWindow(p) => {
-                let cost = rate_cost(action, cost, "sliding_window")?;
-                p.check(state!(SlidingWindow), now, cost).map(State::SlidingWindow)
-            }
-            Kind::SlidingLog(p) => {
-                let cost = rate_cost(action, cost, "sliding_log")?;
-                p.check(state!(SlidingLog), now, cost).map(State::SlidingLog)
-            }
-            Kind::TokenBucket(p) => {
-                let cost = rate_cost(action, cost, "token_bucket")?;
-                p.check(state!(TokenBucket), now, cost).map(State::TokenBucket)
-            }
-            Kind::Gcra(p) => {
-                let cost = rate_cost(action, cost, "gcra")?;
-                p.check(state!(Gcra), now, cost).map(State::Gcra)
-            }
+            Kind::FixedWindow(p) => p.check(state!(FixedWindow), now, cost).map(State::FixedWindow),
+            Kind::SlidingWindow(p) => p.check(state!(SlidingWindow), now, cost).map(State::SlidingWindow),
+            Kind::SlidingLog(p) => p.check(state!(SlidingLog), now, cost).map(State::SlidingLog),
+            Kind::TokenBucket(p) => p.check(state!(TokenBucket), now, cost).map(State::TokenBucket),
+            Kind::Gcra(p) => p.check(state!(Gcra), now, cost).map(State::Gcra),
+            // `check` on a borrowing limit waits for nothing; on a shaping one, for anything.
             Kind::Reservation(p) => {
-                let (cost, max_wait) = match action {
-                    Action::Check => (cost, Some(0)),
-                    Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => (cost, max_wait),
-                    Action::Release(_) => (0, Some(0)),
+                let max_wait = if matches!(action, Action::Check | Action::Release(_)) {
+                    Some(0)
+                } else {
+                    max_wait
                 };
                 p.reserve(state!(Reservation), now, cost, max_wait)
                     .map(State::Reservation)
             }
-            Kind::LeakyBucket(p) => {
-                let (cost, max_wait) = match action {
-                    Action::Check => (cost, None),
-                    Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => (cost, max_wait),
-                    Action::Release(_) => (0, None),
-                };
-                p.reserve(state!(LeakyBucket), now, cost, max_wait)
-                    .map(State::LeakyBucket)
-            }
+            Kind::LeakyBucket(p) => p
+                .reserve(state!(LeakyBucket), now, cost, max_wait)
+                .map(State::LeakyBucket),
             Kind::Concurrency(p) => match action {
-                Action::Check if cost == 0 => p.acquire(state!(Concurrency), now, 0, None),
-                Action::Acquire { lease, .. } if lease.is_some() || cost == 0 => {
-                    p.acquire(state!(Concurrency), now, cost, lease)
-                }
                 Action::Release(lease) => p.release(state!(Concurrency), now, lease),
-                Action::Check | Action::Acquire { .. } => {
-                    return Err(Error::invalid_argument(
-                        "a concurrency limit is taken with acquire (and given back with release), not check",
-                    ))
-                }
-                Action::Reserve(_) => return Err(unsupported_reserve("concurrency")),
+                _ => p.acquire(state!(Concurrency), now, cost, lease),
             }
             .map(State::Concurrency),
         };
         Ok(step)
     }
-}
 
-/// The cost a non-borrowing rate limit sees for `action`.
-fn rate_cost(action: Action<'_>, cost: u64, algorithm: &str) -> Result<u64> {
-    match action {
-        Action::Check | Action::Acquire { .. } => Ok(cost),
-        Action::Release(_) => Ok(0),
-        Action::Reserve(_) => Err(unsupported_reserve(algorithm)),
+    /// The algorithm's numeric parameters as the Lua script reads them:
+    /// seven integers, in the order of `parse_limit` in `tollgate.lua`.
+    pub(crate) fn script_params(&self) -> [u64; 7] {
+        match self.kind {
+            Kind::FixedWindow(p) => [p.limit, p.window, 0, 0, 0, 0, 0],
+            Kind::SlidingWindow(p) => [p.limit, p.window, p.buckets, 0, 0, 0, 0],
+            Kind::SlidingLog(p) => [p.limit, p.window, 0, 0, 0, 0, 0],
+            Kind::TokenBucket(p) => [
+                p.capacity,
+                p.refill,
+                p.interval,
+                u64::from(p.mode == Refill::Interval),
+                p.initial,
+                p.rate.unit,
+                p.rate.per_micro,
+            ],
+            Kind::Reservation(p) => [p.max_burst, p.initial, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
+            Kind::LeakyBucket(p) => [p.capacity, 0, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
+            Kind::Gcra(p) => [p.burst, 0, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
+            Kind::Concurrency(p) => [p.limit, p.ttl, 0, 0, 0, 0, 0],
+        }
     }
 }
 
