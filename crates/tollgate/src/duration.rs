@@ -94,7 +94,7 @@ pub fn format_duration(duration: Duration) -> String {
     let (name, scale) = UNITS
         .iter()
         .rev()
-        .find(|(_, scale)| micros % scale == 0)
+        .find(|(_, scale)| micros.is_multiple_of(*scale))
         .copied()
         .unwrap_or(("us", 1));
     format!("{}{name}", micros / scale)

@@ -10,7 +10,7 @@ use tollgate::{Clock, Limit, Limiter, ManualClock, MemoryStore, Op, Policy, Requ
 
 #[tokio::test]
 async fn memory_store_conforms() {
-    common::conformance::run_all(MemoryStore::new).await;
+    common::conformance::run_all(|| async { MemoryStore::new() }).await;
 }
 
 /// 8 threads × 100 000 checks on one key, each on its own thread, counting

@@ -257,7 +257,7 @@ fn positive(duration: Duration, field: &str) -> Result<u64> {
             "{field} is too long (at most {MAX_MICROS} us)"
         )));
     }
-    if duration.subsec_nanos() % 1_000 != 0 {
+    if !duration.subsec_nanos().is_multiple_of(1_000) {
         return Err(Error::invalid_limit(format!("{field} is finer than a microsecond")));
     }
     Ok(value)

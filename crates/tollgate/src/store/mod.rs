@@ -5,11 +5,13 @@
 //! Redis. There is never a read-compare-write from the caller.
 
 mod memory;
+mod redis;
 
 use std::future::Future;
 use std::time::Duration;
 
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
+pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;

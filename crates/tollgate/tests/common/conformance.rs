@@ -189,12 +189,12 @@ pub async fn unsupported_operations_are_errors<S: Store>(store: S) {
     assert!(error.to_string().contains("acquire"), "{error}");
 }
 
-/// Runs the whole suite against stores made by `make`.
-pub async fn run_all<S: Store>(make: impl Fn() -> S) {
-    policy_is_all_or_nothing(make()).await;
-    subjects_are_independent_and_reset_forgets(make()).await;
-    crafted_subjects_do_not_collide(make()).await;
-    partial_grants_and_reservations(make()).await;
-    leases_are_released_and_expire(make()).await;
-    unsupported_operations_are_errors(make()).await;
+/// Runs the whole suite, each test on a fresh store made by `make`.
+pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn() -> F) {
+    policy_is_all_or_nothing(make().await).await;
+    subjects_are_independent_and_reset_forgets(make().await).await;
+    crafted_subjects_do_not_collide(make().await).await;
+    partial_grants_and_reservations(make().await).await;
+    leases_are_released_and_expire(make().await).await;
+    unsupported_operations_are_errors(make().await).await;
 }

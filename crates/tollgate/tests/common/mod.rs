@@ -2,3 +2,4 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod redis_server;
