@@ -222,3 +222,214 @@ fn redis_decides_exactly_as_memory() {
         }
     });
 }
+
+// --- Keys and expiry. -----------------------------------------------------
+
+/// Every key a trace writes has a TTL, never longer than its state's
+/// information and never shorter, so no key outlives its use.
+#[test]
+fn every_key_expires_when_its_state_stops_mattering() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let redis = runtime.block_on(store(&server));
+    let cases = AtomicUsize::new(0);
+    let config = ProptestConfig {
+        cases: 60,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(policy in any_policy(), steps in any_steps())| {
+        let case = cases.fetch_add(1, Ordering::Relaxed);
+        let subjects = [Subject::new("ttl").and(case), Subject::new("ttl").and(case).and(1)];
+        // Server time, so that Redis's own expiry and the decisions share a clock.
+        let mut longest = Duration::ZERO;
+        for step in &steps {
+            let subject = &subjects[usize::from(step.key)];
+            let op = match step.op {
+                StepOp::Acquire(lease) => Op::Acquire { lease: format!("lease-{lease}"), max_wait: None },
+                StepOp::Release(lease) => Op::Release { lease: format!("lease-{lease}") },
+                StepOp::Reserve(max_wait) => Op::Reserve { max_wait: max_wait.map(micros) },
+                _ => Op::Check,
+            };
+            if let Ok(outcome) = runtime.block_on(redis.decide(subject, &policy, &Request::new(op, step.cost))) {
+                let decisions = if outcome.limits.is_empty() { vec![outcome.decision] } else { outcome.limits.into_iter().map(|(_, d)| d).collect() };
+                for decision in decisions {
+                    longest = longest.max(decision.reset_after);
+                }
+            }
+        }
+        let pattern = format!("{}:{{ttl:{case}*", redis.prefix());
+        let keys = server.cli(&["--scan", "--pattern", &pattern]);
+        for key in keys.lines().filter(|key| !key.is_empty()) {
+            let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
+            // -1 is a key without TTL; -2 one that expired since the scan.
+            prop_assert!(ttl != -1, "key {} has no TTL", key);
+            let longest_ms = i64::try_from(longest.as_micros().div_ceil(1_000)).unwrap();
+            prop_assert!(ttl <= longest_ms, "key {} lives {} ms, past the longest reset_after {:?}", key, ttl, longest);
+        }
+    });
+}
+
+#[tokio::test]
+async fn keys_follow_the_documented_layout() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url()).prefix("app").connect().await.unwrap();
+    let policy = Policy::new([("per_second", Limit::gcra(10, Duration::from_secs(1), 5).unwrap())]).unwrap();
+    let subject = Subject::new("203.0.113.7").and("/login");
+    redis
+        .decide(&subject, &policy, &Request::new(Op::Check, 1))
+        .await
+        .unwrap();
+    let keys = server.cli(&["--scan", "--pattern", "app:*"]);
+    assert_eq!(keys, "app:{203.0.113.7:/login}:per_second");
+    assert_eq!(redis.key(&subject, "per_second"), keys);
+    // One small hash per limit.
+    assert_eq!(server.cli(&["TYPE", &keys]), "hash");
+}
+
+// --- Faults and errors. ---------------------------------------------------
+
+#[tokio::test]
+async fn script_flush_is_survived() {
+    let server = RedisServer::start();
+    let limiter = tollgate::Limiter::new(
+        store(&server).await,
+        Limit::gcra(100, Duration::from_secs(1), 100).unwrap(),
+    );
+    let subject = Subject::new("flush");
+    let at = Request::new(Op::Check, 1).at(Timestamp::from_micros(common::conformance::T0));
+    assert!(limiter.decide(&subject, &at).await.unwrap().decision.allowed);
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+    let outcome = limiter.decide(&subject, &at).await.expect("the script is loaded again");
+    assert_eq!(outcome.decision.remaining, 98);
+}
+
+#[tokio::test]
+async fn a_stopped_server_is_a_typed_error_and_recovery_is_automatic() {
+    let mut server = RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let limiter = tollgate::Limiter::new(redis, Limit::fixed_window(1_000, Duration::from_secs(60)).unwrap());
+    let subject = Subject::new("outage");
+    assert!(limiter.check(&subject).await.unwrap().allowed);
+
+    server.stop();
+    let started = std::time::Instant::now();
+    let error = limiter.check(&subject).await.expect_err("redis is down");
+    assert!(error.is_transient(), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the error took {:?}",
+        started.elapsed()
+    );
+
+    server.restart();
+    let restarted = std::time::Instant::now();
+    // The connection comes back by itself: keep asking, as callers would.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match limiter.check(&subject).await {
+            Ok(decision) => {
+                assert!(decision.allowed);
+                break;
+            }
+            Err(error) => {
+                assert!(error.is_transient(), "{error}");
+                assert!(
+                    restarted.elapsed() < Duration::from_secs(1),
+                    "still failing after {attempts} attempts: {error}"
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn connection_errors_are_clear() {
+    // Nothing listens on the port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let error = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(error.is_transient(), "{error}");
+    assert!(error.to_string().starts_with("redis:"), "{error}");
+
+    // Not a URL.
+    let error = RedisStore::connect("http://example").await.unwrap_err();
+    assert!(error.is_invalid(), "{error}");
+    assert!(error.to_string().contains("invalid redis url"), "{error}");
+
+    // A bad prefix.
+    let error = RedisStore::builder("redis://127.0.0.1:1")
+        .prefix("a{b")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("key prefix"), "{error}");
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_redis_is_an_error_not_a_hang() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fake = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        }
+    });
+    let error = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(!error.is_invalid(), "{error}");
+    fake.abort();
+}
+
+#[tokio::test]
+async fn passwords_and_acl_users() {
+    let server = RedisServer::start();
+    assert_eq!(
+        server.cli(&["ACL", "SETUSER", "limiter", "on", ">s3cret", "~*", "+@all"]),
+        "OK"
+    );
+    let port = server.port();
+    let good = RedisStore::connect(&format!("redis://limiter:s3cret@127.0.0.1:{port}/2"))
+        .await
+        .unwrap();
+    let limiter = tollgate::Limiter::new(good, Limit::gcra(1, Duration::from_secs(1), 1).unwrap());
+    assert!(limiter.check(&Subject::new("acl")).await.unwrap().allowed);
+    // The database number is honoured.
+    assert_eq!(server.cli(&["-n", "2", "DBSIZE"]), "1");
+
+    let error = RedisStore::connect(&format!("redis://limiter:wrong@127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("authentication failed"), "{error}");
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_a_clear_error() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .prefix("other")
+        .connect()
+        .await
+        .unwrap();
+    let subject = Subject::new("taken");
+    assert_eq!(server.cli(&["SET", &redis.key(&subject, "gcra"), "hello"]), "OK");
+    let limiter = tollgate::Limiter::new(redis, Limit::gcra(1, Duration::from_secs(1), 1).unwrap());
+    let error = limiter.check(&subject).await.unwrap_err();
+    assert!(error.to_string().contains("another type"), "{error}");
+}

@@ -71,19 +71,18 @@ impl Concurrency {
         cost: u64,
         id: Option<&str>,
     ) -> Step<ConcurrencyState> {
-        let (mut leases, in_flight) = Self::live(state, now, id);
+        // What is held now, as a peek reports it.
+        let (held, in_flight) = Self::live(state, now, None);
         let remaining = self.limit.saturating_sub(in_flight);
+        let reset_after = Self::reset_after(&held, now);
+        // Renewing a lease first gives back the units it holds.
+        let (mut leases, held_by_others) = Self::live(state, now, id);
         if cost > self.limit {
-            return Step::unchanged(Decision::deny(
-                self.limit,
-                remaining,
-                None,
-                Self::reset_after(&leases, now),
-            ));
+            return Step::unchanged(Decision::deny(self.limit, remaining, None, reset_after));
         }
-        if cost > remaining {
+        if cost > self.limit.saturating_sub(held_by_others) {
             // Leases end soonest-first: wait until enough units have expired.
-            let needed = in_flight + cost - self.limit;
+            let needed = held_by_others + cost - self.limit;
             let mut freed = 0;
             let mut retry_after = None;
             for lease in &leases {
@@ -93,20 +92,10 @@ impl Concurrency {
                     break;
                 }
             }
-            return Step::unchanged(Decision::deny(
-                self.limit,
-                remaining,
-                retry_after,
-                Self::reset_after(&leases, now),
-            ));
+            return Step::unchanged(Decision::deny(self.limit, remaining, retry_after, reset_after));
         }
         let Some(id) = id.filter(|_| cost > 0) else {
-            return Step::unchanged(Decision::allow(
-                self.limit,
-                remaining,
-                Self::reset_after(&leases, now),
-                0,
-            ));
+            return Step::unchanged(Decision::allow(self.limit, remaining, reset_after, 0));
         };
         let expires = now + self.ttl;
         let at = leases.partition_point(|lease| lease.expires <= expires);
@@ -118,7 +107,12 @@ impl Concurrency {
                 cost,
             },
         );
-        let decision = Decision::allow(self.limit, remaining - cost, Self::reset_after(&leases, now), 0);
+        let decision = Decision::allow(
+            self.limit,
+            self.limit - held_by_others - cost,
+            Self::reset_after(&leases, now),
+            0,
+        );
         Step::changed(decision, ConcurrencyState { leases })
     }
 

@@ -28,11 +28,13 @@ pub struct FixedWindowState {
 }
 
 impl FixedWindow {
-    /// Start of the window holding `now`, and its count so far.
+    /// Start of the window holding `now` (or of a newer one already
+    /// counted), and its count so far.
     fn current(&self, state: Option<&FixedWindowState>, now: u64) -> (u64, u64) {
         let start = now - now % self.window;
         match state {
-            Some(state) if state.start == start => (start, state.count),
+            // A newer window than now's (the clock went back) still counts.
+            Some(state) if state.start >= start => (state.start, state.count),
             _ => (start, 0),
         }
     }

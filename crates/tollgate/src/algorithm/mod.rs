@@ -635,13 +635,16 @@ impl Limit {
             Kind::SlidingLog(p) => p.check(state!(SlidingLog), now, cost).map(State::SlidingLog),
             Kind::TokenBucket(p) => p.check(state!(TokenBucket), now, cost).map(State::TokenBucket),
             Kind::Gcra(p) => p.check(state!(Gcra), now, cost).map(State::Gcra),
+            // A release only reports: it is never denied and never waits.
+            Kind::Reservation(p) if matches!(action, Action::Release(_)) => {
+                report(p.reserve(state!(Reservation), now, 0, None)).map(State::Reservation)
+            }
+            Kind::LeakyBucket(p) if matches!(action, Action::Release(_)) => {
+                report(p.reserve(state!(LeakyBucket), now, 0, None)).map(State::LeakyBucket)
+            }
             // `check` on a borrowing limit waits for nothing; on a shaping one, for anything.
             Kind::Reservation(p) => {
-                let max_wait = if matches!(action, Action::Check | Action::Release(_)) {
-                    Some(0)
-                } else {
-                    max_wait
-                };
+                let max_wait = if action == Action::Check { Some(0) } else { max_wait };
                 p.reserve(state!(Reservation), now, cost, max_wait)
                     .map(State::Reservation)
             }
@@ -679,6 +682,12 @@ impl Limit {
             Kind::Concurrency(p) => [p.limit, p.ttl, 0, 0, 0, 0, 0],
         }
     }
+}
+
+/// A step that only reports: no wait asked of the caller.
+fn report<S>(mut step: Step<S>) -> Step<S> {
+    step.decision.wait = Duration::ZERO;
+    step
 }
 
 fn unsupported_reserve(algorithm: &str) -> Error {

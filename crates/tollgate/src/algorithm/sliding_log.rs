@@ -88,9 +88,11 @@ impl SlidingLog {
                 0,
             ));
         }
-        match entries.last_mut() {
-            Some((at, units)) if *at == now => *units += cost,
-            _ => entries.push((now, cost)),
+        // Kept in order of time, even when the clock went back.
+        let at = entries.partition_point(|&(at, _)| at <= now);
+        match at.checked_sub(1).map(|last| &mut entries[last]) {
+            Some((instant, units)) if *instant == now => *units += cost,
+            _ => entries.insert(at, (now, cost)),
         }
         let decision = Decision::allow(self.limit, remaining - cost, self.reset_after(&entries, now), 0);
         Step::changed(decision, SlidingLogState { entries })

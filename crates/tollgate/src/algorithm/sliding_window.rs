@@ -106,9 +106,11 @@ impl SlidingWindow {
             ));
         }
         let index = now / self.sub();
-        match counts.last_mut() {
-            Some((last, count)) if *last == index => *count += cost,
-            _ => counts.push((index, cost)),
+        // Kept in order of index, even when the clock went back.
+        let at = counts.partition_point(|&(counted, _)| counted <= index);
+        match at.checked_sub(1).map(|last| &mut counts[last]) {
+            Some((counted, count)) if *counted == index => *count += cost,
+            _ => counts.insert(at, (index, cost)),
         }
         let decision = Decision::allow(self.limit, remaining - cost, self.reset_after(&counts, now), 0);
         Step::changed(decision, SlidingWindowState { counts })

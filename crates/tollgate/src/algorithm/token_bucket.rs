@@ -69,18 +69,19 @@ impl TokenBucket {
         }
     }
 
-    /// Interval mode: tokens at `now`, and the index of `now`'s interval.
+    /// Interval mode: tokens at `now`, and the index of the interval they
+    /// are counted in (`now`'s, or a newer one already counted).
     fn tokens(&self, state: Option<&TokenBucketState>, now: u64) -> (u64, u64) {
         let boundary = now / self.interval;
-        let tokens = match state {
-            Some(&TokenBucketState::Interval { tokens, boundary: then }) if then <= boundary => (boundary - then)
-                .saturating_mul(self.refill)
-                .saturating_add(tokens)
-                .min(self.capacity),
-            Some(&TokenBucketState::Interval { tokens, .. }) => tokens,
-            _ => self.initial,
-        };
-        (tokens, boundary)
+        match state {
+            Some(&TokenBucketState::Interval { tokens, boundary: then }) if then <= boundary => {
+                let refilled = (boundary - then).saturating_mul(self.refill).saturating_add(tokens);
+                (refilled.min(self.capacity), boundary)
+            }
+            // Counted in a newer interval (the clock went back): no refill, keep its boundary.
+            Some(&TokenBucketState::Interval { tokens, boundary: then }) => (tokens, then),
+            _ => (self.initial, boundary),
+        }
     }
 
     /// Units that would be admitted now.

@@ -9,7 +9,10 @@
 //! Keys are `<prefix>:{<subject>}:<limit name>`: the braces make the subject a
 //! Redis Cluster hash tag, so all limits of one subject share a slot and a
 //! policy is one script call. Each key holds one hash and expires when its
-//! state no longer carries information.
+//! state no longer carries information. (With an explicit `now` — tests,
+//! replays — real time and the caller's time differ, so keys are kept at least
+//! an hour; decisions never depend on that, as each state records when it
+//! lapses in the caller's time.)
 //!
 //! The client is redis-rs: one multiplexed connection
 //! ([`ConnectionManager`]) serves any number of concurrent tasks without a

@@ -91,8 +91,9 @@ end
 
 local function fixed_window_current(p, s, now)
   local start = now - imod(now, p.window)
-  if s and s.start == start then
-    return start, s.count
+  -- A newer window than now's (the clock went back) still counts.
+  if s and s.start >= start then
+    return s.start, s.count
   end
   return start, 0
 end
@@ -183,12 +184,16 @@ local function sliding_window_check(p, s, now, cost)
   if cost == 0 then
     return allow(p.limit, remaining, sliding_window_reset_after(p, counts, now), 0)
   end
+  -- Kept in order of index, even when the clock went back.
   local index = idiv(now, sliding_window_sub(p))
-  local last = counts[#counts]
-  if last and last[1] == index then
-    last[2] = last[2] + cost
+  local at = #counts + 1
+  while at > 1 and counts[at - 1][1] > index do
+    at = at - 1
+  end
+  if at > 1 and counts[at - 1][1] == index then
+    counts[at - 1][2] = counts[at - 1][2] + cost
   else
-    counts[#counts + 1] = { index, cost }
+    table.insert(counts, at, { index, cost })
   end
   local decision = allow(p.limit, remaining - cost, sliding_window_reset_after(p, counts, now), 0)
   return decision, { counts = counts }
@@ -242,11 +247,15 @@ local function sliding_log_check(p, s, now, cost)
   if cost == 0 then
     return allow(p.limit, remaining, sliding_log_reset_after(p, entries, now), 0)
   end
-  local last = entries[#entries]
-  if last and last[1] == now then
-    last[2] = last[2] + cost
+  -- Kept in order of time, even when the clock went back.
+  local at = #entries + 1
+  while at > 1 and entries[at - 1][1] > now do
+    at = at - 1
+  end
+  if at > 1 and entries[at - 1][1] == now then
+    entries[at - 1][2] = entries[at - 1][2] + cost
   else
-    entries[#entries + 1] = { now, cost }
+    table.insert(entries, at, { now, cost })
   end
   local decision = allow(p.limit, remaining - cost, sliding_log_reset_after(p, entries, now), 0)
   return decision, { entries = entries }
@@ -264,15 +273,13 @@ end
 
 local function token_bucket_tokens(p, s, now)
   local boundary = idiv(now, p.interval)
-  local tokens
   if s and not s.smooth and s.boundary <= boundary then
-    tokens = math.min((boundary - s.boundary) * p.refill + s.tokens, p.capacity)
+    return math.min((boundary - s.boundary) * p.refill + s.tokens, p.capacity), boundary
   elseif s and not s.smooth then
-    tokens = s.tokens
-  else
-    tokens = p.initial
+    -- Counted in a newer interval (the clock went back): no refill, keep its boundary.
+    return s.tokens, s.boundary
   end
-  return tokens, boundary
+  return p.initial, boundary
 end
 
 local function token_bucket_available(p, s, now)
@@ -505,13 +512,17 @@ local function concurrency_available(p, s, now)
 end
 
 local function concurrency_acquire(p, s, now, cost, id)
-  local leases, in_flight = concurrency_live(s, now, id)
+  -- What is held now, as a peek reports it.
+  local held, in_flight = concurrency_live(s, now, nil)
   local remaining = sat_sub(p.limit, in_flight)
+  local reset_after = concurrency_reset_after(held, now)
+  -- Renewing a lease first gives back the units it holds.
+  local leases, held_by_others = concurrency_live(s, now, id)
   if cost > p.limit then
-    return deny(p.limit, remaining, nil, concurrency_reset_after(leases, now))
+    return deny(p.limit, remaining, nil, reset_after)
   end
-  if cost > remaining then
-    local needed = in_flight + cost - p.limit
+  if cost > sat_sub(p.limit, held_by_others) then
+    local needed = held_by_others + cost - p.limit
     local freed, retry_after = 0, nil
     for _, lease in ipairs(leases) do
       freed = freed + lease.cost
@@ -520,10 +531,10 @@ local function concurrency_acquire(p, s, now, cost, id)
         break
       end
     end
-    return deny(p.limit, remaining, retry_after, concurrency_reset_after(leases, now))
+    return deny(p.limit, remaining, retry_after, reset_after)
   end
   if id == nil or cost == 0 then
-    return allow(p.limit, remaining, concurrency_reset_after(leases, now), 0)
+    return allow(p.limit, remaining, reset_after, 0)
   end
   local expires = now + p.ttl
   local at = #leases + 1
@@ -534,7 +545,7 @@ local function concurrency_acquire(p, s, now, cost, id)
     end
   end
   table.insert(leases, at, { id = id, expires = expires, cost = cost })
-  local decision = allow(p.limit, remaining - cost, concurrency_reset_after(leases, now), 0)
+  local decision = allow(p.limit, p.limit - held_by_others - cost, concurrency_reset_after(leases, now), 0)
   return decision, { leases = leases }
 end
 
@@ -571,24 +582,25 @@ end
 local function decide_limit(p, s, now, action, cost, max_wait, lease)
   local a = p.algorithm
   if a == "reservation" or a == "leaky_bucket" then
+    local reserve = leaky_bucket_reserve
+    if a == "reservation" then
+      reserve = reservation_reserve
+    end
+    if action == "release" then
+      -- A release only reports: it is never denied and never waits.
+      local decision, state = reserve(p, s, now, 0, nil)
+      decision[6] = 0
+      return decision, state
+    end
+    -- `check` on a borrowing limit waits for nothing; on a shaping one, for anything.
     if action == "check" then
       if a == "reservation" then
         max_wait = 0
       else
         max_wait = nil
       end
-    elseif action == "release" then
-      cost = 0
-      if a == "reservation" then
-        max_wait = 0
-      else
-        max_wait = nil
-      end
     end
-    if a == "reservation" then
-      return reservation_reserve(p, s, now, cost, max_wait)
-    end
-    return leaky_bucket_reserve(p, s, now, cost, max_wait)
+    return reserve(p, s, now, cost, max_wait)
   end
   if a == "concurrency" then
     if action == "release" then
@@ -676,6 +688,14 @@ local function fmt(n)
   return string.format("%.0f", n)
 end
 
+-- With the server's time a key expires exactly when its state stops carrying
+-- information. With a caller's `now` (tests, replays) real time and the
+-- caller's time differ, so the key is kept at least EXPLICIT_NOW_TTL ms; the
+-- decision never depends on it, since "x" says when the state lapses in the
+-- caller's time.
+local EXPLICIT_NOW_TTL = 3600000
+local explicit_now = false
+
 local function store(key, p, s, now, ttl)
   redis.call("DEL", key)
   if ttl == 0 then
@@ -707,7 +727,11 @@ local function store(key, p, s, now, ttl)
     end
   end
   redis.call("HSET", key, unpack(fields))
-  redis.call("PEXPIRE", key, div_ceil(ttl, 1000))
+  local expire_ms = div_ceil(ttl, 1000)
+  if explicit_now then
+    expire_ms = math.max(expire_ms, EXPLICIT_NOW_TTL)
+  end
+  redis.call("PEXPIRE", key, expire_ms)
 end
 
 -- policy.rs: all-or-nothing over the limits of one decision ---------------
@@ -796,6 +820,7 @@ end
 -- Entry point ---------------------------------------------------------------
 
 local now = tonumber(ARGV[1])
+explicit_now = now ~= nil
 if now == nil then
   local time = redis.call("TIME")
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
