@@ -135,3 +135,48 @@ impl From<String> for Subject {
         Self::new(part)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn subject(parts: &[Vec<u8>]) -> Subject {
+        let mut parts = parts.iter();
+        let first = Subject::from_bytes(parts.next().map_or(&[][..], Vec::as_slice));
+        parts.fold(first, |subject, part| subject.and_bytes(part))
+    }
+
+    fn part() -> impl Strategy<Value = Vec<u8>> {
+        let tricky = prop::sample::select(vec![b':', b'{', b'}', b'%', b' ', b'#', b'a', b'0', 0xff, 0x00, 0xc3]);
+        prop_oneof![
+            prop::collection::vec(tricky, 0..12),
+            prop::collection::vec(any::<u8>(), 0..300),
+        ]
+    }
+
+    proptest! {
+        /// Different sequences of parts never share a key, and no key can
+        /// end a Redis Cluster hash tag early.
+        #[test]
+        fn the_encoding_is_injective(a in prop::collection::vec(part(), 1..4), b in prop::collection::vec(part(), 1..4)) {
+            let (left, right) = (subject(&a), subject(&b));
+            prop_assert_eq!(a == b, left == right, "{:?} vs {:?}", left, right);
+            for key in [left.as_key(), right.as_key()] {
+                prop_assert!(!key.contains(['{', '}']), "{} holds a brace", key);
+                prop_assert!(key.len() <= MAX_KEY_LEN || key.len() == 65);
+            }
+        }
+    }
+
+    #[test]
+    fn keys_are_readable_and_long_ones_hashed() {
+        assert_eq!(Subject::new("203.0.113.7").and("/login").as_key(), "203.0.113.7:/login");
+        assert_eq!(Subject::new("a:b").as_key(), "a%3Ab");
+        assert_eq!(Subject::new("").and("").as_key(), ":");
+        let long = Subject::new("x".repeat(300));
+        assert!(long.as_key().starts_with('#'));
+        assert_eq!(long.as_key().len(), 65);
+        assert_ne!(long, Subject::new("x".repeat(301)));
+    }
+}

@@ -433,3 +433,24 @@ async fn a_key_of_another_type_is_a_clear_error() {
     let error = limiter.check(&subject).await.unwrap_err();
     assert!(error.to_string().contains("another type"), "{error}");
 }
+
+#[tokio::test]
+async fn tls_with_a_private_ca() {
+    let (server, ca) = RedisServer::start_tls();
+    let url = format!("rediss://127.0.0.1:{}", server.port());
+    let redis = RedisStore::builder(url.as_str())
+        .tls_root_certificate(ca)
+        .connect()
+        .await
+        .unwrap();
+    let limiter = tollgate::Limiter::new(redis, Limit::gcra(1, Duration::from_secs(1), 1).unwrap());
+    assert!(limiter.check(&Subject::new("tls")).await.unwrap().allowed);
+    assert!(!limiter.check(&Subject::new("tls")).await.unwrap().allowed);
+    // Without the CA the server's certificate is not trusted.
+    let error = RedisStore::builder(url.as_str())
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(error.to_string().starts_with("redis:"), "{error}");
+}

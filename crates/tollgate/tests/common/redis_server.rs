@@ -11,6 +11,7 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    extra: Vec<String>,
 }
 
 fn redis_server_binary() -> PathBuf {
@@ -35,11 +36,18 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Starts a server and returns once it accepts connections.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra arguments; with TLS files among them it
+    /// listens with TLS only (see [`RedisServer::start_tls`]).
+    pub fn start_with(extra: &[String]) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let mut server = Self {
             child: None,
             port: 0,
             dir,
+            extra: extra.to_vec(),
         };
         // Another process may take the port between our probe and the bind: try again.
         for _ in 0..5 {
@@ -53,10 +61,18 @@ impl RedisServer {
 
     /// Starts the process on `self.port`; true once it is ready.
     fn launch(&mut self) -> bool {
+        let tls = self.extra.iter().any(|arg| arg == "--tls-cert-file");
+        let (plain, tls_port) = if tls { (0, self.port) } else { (self.port, 0) };
         let mut child = Command::new(redis_server_binary())
+            .args(if tls {
+                vec!["--tls-port".to_owned(), tls_port.to_string()]
+            } else {
+                Vec::new()
+            })
+            .args(&self.extra)
             .args([
                 "--port",
-                &self.port.to_string(),
+                &plain.to_string(),
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -86,6 +102,82 @@ impl RedisServer {
         std::thread::spawn(move || lines.for_each(drop));
         self.child = Some(child);
         true
+    }
+
+    /// A server that speaks only TLS, with a certificate for 127.0.0.1 signed
+    /// by a fresh CA; returns the server and the CA certificate (PEM).
+    pub fn start_tls() -> (Self, Vec<u8>) {
+        let certs = tempfile::tempdir().expect("temporary directory");
+        let path = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
+        let openssl = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("run openssl");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        let (ca_key, ca, key, csr, cert) = (
+            path("ca.key"),
+            path("ca.pem"),
+            path("server.key"),
+            path("server.csr"),
+            path("server.pem"),
+        );
+        let new_key = ["-newkey", "rsa:2048", "-nodes"];
+        let ca_args = [
+            "-days",
+            "1",
+            "-subj",
+            "/CN=tollgate test CA",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+        ];
+        openssl(&[&["req", "-x509"][..], &new_key, &ca_args].concat());
+        openssl(
+            &[
+                &["req"][..],
+                &new_key,
+                &["-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr],
+            ]
+            .concat(),
+        );
+        let extensions = path("san.ext");
+        std::fs::write(&extensions, "subjectAltName=IP:127.0.0.1\n").expect("write extensions");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &extensions,
+            "-out",
+            &cert,
+        ]);
+        let server = Self::start_with(&[
+            "--tls-cert-file".to_owned(),
+            cert,
+            "--tls-key-file".to_owned(),
+            key,
+            "--tls-ca-cert-file".to_owned(),
+            ca.clone(),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ]);
+        let pem = std::fs::read(ca).expect("read the CA certificate");
+        // The server read its files at start; the directory may go.
+        drop(certs);
+        (server, pem)
     }
 
     /// `redis://127.0.0.1:<port>`.

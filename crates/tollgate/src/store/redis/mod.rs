@@ -61,9 +61,18 @@ pub struct RedisStoreBuilder {
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
+    root_certificate: Option<Vec<u8>>,
 }
 
 impl RedisStoreBuilder {
+    /// For `rediss://`: trust this CA certificate (PEM) instead of the
+    /// system's roots — for servers with a private CA.
+    #[must_use]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
     /// The prefix of every key (default `tollgate`); no `{`, `}` or spaces.
     #[must_use]
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -105,7 +114,17 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(|error| {
+        let client = match self.root_certificate {
+            Some(root_cert) => redis::Client::build_with_tls(
+                self.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            ),
+            None => redis::Client::open(self.url.as_str()),
+        }
+        .map_err(|error| {
             Error::invalid_argument(format!("invalid redis url: {}", error.detail().unwrap_or("unreadable")))
         })?;
         let config = ConnectionManagerConfig::new()
@@ -146,6 +165,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
+            root_certificate: None,
         }
     }
 
