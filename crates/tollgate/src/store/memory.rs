@@ -1,18 +1,22 @@
 //! The embedded store: state in this process, sharded.
 //!
-//! Keys are spread over shards by hash, each behind its own mutex, so threads
-//! deciding for different subjects rarely meet and there is no global lock on
-//! the decision path. A decision holds one shard lock for a few hundred
+//! Subjects are spread over shards by hash, each behind its own mutex, so
+//! threads deciding for different subjects rarely meet and there is no global
+//! lock on the decision path; all limits of one subject live in one shard, so
+//! a policy is decided under one lock. Inside a shard one hash table holds a
+//! slot per `(subject, limit name)`, so a subject with very many limits (a
+//! server domain with a limit per descriptor) costs no more per lookup than a
+//! subject with one. A decision holds one shard lock for a few hundred
 //! nanoseconds at most. State that carries no information any more (a full
 //! bucket, a past window) is dropped as soon as a decision notices, and each
 //! shard sweeps out expired entries when it has doubled in size or a second
 //! has passed since its last sweep, so memory stays bounded by live keys.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hashbrown::hash_table::{Entry, HashTable};
 use parking_lot::Mutex;
 
 use super::Store;
@@ -39,13 +43,14 @@ struct Inner {
 }
 
 struct Shard {
-    subjects: HashMap<Box<str>, Vec<Slot>, Hasher>,
+    slots: HashTable<Slot>,
     next_sweep: u64,
     sweep_above: usize,
 }
 
 /// The state of one limit of one subject.
 struct Slot {
+    subject: Box<str>,
     name: Box<str>,
     state: State,
     /// When the state stops carrying information, µs since the epoch.
@@ -92,7 +97,7 @@ impl MemoryStoreBuilder {
                 shards: (0..shards)
                     .map(|_| {
                         Mutex::new(Shard {
-                            subjects: HashMap::with_hasher(hasher),
+                            slots: HashTable::new(),
                             next_sweep: 0,
                             sweep_above: 64,
                         })
@@ -139,6 +144,10 @@ impl MemoryStore {
         request.now.unwrap_or_else(|| self.inner.clock.now()).as_micros()
     }
 
+    fn slot_hash(&self, subject: &str, name: &str) -> u64 {
+        self.inner.hasher.hash_one((subject, name))
+    }
+
     /// Decides without waiting: the memory store never blocks on I/O.
     ///
     /// # Errors
@@ -146,9 +155,9 @@ impl MemoryStore {
     /// An operation the policy's limits do not support.
     pub fn decide_now(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         let now = self.now(request);
-        let mut shard = self.shard(subject.as_key()).lock();
+        let key = subject.as_key();
+        let mut shard = self.shard(key).lock();
         shard.sweep_if_due(now, self.inner.sweep_every);
-        let slots = shard.subjects.get(subject.as_key());
         let mut inline: [Option<&State>; 4] = [None; 4];
         let mut spilled: Vec<Option<&State>>;
         let states: &mut [Option<&State>] = if policy.len() <= inline.len() {
@@ -157,39 +166,65 @@ impl MemoryStore {
             spilled = vec![None; policy.len()];
             &mut spilled
         };
-        if let Some(slots) = slots {
-            for ((name, _), state) in policy.limits().zip(states.iter_mut()) {
-                *state = slots
-                    .iter()
-                    .find(|slot| &*slot.name == name && slot.expires > now)
-                    .map(|slot| &slot.state);
-            }
+        for ((name, _), state) in policy.limits().zip(states.iter_mut()) {
+            *state = shard
+                .slots
+                .find(self.slot_hash(key, name), |slot| {
+                    &*slot.subject == key && &*slot.name == name
+                })
+                .filter(|slot| slot.expires > now)
+                .map(|slot| &slot.state);
         }
         let decided = policy.decide(states, now, &request.op, request.cost)?;
-        if !decided.writes.is_empty() {
-            shard.write(subject.as_key(), policy, now, decided.writes);
+        for (index, state, ttl) in decided.writes {
+            let name = policy.limits().nth(index).map_or("", |(name, _)| name);
+            let hash = self.slot_hash(key, name);
+            let entry = shard.slots.entry(
+                hash,
+                |slot| &*slot.subject == key && &*slot.name == name,
+                |slot| self.slot_hash(&slot.subject, &slot.name),
+            );
+            match (entry, ttl) {
+                // A state with nothing left to say is dropped at once.
+                (Entry::Occupied(slot), 0) => {
+                    slot.remove();
+                }
+                (Entry::Occupied(mut slot), _) => {
+                    let slot = slot.get_mut();
+                    slot.state = state;
+                    slot.expires = now + ttl;
+                }
+                (Entry::Vacant(_), 0) => {}
+                (Entry::Vacant(vacant), _) => {
+                    vacant.insert(Slot {
+                        subject: key.into(),
+                        name: name.into(),
+                        state,
+                        expires: now + ttl,
+                    });
+                }
+            }
         }
         Ok(decided.outcome)
     }
 
     /// Forgets `subject`'s state for every limit of `policy`.
     pub fn reset_now(&self, subject: &Subject, policy: &Policy) {
-        let mut shard = self.shard(subject.as_key()).lock();
-        if let Some(slots) = shard.subjects.get_mut(subject.as_key()) {
-            slots.retain(|slot| policy.limits().all(|(name, _)| name != &*slot.name));
-            if slots.is_empty() {
-                shard.subjects.remove(subject.as_key());
+        let key = subject.as_key();
+        let mut shard = self.shard(key).lock();
+        for (name, _) in policy.limits() {
+            let found = shard.slots.find_entry(self.slot_hash(key, name), |slot| {
+                &*slot.subject == key && &*slot.name == name
+            });
+            if let Ok(slot) = found {
+                slot.remove();
             }
         }
     }
 
     /// How many `(subject, limit)` states the store holds, expired or not.
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|shard| shard.lock().subjects.values().map(Vec::len).sum::<usize>())
-            .sum()
+        self.inner.shards.iter().map(|shard| shard.lock().slots.len()).sum()
     }
 
     /// True when the store holds no state.
@@ -211,52 +246,17 @@ impl MemoryStore {
 }
 
 impl Shard {
+    /// Sweeps when a period has passed or the shard has doubled since the last sweep.
     fn sweep_if_due(&mut self, now: u64, every: u64) {
-        if now >= self.next_sweep || self.subjects.len() > self.sweep_above {
+        if now >= self.next_sweep || self.slots.len() > self.sweep_above {
             self.sweep(now, every);
         }
     }
 
     fn sweep(&mut self, now: u64, every: u64) {
-        self.subjects.retain(|_, slots| {
-            slots.retain(|slot| slot.expires > now);
-            !slots.is_empty()
-        });
+        self.slots.retain(|slot| slot.expires > now);
         self.next_sweep = now.saturating_add(every);
-        self.sweep_above = (self.subjects.len() * 2).max(64);
-    }
-
-    /// Stores the states a decision changed; a state with nothing left to say
-    /// (`ttl == 0`) is dropped.
-    fn write(&mut self, key: &str, policy: &Policy, now: u64, writes: Vec<(usize, State, u64)>) {
-        if !self.subjects.contains_key(key) {
-            self.subjects.insert(key.into(), Vec::with_capacity(policy.len()));
-        }
-        let Some(slots) = self.subjects.get_mut(key) else {
-            return;
-        };
-        for (index, state, ttl) in writes {
-            let name = policy.limits().nth(index).map_or("", |(name, _)| name);
-            let found = slots.iter().position(|slot| &*slot.name == name);
-            match (found, ttl) {
-                (Some(at), 0) => {
-                    slots.swap_remove(at);
-                }
-                (Some(at), _) => {
-                    slots[at].state = state;
-                    slots[at].expires = now + ttl;
-                }
-                (None, 0) => {}
-                (None, _) => slots.push(Slot {
-                    name: name.into(),
-                    state,
-                    expires: now + ttl,
-                }),
-            }
-        }
-        if slots.is_empty() {
-            self.subjects.remove(key);
-        }
+        self.sweep_above = (self.slots.len() * 2).max(64);
     }
 }
 
