@@ -11,7 +11,7 @@ use crate::decision::{Decision, Outcome};
 use crate::error::{Error, Result};
 
 /// The longest limit name.
-pub const MAX_NAME_LEN: usize = 64;
+pub const MAX_NAME_LEN: usize = 200;
 
 /// What a request asks for.
 #[non_exhaustive]
@@ -53,12 +53,33 @@ pub struct Request {
     pub cost: u64,
     /// The instant to decide at; `None` asks the store.
     pub now: Option<Timestamp>,
+    /// A cost for each limit of the policy, in its order, instead of `cost`
+    /// for all (a gateway request weighing differently on each of its
+    /// descriptors). Empty: `cost` for every limit.
+    pub costs: Vec<u64>,
 }
 
 impl Request {
     /// A request for `op` weighing `cost`, decided at the store's time.
     pub fn new(op: Op, cost: u64) -> Self {
-        Self { op, cost, now: None }
+        Self {
+            op,
+            cost,
+            now: None,
+            costs: Vec::new(),
+        }
+    }
+
+    /// Weighs the request `costs[i]` on limit `i` of the policy.
+    #[must_use]
+    pub fn with_costs(mut self, costs: Vec<u64>) -> Self {
+        self.costs = costs;
+        self
+    }
+
+    /// The cost limit `index` sees.
+    pub(crate) fn cost_of(&self, index: usize) -> u64 {
+        self.costs.get(index).copied().unwrap_or(self.cost)
     }
 
     /// Decides at `now` instead of the store's time (tests, simulations, replays).
@@ -86,16 +107,18 @@ pub(crate) struct Decided {
 }
 
 fn check_name(name: &str) -> Result<()> {
+    // Letters, digits and the bytes a subject encoding leaves readable (so a
+    // name may be an encoded descriptor): never '{', '}', spaces or quotes.
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.~/@=+!,;%:".contains(&b));
     if valid {
         Ok(())
     } else {
         Err(Error::invalid_limit(format!(
-            "limit name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits, '_', '-' or '.'"
+            "limit name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits or any of _-.~/@=+!,;%:"
         )))
     }
 }
@@ -200,30 +223,51 @@ impl Policy {
         }
     }
 
-    /// Refuses an operation some limit cannot run, before any store is asked.
+    /// Refuses a request some limit cannot run, before any store is asked.
     ///
     /// # Errors
     ///
-    /// As [`Limit::supports`], prefixed with the limit's name in a named policy.
-    pub(crate) fn validate(&self, op: &Op, cost: u64) -> Result<()> {
-        let action = Self::action(op);
-        for (name, limit) in &self.limits {
-            limit
-                .supports(action, cost)
-                .map_err(|error| if self.named { error.context(name) } else { error })?;
+    /// As [`Limit::supports`], prefixed with the limit's name in a named
+    /// policy; per-limit costs that do not match the policy.
+    pub(crate) fn validate(&self, request: &Request) -> Result<()> {
+        if !request.costs.is_empty() {
+            if request.costs.len() != self.limits.len() {
+                return Err(Error::invalid_argument(format!(
+                    "costs has {} entries for a policy of {} limits",
+                    request.costs.len(),
+                    self.limits.len()
+                )));
+            }
+            if request.op == Op::CheckAtMost {
+                return Err(Error::invalid_argument(
+                    "check_at_most takes one cost, not one per limit",
+                ));
+            }
+        }
+        let action = Self::action(&request.op);
+        for (index, (name, limit)) in self.limits.iter().enumerate() {
+            limit.supports(action, request.cost_of(index)).map_err(|error| {
+                if self.named {
+                    error.context(name)
+                } else {
+                    error
+                }
+            })?;
         }
         Ok(())
     }
 
-    /// Decides `op` for `cost` units over every limit, all-or-nothing.
+    /// Decides `request` over every limit, all-or-nothing.
     ///
     /// `states[i]` is the stored state of limit `i`. The Lua function
     /// `decide` in the Redis store's script mirrors this one.
-    pub(crate) fn decide(&self, states: &[Option<&State>], now: u64, op: &Op, cost: u64) -> Result<Decided> {
+    pub(crate) fn decide(&self, states: &[Option<&State>], now: u64, request: &Request) -> Result<Decided> {
         debug_assert_eq!(states.len(), self.limits.len());
-        self.validate(op, cost)?;
+        self.validate(request)?;
+        let op = &request.op;
         let action = Self::action(op);
-        let cost = if *op == Op::CheckAtMost {
+        let mut cost = request.cost;
+        if *op == Op::CheckAtMost {
             let available = self
                 .limits
                 .iter()
@@ -233,17 +277,22 @@ impl Policy {
                 .unwrap_or(0);
             // With nothing available, ask for one unit so the denial says
             // when one will be.
-            if available == 0 && cost > 0 {
+            cost = if available == 0 && cost > 0 {
                 1
             } else {
                 available.min(cost)
+            };
+        }
+        let cost_of = |index: usize| {
+            if request.costs.is_empty() {
+                cost
+            } else {
+                request.costs[index]
             }
-        } else {
-            cost
         };
         if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
             // One limit: its decision is the policy's.
-            let step = limit.decide(*state, now, action, cost)?;
+            let step = limit.decide(*state, now, action, cost_of(0))?;
             let allowed = step.decision.allowed;
             let writes = step
                 .state
@@ -253,8 +302,8 @@ impl Policy {
             return Ok(Decided { outcome, writes });
         }
         let mut steps = Vec::with_capacity(self.limits.len());
-        for ((_, limit), state) in self.limits.iter().zip(states) {
-            steps.push(limit.decide(*state, now, action, cost)?);
+        for (index, ((_, limit), state)) in self.limits.iter().zip(states).enumerate() {
+            steps.push(limit.decide(*state, now, action, cost_of(index))?);
         }
         let allowed = steps.iter().all(|step| step.decision.allowed);
         if !allowed {

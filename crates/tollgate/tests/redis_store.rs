@@ -78,6 +78,8 @@ struct Step {
     key: u8,
     cost: u64,
     op: StepOp,
+    /// Per-limit costs for a two-limit policy.
+    costs: Option<(u64, u64)>,
 }
 
 fn micros(value: u64) -> Duration {
@@ -157,8 +159,15 @@ fn any_steps() -> impl Strategy<Value = Vec<Step>> {
     ];
     let dt = prop_oneof![3 => Just(0u64), 3 => 0u64..100_000, 2 => 0u64..3_000_000];
     let cost = prop_oneof![5 => Just(1u64), 2 => 0u64..15];
+    let costs = proptest::option::weighted(0.2, (0u64..8, 0u64..8));
     prop::collection::vec(
-        (dt, 0u8..2, cost, op).prop_map(|(dt, key, cost, op)| Step { dt, key, cost, op }),
+        (dt, 0u8..2, cost, op, costs).prop_map(|(dt, key, cost, op, costs)| Step {
+            dt,
+            key,
+            cost,
+            op,
+            costs,
+        }),
         1..40,
     )
 }
@@ -190,7 +199,10 @@ async fn replay<S: Store>(store: &S, policy: &Policy, steps: &[Step], subjects: 
                 continue;
             }
         };
-        let request = Request::new(op, step.cost).at(Timestamp::from_micros(now));
+        let mut request = Request::new(op, step.cost).at(Timestamp::from_micros(now));
+        if let (Some((first, second)), 2) = (step.costs, policy.len()) {
+            request = request.with_costs(vec![first, second]);
+        }
         let outcome = store
             .decide(subject, policy, &request)
             .await

@@ -476,7 +476,7 @@ proptest! {
             now += step.dt;
             let refs = [states[0].as_ref(), states[1].as_ref()];
             let before = [gcra.available(refs[0], now), window.available(refs[1], now)];
-            let decided = policy.decide(&refs, now, &Op::Check, step.cost).unwrap();
+            let decided = policy.decide(&refs, now, &crate::Request::new(Op::Check, step.cost)).unwrap();
             let allowed = decided.outcome.decision.allowed;
             prop_assert_eq!(allowed, decided.outcome.limits.iter().all(|(_, d)| d.allowed));
             for (index, state, ttl) in decided.writes {

@@ -175,7 +175,7 @@ impl MemoryStore {
                 .filter(|slot| slot.expires > now)
                 .map(|slot| &slot.state);
         }
-        let decided = policy.decide(states, now, &request.op, request.cost)?;
+        let decided = policy.decide(states, now, request)?;
         for (index, state, ttl) in decided.writes {
             let name = policy.limits().nth(index).map_or("", |(name, _)| name);
             let hash = self.slot_hash(key, name);

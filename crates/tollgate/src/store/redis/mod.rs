@@ -228,11 +228,12 @@ impl RedisStore {
             .arg(lease)
             .arg(0)
             .arg(policy.len());
-        for (_, limit) in policy.limits() {
+        for (index, (_, limit)) in policy.limits().enumerate() {
             invocation.arg(limit.algorithm());
             for param in limit.script_params() {
                 invocation.arg(param);
             }
+            invocation.arg(request.cost_of(index));
         }
         invocation
     }
@@ -302,7 +303,7 @@ fn read_reply(policy: &Policy, op: &Op, reply: &[Value]) -> Result<Outcome> {
 
 impl Store for RedisStore {
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
-        policy.validate(&request.op, request.cost)?;
+        policy.validate(request)?;
         let op = match request.op {
             Op::Check => "check",
             Op::CheckAtMost => "check_at_most",

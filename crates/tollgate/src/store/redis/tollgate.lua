@@ -11,7 +11,8 @@
 --   ARGV[1]: now in µs, or "" to read the server's TIME.
 --   ARGV[2]: the number of decisions.
 --   then per decision: op, cost, max_wait (-1: none), lease, named (0/1), n,
---   then per limit (n of them): algorithm and its 7 numeric parameters.
+--   then per limit (n of them): algorithm, its 7 numeric parameters, and
+--   the cost this limit sees.
 -- Returns one array per decision: {"ok", allowed, granted, n, then 6 numbers
 -- per limit: allowed, limit, remaining, retry_after (-1: never), reset_after,
 -- wait} or {"err", message}.
@@ -762,6 +763,7 @@ local function parse_limit(argv, at)
   else
     p.limit, p.ttl = n[1], n[2]
   end
+  p.cost = tonumber(argv[at + 8])
   return p
 end
 
@@ -772,6 +774,7 @@ local function decide(keys, limits, now, op, cost, max_wait, lease)
   end
   local action = op
   if op == "check_at_most" then
+    -- One cost for every limit (Rust refuses per-limit costs here).
     action = "check"
     local least = math.huge
     for i, p in ipairs(limits) do
@@ -782,11 +785,14 @@ local function decide(keys, limits, now, op, cost, max_wait, lease)
     else
       cost = math.min(least, cost)
     end
+    for _, p in ipairs(limits) do
+      p.cost = cost
+    end
   end
   local decisions, new_states = {}, {}
   local allowed = true
   for i, p in ipairs(limits) do
-    decisions[i], new_states[i] = decide_limit(p, states[i], now, action, cost, max_wait, lease)
+    decisions[i], new_states[i] = decide_limit(p, states[i], now, action, p.cost, max_wait, lease)
     if decisions[i][1] == 0 then
       allowed = false
     end
@@ -841,7 +847,7 @@ for _ = 1, tonumber(ARGV[2]) do
   for i = 1, count do
     limits[i] = parse_limit(ARGV, at)
     keys[i] = KEYS[key_at]
-    at, key_at = at + 8, key_at + 1
+    at, key_at = at + 9, key_at + 1
   end
   if op == "reset" then
     for _, key in ipairs(keys) do
