@@ -5,6 +5,7 @@
 //! arguments (clap's own usage errors included), 1 for anything else.
 
 mod simulate;
+mod store;
 
 use std::fmt;
 use std::process::ExitCode;

@@ -7,20 +7,25 @@
 //! step that cannot be run is answered with `{"error": …}` and changes
 //! nothing, not even the simulated time; the replay goes on.
 //!
-//! The simulation decides through the store directly (the memory store's
-//! synchronous `decide_now`), so no async runtime is needed. Only the embedded
-//! memory store exists so far; `--store redis://…` is refused until the Redis
-//! store lands.
+//! On the embedded memory store the simulation decides synchronously
+//! (`decide_now` on a manual clock), so no async runtime is needed. With
+//! `--store redis://…` every step is one script call carrying its instant
+//! (`Request::at`), run on a single-threaded runtime, so both stores answer
+//! the same trace line for line; the keys it wrote are reset at the end.
 
 mod output;
 mod step;
 
+use std::collections::BTreeSet;
 use std::io::{self, BufRead, Write};
 
 use anyhow::Context as _;
-use tollgate::{Decision, ManualClock, MemoryStore, Op, Outcome, Policy, Request, Subject, Timestamp};
+use tollgate::{
+    Decision, ManualClock, MemoryStore, Op, Outcome, Policy, RedisStore, Request, Store, Subject, Timestamp,
+};
 
 use self::step::{Echo, Step, StepOp};
+use crate::store::{self, StoreUrl};
 use crate::UsageError;
 
 /// The latest simulated instant, µs since the epoch: 2^53, the largest
@@ -53,6 +58,12 @@ when the request can never be admitted. reset answers with a peek after the
 reset. An invalid step is answered with {\"error\":\"...\"}, changes nothing and
 the replay goes on; blank lines are skipped.
 
+With --store redis://..., the replay writes its keys under --prefix (a fresh
+tollgate-sim-<random hex> per run unless given) and resets every key it
+touched when the trace ends, unless --keep-keys: Redis keeps keys written
+with an explicit time for at least an hour. A store that cannot be reached
+or fails mid-replay ends the replay with exit code 1.
+
 Example:
   tollgate simulate --limit '{\"algorithm\":\"gcra\",\"rate\":5,\"period\":\"1s\",\"burst\":3}' \\
       --format table < examples/burst.jsonl";
@@ -71,9 +82,16 @@ pub struct Args {
     /// How to write the decisions
     #[arg(long, value_enum, default_value_t = Format::Json)]
     format: Format,
-    /// Where limit state lives: "memory" (embedded); Redis is not available yet
+    /// Where limit state lives: "memory" (embedded) or a Redis URL
+    /// (redis://[user:password@]host[:port][/db], rediss:// for TLS)
     #[arg(long, value_name = "URL", default_value = "memory")]
     store: String,
+    /// Redis: the prefix of every key written [default: tollgate-sim-<random hex>]
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+    /// Redis: keep the keys when the trace ends (default: reset them)
+    #[arg(long)]
+    keep_keys: bool,
 }
 
 /// How decisions are written.
@@ -85,34 +103,6 @@ pub enum Format {
     Table,
 }
 
-/// The stores `--store` can name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StoreKind {
-    Memory,
-}
-
-impl StoreKind {
-    fn parse(url: &str) -> Result<Self, UsageError> {
-        if url == "memory" || url == "memory://" {
-            return Ok(Self::Memory);
-        }
-        // The URL may carry a password: name only its scheme.
-        match url.split_once("://").map(|(scheme, _)| scheme) {
-            Some("redis" | "rediss" | "redis+unix" | "valkey" | "valkeys") => Err(UsageError(
-                "--store: the Redis store is not available yet; only the embedded memory store \
-                 is (leave out --store)"
-                    .to_owned(),
-            )),
-            Some(scheme) => Err(UsageError(format!(
-                "--store: unknown store \"{scheme}://\" (expected memory)"
-            ))),
-            None => Err(UsageError(format!(
-                "--store: unknown store \"{url}\" (expected memory)"
-            ))),
-        }
-    }
-}
-
 /// Runs `tollgate simulate` on standard input and output.
 ///
 /// # Errors
@@ -120,14 +110,32 @@ impl StoreKind {
 /// A [`UsageError`] for an invalid `--limit`, `--start` or `--store`; an I/O
 /// error when standard input or output fails.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let StoreKind::Memory = StoreKind::parse(&args.store)?;
+    let url = StoreUrl::parse(&args.store)?;
+    if url == StoreUrl::Memory && (args.prefix.is_some() || args.keep_keys) {
+        return Err(UsageError("--prefix and --keep-keys apply only to a Redis store".to_owned()).into());
+    }
     let mut simulation = Simulation::new(&args.limit, args.start)?;
+    if let StoreUrl::Redis(url) = &url {
+        let prefix = args
+            .prefix
+            .clone()
+            .unwrap_or_else(|| format!("tollgate-sim-{:016x}", fastrand::u64(..)));
+        simulation.use_redis(url, &prefix, args.keep_keys)?;
+    }
     let result = replay(&mut simulation, io::stdin().lock(), io::stdout().lock(), args.format);
+    let cleanup = simulation.finish();
     match result {
         // The reader went away: nobody is left to answer.
-        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("simulate"),
+        Err(error) if is_broken_pipe(&error) => cleanup,
+        Err(error) => Err(error.context("simulate")),
+        Ok(()) => cleanup,
     }
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<io::Error>()
+        .is_some_and(|error| error.kind() == io::ErrorKind::BrokenPipe)
 }
 
 /// Reads steps from `input` until it ends, writing and flushing one answer
@@ -135,13 +143,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 ///
 /// # Errors
 ///
-/// When reading or writing fails; invalid steps are answered, not errors.
+/// When reading or writing fails, or the store fails; invalid steps are
+/// answered, not errors.
 pub fn replay(
     simulation: &mut Simulation,
     mut input: impl BufRead,
     mut output: impl Write,
     format: Format,
-) -> io::Result<()> {
+) -> anyhow::Result<()> {
     if format == Format::Table {
         writeln!(output, "{}", output::table_header())?;
         output.flush()?;
@@ -154,7 +163,7 @@ pub fn replay(
         }
         let answer = match std::str::from_utf8(&line) {
             Ok(text) if text.trim().is_empty() => continue,
-            Ok(text) => simulation.step(text),
+            Ok(text) => simulation.step(text)?,
             Err(_) => Answer::invalid(None, "the step is not valid UTF-8".to_owned()),
         };
         let text = match format {
@@ -196,11 +205,10 @@ struct Decided {
     limits: Vec<(String, Decision)>,
 }
 
-/// A policy over a fresh memory store on a simulated clock.
+/// A policy over a fresh store on a simulated clock.
 pub struct Simulation {
     policy: Policy,
-    store: MemoryStore,
-    clock: ManualClock,
+    backend: Backend,
     /// `--start`, µs since the epoch.
     start: u64,
     /// `t_ms` of the last step that ran, in µs.
@@ -209,9 +217,51 @@ pub struct Simulation {
     next_lease: u64,
 }
 
+/// Where a simulation decides.
+enum Backend {
+    /// A memory store whose clock the steps set.
+    Memory { store: MemoryStore, clock: ManualClock },
+    /// A Redis server, told each step's instant.
+    Redis(RedisBackend),
+}
+
+struct RedisBackend {
+    store: RedisStore,
+    runtime: tokio::runtime::Runtime,
+    /// The subjects written to, reset at the end unless `keep_keys`.
+    touched: BTreeSet<String>,
+    keep_keys: bool,
+}
+
+/// Why a step did not run.
+#[derive(Debug)]
+enum Failure {
+    /// The step is invalid: answered with `{"error": …}`, the replay goes on.
+    Invalid(String),
+    /// The store failed: the replay ends (exit code 1), since the answers
+    /// that would follow could not be compared with another store's.
+    Store(tollgate::Error),
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self::Invalid(message)
+    }
+}
+
+impl From<tollgate::Error> for Failure {
+    fn from(error: tollgate::Error) -> Self {
+        if error.is_invalid() {
+            Self::Invalid(error.to_string())
+        } else {
+            Self::Store(error)
+        }
+    }
+}
+
 impl Simulation {
     /// A simulation of `limit` (a limit or a policy, as JSON) starting at
-    /// `start` seconds since the Unix epoch.
+    /// `start` seconds since the Unix epoch, on a fresh memory store.
     ///
     /// # Errors
     ///
@@ -226,35 +276,127 @@ impl Simulation {
         let clock = ManualClock::new(Timestamp::from_micros(start));
         Ok(Self {
             policy,
-            store: MemoryStore::with_clock(clock.clone()),
-            clock,
+            backend: Backend::Memory {
+                store: MemoryStore::with_clock(clock.clone()),
+                clock,
+            },
             start,
             last: None,
             next_lease: 1,
         })
     }
 
-    /// Runs one line of the trace.
-    pub fn step(&mut self, line: &str) -> Answer {
-        let value: serde_json::Value = match serde_json::from_str(line) {
-            Ok(value) => value,
-            Err(error) => return Answer::invalid(None, format!("invalid JSON: {error}")),
+    /// Decides in the Redis server at `url` instead, with keys under `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// An invalid URL or prefix ([`UsageError`]), or a server that cannot be
+    /// reached.
+    pub fn use_redis(&mut self, url: &str, prefix: &str, keep_keys: bool) -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let store = runtime.block_on(store::connect_redis(url, prefix))?;
+        self.backend = Backend::Redis(RedisBackend {
+            store,
+            runtime,
+            touched: BTreeSet::new(),
+            keep_keys,
+        });
+        Ok(())
+    }
+
+    /// Ends the simulation: resets every Redis key it wrote, unless kept.
+    ///
+    /// # Errors
+    ///
+    /// When Redis fails to reset a key.
+    pub fn finish(self) -> anyhow::Result<()> {
+        let Backend::Redis(redis) = self.backend else {
+            return Ok(());
         };
-        let echo = Echo::of(&value);
-        let result = Step::from_value(value).and_then(|step| self.run(&step));
-        Answer {
-            echo: Some(echo),
-            result,
+        if redis.keep_keys {
+            return Ok(());
+        }
+        let RedisBackend {
+            store,
+            runtime,
+            touched,
+            ..
+        } = redis;
+        runtime.block_on(async {
+            for key in &touched {
+                store
+                    .reset(&Subject::new(key), &self.policy)
+                    .await
+                    .with_context(|| format!("simulate: cannot reset the keys under {}", store.prefix()))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Decides `request` at `now` in the simulation's store.
+    fn decide(&mut self, subject: &Subject, request: &Request) -> tollgate::Result<Outcome> {
+        match &mut self.backend {
+            Backend::Memory { store, clock } => {
+                if let Some(now) = request.now {
+                    clock.set(now);
+                }
+                store.decide_now(subject, &self.policy, request)
+            }
+            Backend::Redis(redis) => {
+                redis.touched.insert(subject.as_key().to_owned());
+                redis
+                    .runtime
+                    .block_on(redis.store.decide(subject, &self.policy, request))
+            }
         }
     }
 
-    fn run(&mut self, step: &Step) -> Result<Decided, String> {
+    /// Forgets `subject`'s state.
+    fn reset(&mut self, subject: &Subject) -> tollgate::Result<()> {
+        match &mut self.backend {
+            Backend::Memory { store, .. } => {
+                store.reset_now(subject, &self.policy);
+                Ok(())
+            }
+            Backend::Redis(redis) => redis.runtime.block_on(redis.store.reset(subject, &self.policy)),
+        }
+    }
+
+    /// Runs one line of the trace.
+    ///
+    /// # Errors
+    ///
+    /// A store fault, which ends the replay; an invalid step is answered.
+    pub fn step(&mut self, line: &str) -> anyhow::Result<Answer> {
+        let value: serde_json::Value = match serde_json::from_str(line) {
+            Ok(value) => value,
+            Err(error) => return Ok(Answer::invalid(None, format!("invalid JSON: {error}"))),
+        };
+        let echo = Echo::of(&value);
+        let result = match Step::from_value(value)
+            .map_err(Failure::Invalid)
+            .and_then(|step| self.run(&step))
+        {
+            Ok(decided) => Ok(decided),
+            Err(Failure::Invalid(message)) => Err(message),
+            Err(Failure::Store(error)) => return Err(anyhow::Error::new(error)),
+        };
+        Ok(Answer {
+            echo: Some(echo),
+            result,
+        })
+    }
+
+    fn run(&mut self, step: &Step) -> Result<Decided, Failure> {
         if let Some(last) = self.last.filter(|&last| step.t_us < last) {
-            return Err(format!(
+            return Err(Failure::Invalid(format!(
                 "t_ms must not decrease ({} after {})",
                 output::millis(step.t_us),
                 output::millis(last)
-            ));
+            )));
         }
         let now = self
             .start
@@ -262,29 +404,26 @@ impl Simulation {
             .filter(|&now| now <= MAX_NOW)
             .ok_or_else(|| "t_ms is too large (the simulated time must stay below 2^53 us)".to_owned())?;
         let now = Timestamp::from_micros(now);
-        self.clock.set(now);
         let subject = Subject::new(&step.key);
-        let decide = |op: Op, cost: u64| {
-            self.store
-                .decide_now(&subject, &self.policy, &Request::new(op, cost).at(now))
-                .map_err(|error| error.to_string())
-        };
+        let request = |op: Op, cost: u64| Request::new(op, cost).at(now);
         let outcome: Outcome = match &step.op {
-            StepOp::Check => decide(Op::Check, step.cost)?,
-            StepOp::CheckAtMost => decide(Op::CheckAtMost, step.cost)?,
-            StepOp::Reserve { max_wait } => decide(Op::Reserve { max_wait: *max_wait }, step.cost)?,
+            StepOp::Check => self.decide(&subject, &request(Op::Check, step.cost))?,
+            StepOp::CheckAtMost => self.decide(&subject, &request(Op::CheckAtMost, step.cost))?,
+            StepOp::Reserve { max_wait } => {
+                self.decide(&subject, &request(Op::Reserve { max_wait: *max_wait }, step.cost))?
+            }
             StepOp::Acquire { lease, max_wait } => {
                 let lease = lease.clone().unwrap_or_else(|| self.next_lease.to_string());
                 let op = Op::Acquire {
                     lease,
                     max_wait: *max_wait,
                 };
-                decide(op, step.cost)?
+                self.decide(&subject, &request(op, step.cost))?
             }
-            StepOp::Release { lease } => decide(Op::Release { lease: lease.clone() }, 0)?,
+            StepOp::Release { lease } => self.decide(&subject, &request(Op::Release { lease: lease.clone() }, 0))?,
             StepOp::Reset => {
-                self.store.reset_now(&subject, &self.policy);
-                decide(Op::Check, 0)?
+                self.reset(&subject)?;
+                self.decide(&subject, &request(Op::Check, 0))?
             }
         };
         if matches!(step.op, StepOp::Acquire { lease: None, .. }) && outcome.lease.is_some() {
@@ -309,15 +448,6 @@ mod tests {
         let mut out = Vec::new();
         replay(&mut simulation, trace.as_bytes(), &mut out, Format::Json).unwrap();
         String::from_utf8(out).unwrap()
-    }
-
-    #[test]
-    fn stores_are_chosen_by_url() {
-        assert_eq!(StoreKind::parse("memory").unwrap(), StoreKind::Memory);
-        let redis = StoreKind::parse("redis://user:secret@localhost:6379").unwrap_err().0;
-        assert!(redis.contains("not available yet"), "{redis}");
-        assert!(!redis.contains("secret"), "{redis}");
-        assert!(StoreKind::parse("etcd://x").unwrap_err().0.contains("unknown store"));
     }
 
     #[test]

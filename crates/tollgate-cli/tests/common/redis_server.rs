@@ -1,0 +1,224 @@
+//! A real `redis-server` per test: temporary directory, free port on
+//! 127.0.0.1, no persistence; stopped (by its pid) when dropped. A copy of
+//! the library's `tests/common/redis_server.rs`.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// A `redis-server` process this test started.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+fn redis_server_binary() -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("redis-server"))
+            .find(|path| path.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "redis-server is not installed; the Redis tests need it. Run scripts/test (it installs it \
+             as root), or install it yourself: `apt-get install -y redis-server` on Debian"
+        )
+    })
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local address").port()
+}
+
+impl RedisServer {
+    /// Starts a server and returns once it accepts connections.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra arguments; with TLS files among them it
+    /// listens with TLS only (see [`RedisServer::start_tls`]).
+    pub fn start_with(extra: &[String]) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut server = Self {
+            child: None,
+            port: 0,
+            dir,
+            extra: extra.to_vec(),
+        };
+        // Another process may take the port between our probe and the bind: try again.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.launch() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 5 ports");
+    }
+
+    /// Starts the process on `self.port`; true once it is ready.
+    fn launch(&mut self) -> bool {
+        let tls = self.extra.iter().any(|arg| arg == "--tls-cert-file");
+        let (plain, tls_port) = if tls { (0, self.port) } else { (self.port, 0) };
+        let mut child = Command::new(redis_server_binary())
+            .args(if tls {
+                vec!["--tls-port".to_owned(), tls_port.to_string()]
+            } else {
+                Vec::new()
+            })
+            .args(&self.extra)
+            .args([
+                "--port",
+                &plain.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--dir".as_ref(), self.dir.path().as_os_str()])
+            .args(["--logfile", "", "--daemonize", "no", "--protected-mode", "yes"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        // Readiness is announced on the log: no polling, no sleeping.
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains("Ready to accept connections"));
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::spawn(move || lines.for_each(drop));
+        self.child = Some(child);
+        true
+    }
+
+    /// A server that speaks only TLS, with a certificate for 127.0.0.1 signed
+    /// by a fresh CA; returns the server and the CA certificate (PEM).
+    pub fn start_tls() -> (Self, Vec<u8>) {
+        let certs = tempfile::tempdir().expect("temporary directory");
+        let path = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
+        let openssl = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("run openssl");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        let (ca_key, ca, key, csr, cert) = (
+            path("ca.key"),
+            path("ca.pem"),
+            path("server.key"),
+            path("server.csr"),
+            path("server.pem"),
+        );
+        let new_key = ["-newkey", "rsa:2048", "-nodes"];
+        let ca_args = [
+            "-days",
+            "1",
+            "-subj",
+            "/CN=tollgate test CA",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+        ];
+        openssl(&[&["req", "-x509"][..], &new_key, &ca_args].concat());
+        openssl(
+            &[
+                &["req"][..],
+                &new_key,
+                &["-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr],
+            ]
+            .concat(),
+        );
+        let extensions = path("san.ext");
+        std::fs::write(&extensions, "subjectAltName=IP:127.0.0.1\n").expect("write extensions");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &extensions,
+            "-out",
+            &cert,
+        ]);
+        let server = Self::start_with(&[
+            "--tls-cert-file".to_owned(),
+            cert,
+            "--tls-key-file".to_owned(),
+            key,
+            "--tls-ca-cert-file".to_owned(),
+            ca.clone(),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ]);
+        let pem = std::fs::read(ca).expect("read the CA certificate");
+        // The server read its files at start; the directory may go.
+        drop(certs);
+        (server, pem)
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the process (by its pid) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again on the same port (after [`RedisServer::stop`]).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop before restart");
+        assert!(self.launch(), "redis-server did not restart on port {}", self.port);
+    }
+
+    /// Runs `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
