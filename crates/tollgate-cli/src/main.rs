@@ -4,6 +4,7 @@
 //! turn its result into an exit code. Exit codes: 0 on success, 2 for invalid
 //! arguments (clap's own usage errors included), 1 for anything else.
 
+mod bench;
 mod simulate;
 mod store;
 
@@ -25,6 +26,9 @@ enum Command {
     /// Replay a trace (JSON Lines on stdin) against a limit on a controlled
     /// clock, one decision per step (JSON Lines on stdout).
     Simulate(simulate::Args),
+    /// Put load on a store and report throughput and latency: a progress bar
+    /// on stderr, a summary on stdout.
+    Bench(bench::Args),
 }
 
 /// An argument the command cannot work with (exit code 2).
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

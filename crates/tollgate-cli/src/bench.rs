@@ -1,0 +1,475 @@
+//! `tollgate bench`: load against a store, with a progress bar and a summary
+//! (DESIGN §6).
+//!
+//! `--tasks` tokio tasks on a multi-threaded runtime share one store — for
+//! Redis one multiplexed connection, as a service's handlers would — and
+//! decide as fast as they can, each taking the `--keys` subjects in turn,
+//! until `--duration` has passed or `--requests` have been sent. Each task
+//! records its latencies in its own histogram; they are merged at the end,
+//! so recording costs no lock.
+//!
+//! The summary brackets the run with the store's clock: for Redis, the
+//! server's `TIME` read just before the first request and just after the
+//! last answer, so every decision of the run was taken at a server instant
+//! between the two. Several `bench` processes loading one limit can then be
+//! checked against the limit's exact bound over that span (the multi-process
+//! tests do).
+
+mod report;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tollgate::{Limiter, MemoryStore, Op, Policy, Request, Subject};
+
+use self::report::Report;
+use crate::store::{self, AnyStore, StoreUrl};
+use crate::UsageError;
+
+/// GCRA at a billion per second with a burst as large: nearly everything is
+/// allowed, so the run measures the store rather than denials.
+const DEFAULT_LIMIT: &str = r#"{"algorithm":"gcra","rate":1000000000,"period":"1s","burst":1000000000}"#;
+
+/// The key prefix of a Redis bench unless `--prefix` says otherwise.
+const DEFAULT_PREFIX: &str = "tollgate-bench";
+
+/// The longest latency recorded exactly; longer ones count as this.
+const MAX_LATENCY_NS: u64 = 60_000_000_000;
+
+const BENCH_HELP: &str = "\
+Each task decides in a loop, as fast as the store answers, taking the keys
+bench-0, bench-1, ... in turn (task i starts at key i). With --op acquire a
+granted lease is released right away, or after --hold-ms; each request is
+then one acquire (whose latency is recorded) and, when granted, its release.
+
+A denial is an answer, not an error: errors count store faults (timeouts,
+lost connections). The summary's server_time_start_us / server_time_end_us
+are the store's clock (Redis: the server's TIME) just before the first
+request and just after the last answer.
+
+Redis: keys are written under --prefix (default tollgate-bench) with the
+server's time, and expire by themselves once their state carries no
+information. Runs and processes that share a prefix share their limits, so
+several bench processes can load one limit together.
+
+Examples:
+  tollgate bench --duration 10s --tasks 4 --keys 1000
+  tollgate bench --store redis://127.0.0.1:6379 --tasks 64 --json --quiet \\
+      --limit '{\"algorithm\":\"gcra\",\"rate\":100,\"period\":\"1s\",\"burst\":20}'
+  tollgate bench --store redis://127.0.0.1:6379 --op acquire --hold-ms 50 \\
+      --limit '{\"algorithm\":\"concurrency\",\"limit\":5,\"ttl\":\"10s\"}'";
+
+/// Arguments of `tollgate bench`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = BENCH_HELP)]
+pub struct Args {
+    /// Where limit state lives: "memory" (embedded) or a Redis URL
+    /// (redis://[user:password@]host[:port][/db], rediss:// for TLS)
+    #[arg(long, value_name = "URL", default_value = "memory")]
+    store: String,
+    /// The limit or policy as JSON, as for simulate [default: GCRA at 1e9 per
+    /// second, burst 1e9: nearly everything is allowed]
+    #[arg(long, value_name = "JSON")]
+    limit: Option<String>,
+    /// Concurrent tasks sharing the one store (and its one connection)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    tasks: u32,
+    /// How long to run, e.g. 5s or 500ms [default: 5s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "requests")]
+    duration: Option<Duration>,
+    /// Stop after this many requests instead of after a duration
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    requests: Option<u64>,
+    /// Distinct subjects, taken by the tasks in turn
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    keys: u64,
+    /// What each request does
+    #[arg(long, value_enum, default_value_t = BenchOp::Check)]
+    op: BenchOp,
+    /// With --op acquire: hold each granted lease this many milliseconds
+    /// before releasing it
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    hold_ms: u64,
+    /// Units each request weighs
+    #[arg(long, value_name = "UNITS", default_value_t = 1)]
+    cost: u64,
+    /// Redis: the prefix of every key [default: tollgate-bench]
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+    /// Print the summary as one JSON object on stdout
+    #[arg(long)]
+    json: bool,
+    /// No progress bar (it is hidden anyway when stderr is not a terminal)
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// What each request of the run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchOp {
+    /// Decide and consume when allowed
+    Check,
+    /// Take a lease on the concurrency limits and release it right away
+    /// (or after --hold-ms)
+    Acquire,
+}
+
+impl BenchOp {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Check => "check",
+            Self::Acquire => "acquire",
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = tollgate::duration::parse_duration(text).map_err(|error| error.to_string())?;
+    if duration.is_zero() {
+        return Err("the duration must be more than zero".to_owned());
+    }
+    Ok(duration)
+}
+
+/// When the run stops.
+#[derive(Debug, Clone, Copy)]
+enum Until {
+    /// After this long.
+    Elapsed(Duration),
+    /// After this many requests, over all tasks.
+    Requests(u64),
+}
+
+/// A validated run.
+#[derive(Debug)]
+struct Plan {
+    store: StoreUrl,
+    prefix: String,
+    policy: Policy,
+    tasks: u32,
+    keys: u64,
+    until: Until,
+    op: BenchOp,
+    hold: Duration,
+    cost: u64,
+}
+
+impl Plan {
+    fn new(args: &Args) -> Result<Self, UsageError> {
+        let store = StoreUrl::parse(&args.store)?;
+        if store == StoreUrl::Memory && args.prefix.is_some() {
+            return Err(UsageError("--prefix applies only to a Redis store".to_owned()));
+        }
+        if args.hold_ms > 0 && args.op != BenchOp::Acquire {
+            return Err(UsageError("--hold-ms applies only to --op acquire".to_owned()));
+        }
+        let policy = Policy::from_json(args.limit.as_deref().unwrap_or(DEFAULT_LIMIT))
+            .map_err(|error| UsageError(format!("invalid --limit: {error}")))?;
+        let until = match (args.requests, args.duration) {
+            (Some(requests), _) => Until::Requests(requests),
+            (None, duration) => Until::Elapsed(duration.unwrap_or(Duration::from_secs(5))),
+        };
+        Ok(Self {
+            store,
+            prefix: args.prefix.clone().unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
+            policy,
+            tasks: args.tasks,
+            keys: args.keys,
+            until,
+            op: args.op,
+            hold: Duration::from_millis(args.hold_ms),
+            cost: args.cost,
+        })
+    }
+}
+
+/// Runs `tollgate bench`: the load, then the summary on standard output.
+///
+/// # Errors
+///
+/// A [`UsageError`] for invalid arguments (an operation the limit does not
+/// support included); a store that cannot be reached; a run in which every
+/// request failed.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let plan = Plan::new(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let progress = if args.quiet {
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())
+    } else {
+        // Drawn only when stderr is a terminal.
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(10))
+    };
+    let report = runtime.block_on(bench(&plan, &progress))?;
+    progress.finish_and_clear();
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.text());
+    }
+    if let Some(first) = &report.first_error {
+        eprintln!(
+            "warning: {} of {} requests failed; the first: {first}",
+            report.errors, report.requests
+        );
+        if report.errors == report.requests {
+            anyhow::bail!("every request failed");
+        }
+    }
+    Ok(())
+}
+
+/// What the tasks share while they run.
+#[derive(Default)]
+struct Shared {
+    /// Requests sent, for `--requests` (each task takes one before sending).
+    issued: AtomicU64,
+    /// Requests answered, for the progress bar.
+    answered: AtomicU64,
+    /// Set when a task met an invalid argument: every task stops.
+    stop: AtomicBool,
+    invalid: Mutex<Option<String>>,
+}
+
+/// What one task counted.
+struct Tally {
+    allowed: u64,
+    denied: u64,
+    errors: u64,
+    first_error: Option<String>,
+    /// Latency of each request, in ns.
+    latency: Histogram<u64>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds")
+}
+
+/// The store's clock, read to bracket the run.
+enum StoreClock {
+    /// The memory store decides on the system clock.
+    System,
+    /// Redis decides on the server's `TIME`, read on a connection of its own.
+    Redis(redis::aio::MultiplexedConnection),
+}
+
+impl StoreClock {
+    async fn connect(url: &StoreUrl) -> anyhow::Result<Self> {
+        let StoreUrl::Redis(url) = url else {
+            return Ok(Self::System);
+        };
+        let context = || format!("cannot read the time of {}", store::redact(url));
+        let client = redis::Client::open(url.as_str()).with_context(context)?;
+        let connection = tokio::time::timeout(Duration::from_secs(5), client.get_multiplexed_async_connection())
+            .await
+            .map_err(|_| anyhow::anyhow!("no connection within 5 s"))
+            .with_context(context)?
+            .with_context(context)?;
+        Ok(Self::Redis(connection))
+    }
+
+    /// Microseconds since the Unix epoch.
+    async fn now(&mut self) -> anyhow::Result<u64> {
+        match self {
+            Self::System => {
+                let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                Ok(u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX))
+            }
+            Self::Redis(connection) => {
+                let (seconds, micros): (u64, u64) = redis::cmd("TIME")
+                    .query_async(connection)
+                    .await
+                    .context("cannot read the server's TIME")?;
+                Ok(seconds * 1_000_000 + micros)
+            }
+        }
+    }
+}
+
+async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
+    let store = match &plan.store {
+        StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
+        StoreUrl::Redis(url) => AnyStore::Redis(store::connect_redis(url, &plan.prefix).await?),
+    };
+    let mut clock = StoreClock::connect(&plan.store).await?;
+    let limiter = Limiter::new(store, plan.policy.clone());
+    let subjects: Arc<[Subject]> = (0..plan.keys).map(|key| Subject::new(format!("bench-{key}"))).collect();
+    let shared = Arc::new(Shared::default());
+    show_progress(progress, plan.until);
+
+    let server_time_start_us = clock.now().await?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..plan.tasks {
+        let worker = Worker {
+            limiter: limiter.clone(),
+            subjects: Arc::clone(&subjects),
+            shared: Arc::clone(&shared),
+            first_key: u64::from(task) % plan.keys,
+            until: match plan.until {
+                Until::Elapsed(duration) => Deadline::At(started + duration),
+                Until::Requests(requests) => Deadline::Count(requests),
+            },
+            op: plan.op,
+            hold: plan.hold,
+            cost: plan.cost,
+        };
+        tasks.spawn(worker.run());
+    }
+    let ticker = tokio::spawn(tick(progress.clone(), Arc::clone(&shared), plan.until, started));
+    let mut tallies = Vec::with_capacity(tasks.len());
+    while let Some(tally) = tasks.join_next().await {
+        tallies.push(tally.context("a bench task panicked")?);
+    }
+    let elapsed = started.elapsed();
+    let server_time_end_us = clock.now().await?;
+    ticker.abort();
+
+    if let Some(message) = shared.invalid.lock().expect("no panic while holding the lock").take() {
+        return Err(UsageError(message).into());
+    }
+    Ok(Report::new(
+        plan,
+        tallies,
+        elapsed,
+        server_time_start_us,
+        server_time_end_us,
+    ))
+}
+
+fn show_progress(progress: &ProgressBar, until: Until) {
+    let (length, template) = match until {
+        Until::Elapsed(duration) => (
+            u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+            "{spinner} [{elapsed_precise}] {wide_bar} {msg}",
+        ),
+        Until::Requests(requests) => (requests, "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}"),
+    };
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        progress.set_style(style);
+    }
+    progress.set_length(length);
+}
+
+/// Moves the progress bar along until aborted.
+async fn tick(progress: ProgressBar, shared: Arc<Shared>, until: Until, started: Instant) {
+    let mut interval = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        interval.tick().await;
+        let answered = shared.answered.load(Ordering::Relaxed);
+        let elapsed = started.elapsed();
+        let position = match until {
+            Until::Elapsed(_) => u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            Until::Requests(_) => answered,
+        };
+        progress.set_position(position);
+        let rate = answered as f64 / elapsed.as_secs_f64().max(1e-9);
+        progress.set_message(format!("{answered} requests, {rate:.0}/s"));
+    }
+}
+
+/// When one task stops.
+#[derive(Debug, Clone, Copy)]
+enum Deadline {
+    At(Instant),
+    /// When the shared count of issued requests reaches this.
+    Count(u64),
+}
+
+/// One task of the run.
+struct Worker {
+    limiter: Limiter<AnyStore>,
+    subjects: Arc<[Subject]>,
+    shared: Arc<Shared>,
+    first_key: u64,
+    until: Deadline,
+    op: BenchOp,
+    hold: Duration,
+    cost: u64,
+}
+
+impl Worker {
+    fn done(&self) -> bool {
+        if self.shared.stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        match self.until {
+            Deadline::At(deadline) => Instant::now() >= deadline,
+            Deadline::Count(requests) => self.shared.issued.fetch_add(1, Ordering::Relaxed) >= requests,
+        }
+    }
+
+    fn request(&self) -> Request {
+        match self.op {
+            BenchOp::Check => Request::new(Op::Check, self.cost),
+            BenchOp::Acquire => {
+                // Unique among processes too: a repeated name would renew a
+                // lease instead of taking a new one.
+                let lease = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+                let op = Op::Acquire {
+                    lease,
+                    max_wait: Some(Duration::ZERO),
+                };
+                Request::new(op, self.cost)
+            }
+        }
+    }
+
+    async fn run(self) -> Tally {
+        let mut tally = Tally {
+            allowed: 0,
+            denied: 0,
+            errors: 0,
+            first_error: None,
+            latency: histogram(),
+        };
+        let keys = self.subjects.len();
+        let mut key = usize::try_from(self.first_key).unwrap_or(0);
+        while !self.done() {
+            let subject = &self.subjects[key];
+            key = (key + 1) % keys;
+            let request = self.request();
+            let sent = Instant::now();
+            let result = self.limiter.decide(subject, &request).await;
+            let latency = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            tally.latency.saturating_record(latency);
+            self.shared.answered.fetch_add(1, Ordering::Relaxed);
+            match result {
+                Ok(outcome) if outcome.decision.allowed => {
+                    tally.allowed += 1;
+                    if let Some(lease) = outcome.lease {
+                        if !self.hold.is_zero() {
+                            tokio::time::sleep(self.hold).await;
+                        }
+                        let release = Request::new(Op::Release { lease }, 0);
+                        if let Err(error) = self.limiter.decide(subject, &release).await {
+                            tally.errors += 1;
+                            tally.first_error.get_or_insert_with(|| format!("release: {error}"));
+                        }
+                    }
+                }
+                Ok(_) => tally.denied += 1,
+                Err(error) if error.is_invalid() => {
+                    self.shared.stop.store(true, Ordering::Relaxed);
+                    let mut invalid = self.shared.invalid.lock().expect("no panic while holding the lock");
+                    invalid.get_or_insert_with(|| format!("--op {}: {error}", self.op.name()));
+                    break;
+                }
+                Err(error) => {
+                    tally.errors += 1;
+                    tally.first_error.get_or_insert_with(|| error.to_string());
+                }
+            }
+            // The memory store never waits: let the other tasks (and the
+            // progress bar) have the thread now and then.
+            tokio::task::consume_budget().await;
+        }
+        tally
+    }
+}
