@@ -1,0 +1,203 @@
+//! Several `tollgate bench` processes loading one limit in one Redis at once:
+//! the admissions of all of them together never exceed what the limit allows
+//! over the span of the run, and come close to it.
+//!
+//! Each process reports the server's `TIME` just before its first request
+//! and just after its last answer; every decision of every process was taken
+//! at a server instant inside `[S, E]`, the earliest start to the latest end.
+//! Each algorithm's exact bound over `[S, E]` (µs) is the one its module
+//! documents:
+//!
+//! - fixed window: `limit` per aligned window touched,
+//!   `limit · (⌊E/window⌋ − ⌊S/window⌋ + 1)`;
+//! - sliding log: any `[t, t + window)` admits `limit`, and `[S, E]` is
+//!   covered by `⌈(E − S + 1)/window⌉` of them;
+//! - token bucket (smooth): `capacity + ⌊refill · (E − S)/interval⌋`;
+//! - GCRA: `burst + ⌊rate · (E − S)/period⌋`;
+//! - concurrency, each lease held `H` before its release: at every moment at
+//!   most `limit` leases are in flight, so the leases split into `limit`
+//!   chains of leases that do not overlap (interval graphs are perfect); in a
+//!   chain consecutive admissions are at least `H` apart, so a chain holds at
+//!   most `⌊(E − S)/H⌋ + 1` admissions, and all of them `limit` times that.
+//!
+//! The tests also require at least half of the bound, so a limiter that
+//! admitted nothing would fail too. The counts are printed (`--nocapture`).
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::Instant;
+
+use common::redis_server::RedisServer;
+use common::tollgate;
+use serde_json::Value;
+
+const PROCESSES: usize = 4;
+const TASKS: &str = "64";
+const DURATION: &str = "2s";
+
+/// How a limit's bound over `[start, end]` (server µs) is computed.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    FixedWindow { limit: u64, window: u64 },
+    SlidingLog { limit: u64, window: u64 },
+    TokenBucket { capacity: u64, refill: u64, interval: u64 },
+    Gcra { burst: u64, rate: u64, period: u64 },
+    Concurrency { limit: u64, hold: u64 },
+}
+
+impl Bound {
+    fn over(self, start: u64, end: u64) -> u64 {
+        let span = end - start;
+        match self {
+            Self::FixedWindow { limit, window } => limit * (end / window - start / window + 1),
+            Self::SlidingLog { limit, window } => limit * (span + 1).div_ceil(window),
+            Self::TokenBucket {
+                capacity,
+                refill,
+                interval,
+            } => capacity + refill * span / interval,
+            Self::Gcra { burst, rate, period } => burst + rate * span / period,
+            Self::Concurrency { limit, hold } => limit * (span / hold + 1),
+        }
+    }
+}
+
+/// What the processes of one scenario reported.
+struct Run {
+    allowed: Vec<u64>,
+    requests: u64,
+    start: u64,
+    end: u64,
+}
+
+/// Starts the processes together, waits for all, and adds up their reports.
+fn run(server: &RedisServer, prefix: &str, limit: &str, extra: &[&str]) -> Run {
+    let children: Vec<Child> = (0..PROCESSES)
+        .map(|_| {
+            tollgate(&["bench", "--store", &server.url(), "--prefix", prefix, "--limit", limit])
+                .args([
+                    "--tasks",
+                    TASKS,
+                    "--duration",
+                    DURATION,
+                    "--keys",
+                    "1",
+                    "--json",
+                    "--quiet",
+                ])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("the tollgate binary starts")
+        })
+        .collect();
+    let mut run = Run {
+        allowed: Vec::new(),
+        requests: 0,
+        start: u64::MAX,
+        end: 0,
+    };
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "exit {:?}: {stderr}", output.status);
+        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let field = |name: &str| summary[name].as_u64().unwrap_or_else(|| panic!("{name} in {summary}"));
+        assert_eq!(field("errors"), 0, "{summary}");
+        run.allowed.push(field("allowed"));
+        run.requests += field("requests");
+        run.start = run.start.min(field("server_time_start_us"));
+        run.end = run.end.max(field("server_time_end_us"));
+    }
+    run
+}
+
+/// Runs one scenario and checks `bound/2 <= Σ allowed <= bound`.
+fn scenario(server: &RedisServer, name: &str, limit: &str, bound: Bound, extra: &[&str]) {
+    let run = run(server, &format!("concurrency-{name}"), limit, extra);
+    let allowed: u64 = run.allowed.iter().sum();
+    let bound = bound.over(run.start, run.end);
+    println!(
+        "{name}: allowed {allowed} = {:?} of {} requests, over {} us; bound {bound} ({:.1}%)",
+        run.allowed,
+        run.requests,
+        run.end - run.start,
+        100.0 * allowed as f64 / bound as f64
+    );
+    assert!(
+        allowed <= bound,
+        "{name}: {allowed} admitted over [{}, {}], more than the bound {bound}",
+        run.start,
+        run.end
+    );
+    assert!(
+        allowed * 2 >= bound,
+        "{name}: only {allowed} admitted over [{}, {}], less than half the bound {bound}",
+        run.start,
+        run.end
+    );
+}
+
+#[test]
+fn processes_sharing_a_limit_never_exceed_its_bound() {
+    let began = Instant::now();
+    let server = RedisServer::start();
+    scenario(
+        &server,
+        "fixed_window",
+        r#"{"algorithm":"fixed_window","limit":50,"window":"500ms"}"#,
+        Bound::FixedWindow {
+            limit: 50,
+            window: 500_000,
+        },
+        &[],
+    );
+    scenario(
+        &server,
+        "sliding_log",
+        r#"{"algorithm":"sliding_log","limit":50,"window":"500ms"}"#,
+        Bound::SlidingLog {
+            limit: 50,
+            window: 500_000,
+        },
+        &[],
+    );
+    scenario(
+        &server,
+        "token_bucket",
+        r#"{"algorithm":"token_bucket","capacity":20,"refill":100,"interval":"1s"}"#,
+        Bound::TokenBucket {
+            capacity: 20,
+            refill: 100,
+            interval: 1_000_000,
+        },
+        &[],
+    );
+    scenario(
+        &server,
+        "gcra",
+        r#"{"algorithm":"gcra","rate":100,"period":"1s","burst":20}"#,
+        Bound::Gcra {
+            burst: 20,
+            rate: 100,
+            period: 1_000_000,
+        },
+        &[],
+    );
+    // Leases are released explicitly after 200 ms; the ttl never ends one
+    // within the run.
+    scenario(
+        &server,
+        "concurrency",
+        r#"{"algorithm":"concurrency","limit":5,"ttl":"10s"}"#,
+        Bound::Concurrency {
+            limit: 5,
+            hold: 200_000,
+        },
+        &["--op", "acquire", "--hold-ms", "200"],
+    );
+    println!("all scenarios in {:.1} s", began.elapsed().as_secs_f64());
+}
