@@ -51,6 +51,11 @@ impl Decision {
         }
     }
 
+    /// The decision where no limit applies: allowed, with everything remaining.
+    pub fn unlimited() -> Self {
+        Self::allow(u64::MAX, u64::MAX, 0, 0)
+    }
+
     /// True when the request was denied and can never be admitted.
     pub fn is_never(&self) -> bool {
         !self.allowed && self.retry_after.is_none()

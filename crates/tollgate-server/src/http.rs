@@ -1,0 +1,496 @@
+//! The HTTP front end (axum).
+//!
+//! - `POST /json`: Envoy's request and response in protobuf's JSON mapping,
+//!   as envoyproxy/ratelimit offers it (429 when over the limit);
+//! - `POST /v1/check`: Tollgate's own — descriptors, or a subject and a named
+//!   rule, with a cost — answering a decision with `RateLimit` /
+//!   `Retry-After` headers, 429 when denied;
+//! - `GET /metrics` (Prometheus), `GET /healthz`, `GET /v1/config`.
+//!
+//! Bodies are capped at [`MAX_BODY`]; every malformed request is a 400 with
+//! `{"error": "…"}`, and the server keeps serving.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tollgate::{Decision, Op, Policy, Request, Store, Subject};
+
+use crate::config::Unit;
+use crate::service::{rate_limit_headers, CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError};
+
+/// The largest request body, in bytes.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// The routes, over `service`.
+pub fn router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/json", post(envoy_json))
+        .route("/v1/check", post(check))
+        .route("/v1/config", get(config))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(service)
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    (status, axum::Json(json!({ "error": message.to_string() }))).into_response()
+}
+
+fn service_error(failure: &ServiceError) -> Response {
+    match failure {
+        ServiceError::InvalidArgument(message) => error(StatusCode::BAD_REQUEST, message),
+        ServiceError::Unavailable(message) => error(StatusCode::SERVICE_UNAVAILABLE, message),
+    }
+}
+
+/// Reads the body as JSON of type `T`, naming the field at fault.
+async fn read_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Response> {
+    let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("the body must be at most {MAX_BODY} bytes"),
+        )
+    })?;
+    let mut reader = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut reader).map_err(|failure| {
+        let path = failure.path().to_string();
+        let message = failure.inner().to_string().replace('`', "\"");
+        if path == "." {
+            error(StatusCode::BAD_REQUEST, format!("invalid JSON: {message}"))
+        } else {
+            error(StatusCode::BAD_REQUEST, format!("invalid JSON at {path}: {message}"))
+        }
+    })
+}
+
+fn with_headers(mut response: Response, headers: &[(&'static str, String)]) -> Response {
+    for (name, value) in headers {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            response.headers_mut().insert(HeaderName::from_static(name), value);
+        }
+    }
+    response
+}
+
+// --- POST /json: protobuf's JSON mapping of Envoy's messages. ---------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct JsonRequest {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hits_addend", deserialize_with = "proto_u64")]
+    hits_addend: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+    #[serde(default, alias = "hits_addend", deserialize_with = "proto_u64_option")]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct JsonOverride {
+    #[serde(alias = "requests_per_unit")]
+    requests_per_unit: u64,
+    unit: String,
+}
+
+/// protobuf's JSON mapping writes 64-bit integers as strings; accept both.
+fn proto_u64<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Number(u64),
+        Text(String),
+    }
+    match Number::deserialize(deserializer)? {
+        Number::Number(number) => Ok(number),
+        Number::Text(text) => text
+            .parse()
+            .map_err(|_| serde::de::Error::custom(format!("\"{text}\" is not a non-negative integer"))),
+    }
+}
+
+fn proto_u64_option<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    proto_u64(deserializer).map(Some)
+}
+
+impl JsonRequest {
+    fn into_check(self) -> Result<CheckRequest, ServiceError> {
+        let descriptors = self
+            .descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(index, descriptor)| {
+                let limit_override = match descriptor.limit {
+                    Some(limit) => {
+                        let unit = Unit::parse(&limit.unit).ok_or_else(|| {
+                            ServiceError::InvalidArgument(format!(
+                                "descriptors[{index}].limit.unit \"{}\" is unknown",
+                                limit.unit
+                            ))
+                        })?;
+                        Some((limit.requests_per_unit, unit))
+                    }
+                    None => None,
+                };
+                Ok(Descriptor {
+                    entries: descriptor
+                        .entries
+                        .into_iter()
+                        .map(|entry| (entry.key, entry.value))
+                        .collect(),
+                    hits_addend: descriptor.hits_addend,
+                    limit_override,
+                })
+            })
+            .collect::<Result<Vec<_>, ServiceError>>()?;
+        Ok(CheckRequest {
+            domain: self.domain,
+            descriptors,
+            hits_addend: self.hits_addend,
+        })
+    }
+}
+
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+/// A duration in protobuf's JSON mapping: `"1.500s"`.
+fn proto_duration(duration: Duration) -> String {
+    let nanos = duration.subsec_nanos();
+    if nanos == 0 {
+        format!("{}s", duration.as_secs())
+    } else {
+        let fraction = format!("{nanos:09}");
+        format!("{}.{}s", duration.as_secs(), fraction.trim_end_matches('0'))
+    }
+}
+
+/// The response in protobuf's JSON mapping (default values left out).
+fn envoy_response_json(answer: &CheckResponse) -> Value {
+    let statuses: Vec<Value> = answer
+        .statuses
+        .iter()
+        .map(|status| {
+            let mut object = serde_json::Map::new();
+            object.insert("code".into(), json!(code_name(status.code)));
+            if let Some(limit) = &status.current_limit {
+                let mut current = serde_json::Map::new();
+                if !limit.name.is_empty() {
+                    current.insert("name".into(), json!(limit.name));
+                }
+                current.insert(
+                    "requestsPerUnit".into(),
+                    json!(limit.requests_per_unit.min(u64::from(u32::MAX))),
+                );
+                current.insert("unit".into(), json!(limit.unit.map_or("UNKNOWN", Unit::name)));
+                object.insert("currentLimit".into(), Value::Object(current));
+            }
+            if status.limit_remaining > 0 {
+                object.insert(
+                    "limitRemaining".into(),
+                    json!(status.limit_remaining.min(u64::from(u32::MAX))),
+                );
+            }
+            if status.decision.is_some() {
+                object.insert(
+                    "durationUntilReset".into(),
+                    json!(proto_duration(status.duration_until_reset)),
+                );
+            }
+            Value::Object(object)
+        })
+        .collect();
+    let mut body = json!({ "overallCode": code_name(answer.overall), "statuses": statuses });
+    if !answer.headers.is_empty() {
+        let headers: Vec<Value> = answer
+            .headers
+            .iter()
+            .map(|(key, value)| json!({ "key": key, "value": value }))
+            .collect();
+        body["responseHeadersToAdd"] = Value::Array(headers);
+    }
+    body
+}
+
+async fn envoy_json(State(service): State<Arc<Service>>, body: Body) -> Response {
+    let request: JsonRequest = match read_json(body).await {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    let answer = match request.into_check() {
+        Ok(check) => service.should_rate_limit(&check).await,
+        Err(failure) => Err(failure),
+    };
+    match answer {
+        Ok(answer) => {
+            let status = if answer.overall == Code::OverLimit {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(envoy_response_json(&answer))).into_response()
+        }
+        Err(failure) => service_error(&failure),
+    }
+}
+
+// --- POST /v1/check: Tollgate's own. ----------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody {
+    domain: String,
+    #[serde(default)]
+    descriptors: Option<Vec<CheckDescriptor>>,
+    /// A subject and the `name` of a rule of the domain, instead of descriptors.
+    #[serde(default)]
+    subject: Option<String>,
+    #[serde(default)]
+    limit: Option<String>,
+    #[serde(default)]
+    cost: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckDescriptor {
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    cost: Option<u64>,
+}
+
+/// A decision as JSON: DESIGN §2's fields, durations in milliseconds.
+#[derive(Serialize)]
+struct DecisionJson {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    retry_after_ms: Option<f64>,
+    reset_after_ms: f64,
+    wait_ms: f64,
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1_000.0
+}
+
+impl From<&Decision> for DecisionJson {
+    fn from(decision: &Decision) -> Self {
+        Self {
+            allowed: decision.allowed,
+            limit: decision.limit,
+            remaining: decision.remaining,
+            retry_after_ms: decision.retry_after.map(ms),
+            reset_after_ms: ms(decision.reset_after),
+            wait_ms: ms(decision.wait),
+        }
+    }
+}
+
+async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {
+    let body: CheckBody = match read_json(body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let outcome = match (&body.descriptors, &body.subject, &body.limit) {
+        (Some(_), None, None) => check_descriptors(&service, body).await,
+        (None, Some(_), Some(_)) => check_named(&service, body).await,
+        _ => Err(ServiceError::InvalidArgument(
+            "give either descriptors, or a subject and the name of a limit".to_owned(),
+        )),
+    };
+    match outcome {
+        Ok((decision, extra, headers)) => {
+            let status = if decision.allowed {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            let mut json = serde_json::to_value(DecisionJson::from(&decision)).unwrap_or_default();
+            if let (Value::Object(object), Some(extra)) = (&mut json, extra) {
+                object.insert("descriptors".into(), extra);
+            }
+            with_headers((status, axum::Json(json)).into_response(), &headers)
+        }
+        Err(failure) => service_error(&failure),
+    }
+}
+
+type Checked = (Decision, Option<Value>, Vec<(&'static str, String)>);
+
+async fn check_descriptors(service: &Service, body: CheckBody) -> Result<Checked, ServiceError> {
+    let cost = body.cost.unwrap_or(1);
+    let descriptors = body
+        .descriptors
+        .unwrap_or_default()
+        .into_iter()
+        .map(|descriptor| Descriptor {
+            entries: descriptor
+                .entries
+                .into_iter()
+                .map(|entry| (entry.key, entry.value))
+                .collect(),
+            hits_addend: descriptor.cost,
+            limit_override: None,
+        })
+        .collect();
+    let request = CheckRequest {
+        domain: body.domain,
+        descriptors,
+        hits_addend: cost,
+    };
+    let answer = service.should_rate_limit(&request).await?;
+    let per_descriptor: Vec<Value> = answer
+        .statuses
+        .iter()
+        .map(|status| {
+            let mut object = serde_json::Map::new();
+            object.insert("code".into(), json!(code_name(status.code)));
+            object.insert("rule".into(), json!(status.rule));
+            if let Some(decision) = &status.decision {
+                if let Ok(Value::Object(fields)) = serde_json::to_value(DecisionJson::from(decision)) {
+                    object.extend(fields);
+                }
+            }
+            Value::Object(object)
+        })
+        .collect();
+    // The request's decision: the denying descriptor, else the tightest one.
+    let decision = answer
+        .statuses
+        .iter()
+        .filter_map(|status| status.decision.clone().map(|decision| (status.code, decision)))
+        .min_by_key(|(code, decision)| (*code == Code::Ok, decision.remaining))
+        .map(|(_, decision)| decision);
+    let mut decision = decision.unwrap_or_else(Decision::unlimited);
+    decision.allowed = answer.overall == Code::Ok;
+    let headers = rate_limit_headers(&answer.statuses, answer.overall);
+    Ok((decision, Some(Value::Array(per_descriptor)), headers))
+}
+
+async fn check_named(service: &Service, body: CheckBody) -> Result<Checked, ServiceError> {
+    let (Some(subject), Some(name)) = (body.subject, body.limit) else {
+        return Err(ServiceError::InvalidArgument(
+            "subject and limit are required".to_owned(),
+        ));
+    };
+    if body.domain.is_empty() {
+        return Err(ServiceError::InvalidArgument("domain must not be empty".to_owned()));
+    }
+    let config = service.config();
+    let rule = config.named_rule(&body.domain, &name).ok_or_else(|| {
+        ServiceError::InvalidArgument(format!("domain \"{}\" has no limit named \"{name}\"", body.domain))
+    })?;
+    let limit = match &rule.quota {
+        crate::config::Quota::Limited(limit) => limit.clone(),
+        crate::config::Quota::Unlimited => return Ok((Decision::unlimited(), None, Vec::new())),
+        crate::config::Quota::Blocked => {
+            return Err(ServiceError::InvalidArgument(format!(
+                "limit \"{name}\" blocks every request"
+            )));
+        }
+    };
+    let policy = Policy::new([(format!("named:{}", Subject::new(&name).as_key()), limit)])
+        .map_err(|failure| ServiceError::InvalidArgument(failure.to_string()))?;
+    let cost = body.cost.unwrap_or(1);
+    let op = if policy.has_concurrency() {
+        Op::Acquire {
+            lease: format!("{:016x}", fastrand::u64(..)),
+            max_wait: Some(Duration::ZERO),
+        }
+    } else {
+        Op::Check
+    };
+    let subject = Subject::new(&body.domain).and(&subject);
+    let outcome = service
+        .store()
+        .decide(&subject, &policy, &Request::new(op, cost))
+        .await
+        .map_err(|failure| {
+            if failure.is_invalid() {
+                ServiceError::InvalidArgument(failure.to_string())
+            } else {
+                service.metrics().store_error(&body.domain);
+                ServiceError::Unavailable(failure.to_string())
+            }
+        })?;
+    let mut decision = outcome
+        .limits
+        .into_iter()
+        .next()
+        .map(|(_, decision)| decision)
+        .unwrap_or(outcome.decision);
+    let shadow = rule.shadow_mode || service.options().shadow_mode;
+    service
+        .metrics()
+        .record(&body.domain, &rule.path, cost, &decision, shadow);
+    if shadow {
+        decision.allowed = true;
+    }
+    let status = crate::service::DescriptorStatus {
+        code: if decision.allowed { Code::Ok } else { Code::OverLimit },
+        current_limit: Some(crate::service::CurrentLimit {
+            name: name.clone(),
+            requests_per_unit: rule.requests_per_unit.unwrap_or(decision.limit),
+            unit: rule.unit,
+        }),
+        limit_remaining: decision.remaining,
+        duration_until_reset: if decision.allowed {
+            decision.reset_after
+        } else {
+            decision.retry_after.unwrap_or(decision.reset_after)
+        },
+        decision: Some(decision.clone()),
+        rule: Some(rule.path.clone()),
+    };
+    let overall = status.code;
+    let headers = rate_limit_headers(std::slice::from_ref(&status), overall);
+    Ok((decision, None, headers))
+}
+
+// --- The rest. ----------------------------------------------------------------
+
+async fn config(State(service): State<Arc<Service>>) -> Response {
+    axum::Json(service.config().as_ref().clone()).into_response()
+}
+
+async fn metrics(State(service): State<Arc<Service>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        service.metrics().encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,159 @@
+//! Prometheus metrics, per domain and rule, as envoyproxy/ratelimit counts
+//! them: total hits, over limit, near limit (80 % used), within limit, shadow
+//! mode; plus store errors, decision latency and configuration reloads.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tollgate::Decision;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    domain: String,
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DomainLabels {
+    domain: String,
+}
+
+type HistogramFamily = Family<DomainLabels, Histogram, fn() -> Histogram>;
+
+/// The service's metrics and their registry.
+pub struct Metrics {
+    registry: Registry,
+    hits: Family<RuleLabels, Counter>,
+    over_limit: Family<RuleLabels, Counter>,
+    near_limit: Family<RuleLabels, Counter>,
+    within_limit: Family<RuleLabels, Counter>,
+    shadow_mode: Family<RuleLabels, Counter>,
+    store_errors: Family<DomainLabels, Counter>,
+    latency: HistogramFamily,
+    config_reloads: Counter,
+    config_errors: Counter,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 µs to about 5 s.
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 20))
+}
+
+impl Metrics {
+    /// Empty metrics, registered under `tollgate_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let metrics = Self {
+            hits: Family::default(),
+            over_limit: Family::default(),
+            near_limit: Family::default(),
+            within_limit: Family::default(),
+            shadow_mode: Family::default(),
+            store_errors: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            config_reloads: Counter::default(),
+            config_errors: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
+        registry.register(
+            "over_limit",
+            "Hits refused as over the limit",
+            metrics.over_limit.clone(),
+        );
+        registry.register(
+            "near_limit",
+            "Hits admitted with 80 % or more of the limit used",
+            metrics.near_limit.clone(),
+        );
+        registry.register("within_limit", "Hits admitted", metrics.within_limit.clone());
+        registry.register(
+            "shadow_mode",
+            "Hits over the limit but admitted by shadow mode",
+            metrics.shadow_mode.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Requests that failed because the store failed",
+            metrics.store_errors.clone(),
+        );
+        registry.register(
+            "decision_seconds",
+            "Time to decide one request",
+            metrics.latency.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Configurations loaded",
+            metrics.config_reloads.clone(),
+        );
+        registry.register("config_errors", "Configurations refused", metrics.config_errors.clone());
+        Self { registry, ..metrics }
+    }
+
+    /// Counts one descriptor's decision.
+    pub fn record(&self, domain: &str, rule: &str, hits: u64, decision: &Decision, shadow: bool) {
+        let labels = RuleLabels {
+            domain: domain.to_owned(),
+            rule: rule.to_owned(),
+        };
+        self.hits.get_or_create(&labels).inc_by(hits);
+        if decision.allowed {
+            self.within_limit.get_or_create(&labels).inc_by(hits);
+            let used = decision.limit.saturating_sub(decision.remaining);
+            if used.saturating_mul(5) >= decision.limit.saturating_mul(4) {
+                self.near_limit.get_or_create(&labels).inc_by(hits);
+            }
+        } else {
+            self.over_limit.get_or_create(&labels).inc_by(hits);
+            if shadow {
+                self.shadow_mode.get_or_create(&labels).inc_by(hits);
+            }
+        }
+    }
+
+    /// Counts a request the store failed.
+    pub fn store_error(&self, domain: &str) {
+        self.store_errors
+            .get_or_create(&DomainLabels {
+                domain: domain.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records how long a request took to decide.
+    pub fn latency(&self, domain: &str, elapsed: Duration) {
+        self.latency
+            .get_or_create(&DomainLabels {
+                domain: domain.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a configuration put in force (`ok`) or refused.
+    pub fn config_loaded(&self, ok: bool) {
+        if ok {
+            self.config_reloads.inc();
+        } else {
+            self.config_errors.inc();
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
