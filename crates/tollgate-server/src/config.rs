@@ -282,7 +282,8 @@ impl<'de> Deserialize<'de> for RawRateLimit {
             name: Option<String>,
             #[serde(default)]
             replaces: Vec<RawReplaces>,
-            algorithm: Option<serde_json::Value>,
+            #[serde(default, deserialize_with = "algorithm")]
+            algorithm: Option<Limit>,
         }
         let fields = Fields::deserialize(deserializer)?;
         let replaces = fields.replaces.into_iter().map(|replaces| replaces.name).collect();
@@ -299,10 +300,7 @@ impl<'de> Deserialize<'de> for RawRateLimit {
             });
         }
         let quota = match (fields.algorithm, fields.unit, fields.requests_per_unit) {
-            (Some(algorithm), _, _) => LimitSpec::from_value(algorithm)
-                .and_then(LimitSpec::build)
-                .map(Quota::Limited)
-                .map_err(|error| de::Error::custom(format!("rate_limit.algorithm: {error}")))?,
+            (Some(limit), _, _) => Quota::Limited(limit),
             (None, Some(_), Some(0)) => Quota::Blocked,
             (None, Some(unit), Some(requests)) => Limit::fixed_window(requests, unit.duration())
                 .map(Quota::Limited)
@@ -320,6 +318,15 @@ impl<'de> Deserialize<'de> for RawRateLimit {
     }
 }
 
+/// An `algorithm` block, validated where it stands (so errors carry its line).
+fn algorithm<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Limit>, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    LimitSpec::from_value(value)
+        .and_then(LimitSpec::build)
+        .map(Some)
+        .map_err(|error| de::Error::custom(format!("algorithm: {error}")))
+}
+
 /// A YAML scalar read as text (`value: 123` is the string "123").
 fn scalar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
     let value = Option::<serde_yaml_ng::Value>::deserialize(deserializer)?;
@@ -333,25 +340,60 @@ fn scalar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, 
 }
 
 /// A list of descriptors, refusing two nodes with the same key and value.
+///
+/// Each node is checked against those before it as it is read, so the error
+/// carries the line of the duplicate.
 fn descriptors<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<RawNode>, D::Error> {
-    let nodes = Option::<Vec<RawNode>>::deserialize(deserializer)?.unwrap_or_default();
-    for (at, node) in nodes.iter().enumerate() {
-        if nodes[..at]
-            .iter()
-            .any(|other| other.key == node.key && other.value == node.value)
-        {
-            let value = node
-                .value
-                .as_deref()
-                .map(|value| format!(" value \"{value}\""))
-                .unwrap_or_default();
-            return Err(de::Error::custom(format!(
-                "duplicate descriptor: key \"{}\"{value} appears twice",
-                node.key
-            )));
+    struct Nodes;
+
+    struct Unique<'a>(&'a [RawNode]);
+
+    impl<'de> de::DeserializeSeed<'de> for Unique<'_> {
+        type Value = RawNode;
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<RawNode, D::Error> {
+            let node = RawNode::deserialize(deserializer)?;
+            let first = self
+                .0
+                .iter()
+                .position(|other| other.key == node.key && other.value == node.value);
+            if let Some(first) = first {
+                let value = node
+                    .value
+                    .as_deref()
+                    .map(|value| format!(" value \"{value}\""))
+                    .unwrap_or_default();
+                return Err(de::Error::custom(format!(
+                    "entry {} (key \"{}\"{value}) duplicates entry {first}",
+                    self.0.len(),
+                    node.key
+                )));
+            }
+            Ok(node)
         }
     }
-    Ok(nodes)
+
+    impl<'de> de::Visitor<'de> for Nodes {
+        type Value = Vec<RawNode>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str("a list of descriptors")
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Vec<RawNode>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<RawNode>, A::Error> {
+            let mut nodes = Vec::new();
+            while let Some(node) = seq.next_element_seed(Unique(&nodes))? {
+                nodes.push(node);
+            }
+            Ok(nodes)
+        }
+    }
+
+    deserializer.deserialize_any(Nodes)
 }
 
 fn build(nodes: Vec<RawNode>, parent: &str) -> Vec<Node> {
@@ -399,7 +441,7 @@ impl Domain {
         let raw: RawFile = serde_yaml_ng::from_str(text).map_err(|error| ConfigError {
             file: file.to_owned(),
             line: error.location().map(|location| location.line()),
-            message: strip_location(&error.to_string()),
+            message: strip_location(&error.to_string()).replace('`', "\""),
         })?;
         if raw.domain.is_empty() {
             return Err(ConfigError {

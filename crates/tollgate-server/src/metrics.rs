@@ -104,9 +104,14 @@ impl Metrics {
         self.hits.get_or_create(&labels).inc_by(hits);
         if decision.allowed {
             self.within_limit.get_or_create(&labels).inc_by(hits);
-            let used = decision.limit.saturating_sub(decision.remaining);
-            if used.saturating_mul(5) >= decision.limit.saturating_mul(4) {
-                self.near_limit.get_or_create(&labels).inc_by(hits);
+            // As envoyproxy/ratelimit: the hits that went past 80 % of the limit.
+            let threshold = decision.limit / 5 * 4 + decision.limit % 5 * 4 / 5;
+            let used_after = decision.limit.saturating_sub(decision.remaining);
+            let used_before = used_after.saturating_sub(hits);
+            if used_after > threshold {
+                self.near_limit
+                    .get_or_create(&labels)
+                    .inc_by(used_after - used_before.max(threshold));
             }
         } else {
             self.over_limit.get_or_create(&labels).inc_by(hits);

@@ -155,6 +155,13 @@ pub struct Service {
     options: Options,
 }
 
+/// What the rules say of a request's descriptors.
+struct Matched<'a> {
+    applied: Vec<Applied<'a>>,
+    blocked: Vec<(usize, &'a Rule)>,
+    statuses: Vec<DescriptorStatus>,
+}
+
 /// A descriptor whose limit applies in this request.
 struct Applied<'a> {
     index: usize,
@@ -237,25 +244,15 @@ impl Service {
         Ok(())
     }
 
-    /// Decides every descriptor of `request` at once.
-    ///
-    /// # Errors
-    ///
-    /// A malformed request, or a store fault.
-    pub async fn should_rate_limit(&self, request: &CheckRequest) -> Result<CheckResponse, ServiceError> {
-        Self::validate(request)?;
-        let started = Instant::now();
-        let config = self.config.load();
-        let hits = if request.hits_addend == 0 {
-            1
-        } else {
-            request.hits_addend
-        };
-        let domain = config.domains.get(&request.domain);
-
+    /// Finds the limit each descriptor of `request` meets.
+    fn match_rules<'a>(
+        request: &CheckRequest,
+        domain: Option<&'a crate::config::Domain>,
+        hits: u64,
+    ) -> Result<Matched<'a>, ServiceError> {
         // Which limit applies to each descriptor.
-        let mut applied: Vec<Applied<'_>> = Vec::new();
-        let mut blocked: Vec<(usize, &Rule)> = Vec::new();
+        let mut applied: Vec<Applied<'a>> = Vec::new();
+        let mut blocked: Vec<(usize, &'a Rule)> = Vec::new();
         let mut statuses: Vec<DescriptorStatus> = request
             .descriptors
             .iter()
@@ -321,6 +318,34 @@ impl Service {
                 .is_some_and(|name| replaced.contains(&name))
         });
 
+        Ok(Matched {
+            applied,
+            blocked,
+            statuses,
+        })
+    }
+
+    /// Decides every descriptor of `request` at once.
+    ///
+    /// # Errors
+    ///
+    /// A malformed request, or a store fault.
+    pub async fn should_rate_limit(&self, request: &CheckRequest) -> Result<CheckResponse, ServiceError> {
+        Self::validate(request)?;
+        let started = Instant::now();
+        let config = self.config.load();
+        let hits = if request.hits_addend == 0 {
+            1
+        } else {
+            request.hits_addend
+        };
+        let domain = config.domains.get(&request.domain);
+
+        let Matched {
+            applied,
+            blocked,
+            mut statuses,
+        } = Self::match_rules(request, domain, hits)?;
         let (shadowed, enforced): (Vec<Applied<'_>>, Vec<Applied<'_>>) = applied
             .into_iter()
             .partition(|applied| applied.rule.is_some_and(|rule| rule.shadow_mode));
@@ -411,16 +436,13 @@ impl Service {
         let mut costs: Vec<u64> = Vec::new();
         let mut slot_of = Vec::with_capacity(applied.len());
         for each in applied {
-            match limits.iter().position(|(name, _)| *name == each.name) {
-                Some(slot) => {
-                    costs[slot] = costs[slot].saturating_add(each.hits);
-                    slot_of.push(slot);
-                }
-                None => {
-                    slot_of.push(limits.len());
-                    limits.push((each.name.clone(), each.limit.clone()));
-                    costs.push(each.hits);
-                }
+            if let Some(slot) = limits.iter().position(|(name, _)| *name == each.name) {
+                costs[slot] = costs[slot].saturating_add(each.hits);
+                slot_of.push(slot);
+            } else {
+                slot_of.push(limits.len());
+                limits.push((each.name.clone(), each.limit.clone()));
+                costs.push(each.hits);
             }
         }
         let policy = Policy::new(limits).map_err(|error| error.to_string())?;

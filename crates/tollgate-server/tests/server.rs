@@ -1,0 +1,602 @@
+//! The server through its real listeners (port 0) with a real gRPC client
+//! and a real HTTP client, on the memory store and on a spawned redis-server.
+
+#[path = "../../tollgate/tests/common/redis_server.rs"]
+#[allow(dead_code)]
+mod redis_server;
+
+use std::path::Path;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tollgate::{MemoryStore, RedisStore};
+use tollgate_server::{Backend, Config, Options, Reload, Server};
+
+use redis_server::RedisServer;
+
+const CONFIG: &str = r"
+domain: test
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 3}
+  - key: user
+    value: vip
+    rate_limit: {unit: day, requests_per_unit: 100}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: path
+    rate_limit: {unit: day, requests_per_unit: 50}
+  - key: internal
+    rate_limit: {unlimited: true}
+  - key: blocked_ip
+    value: 50.0.0.5
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {unit: day, requests_per_unit: 2}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: old
+    rate_limit: {name: old_limit, unit: day, requests_per_unit: 1}
+  - key: new
+    rate_limit:
+      name: new_limit
+      replaces: [{name: old_limit}]
+      unit: day
+      requests_per_unit: 10
+  - key: bucket
+    rate_limit:
+      name: bucket
+      algorithm: {algorithm: token_bucket, capacity: 5, refill: 1, interval: 1h}
+";
+
+const OK: i32 = 1;
+const OVER_LIMIT: i32 = 2;
+
+/// A server running on port 0 until dropped.
+struct Running {
+    http: String,
+    grpc: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    reloads: tokio::sync::watch::Receiver<Reload>,
+    dir: tempfile::TempDir,
+    _redis: Option<RedisServer>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    Memory,
+    Redis,
+}
+
+async fn start(store: Store, options: Options) -> Running {
+    start_with(store, options, CONFIG).await
+}
+
+async fn start_with(store: Store, options: Options, config: &str) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("test.yaml");
+    std::fs::write(&file, config).unwrap();
+    let (backend, redis) = match store {
+        Store::Memory => (Backend::Memory(MemoryStore::new()), None),
+        Store::Redis => {
+            let server = RedisServer::start();
+            let store = RedisStore::connect(&server.url()).await.unwrap();
+            (Backend::Redis(store), Some(server))
+        }
+    };
+    let server = Server::new(Config::load(&file).unwrap(), Some(file), backend, options);
+    let reloads = server.reloads();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel();
+    let task = tokio::spawn(server.run(http, grpc, async {
+        let _ = stopped.await;
+    }));
+    Running {
+        http: format!("http://{http_address}"),
+        grpc: format!("http://{grpc_address}"),
+        stop: Some(stop),
+        task: Some(task),
+        reloads,
+        dir,
+        _redis: redis,
+    }
+}
+
+impl Running {
+    async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(self.grpc.clone()).await.unwrap()
+    }
+
+    async fn grpc(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        self.client()
+            .await
+            .should_rate_limit(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn post(&self, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("{}{path}", self.http))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        reqwest::get(format!("{}{path}", self.http)).await.unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "test".to_owned(),
+        descriptors,
+        hits_addend: hits,
+    }
+}
+
+/// `(code, limit_remaining, requests_per_unit)` of each status.
+fn statuses(response: &RateLimitResponse) -> Vec<(i32, u32, Option<u32>)> {
+    response
+        .statuses
+        .iter()
+        .map(|status| {
+            (
+                status.code,
+                status.limit_remaining,
+                status.current_limit.as_ref().map(|limit| limit.requests_per_unit),
+            )
+        })
+        .collect()
+}
+
+// --- The behaviour, on both stores. -----------------------------------------
+
+async fn per_descriptor_statuses_over_a_window(store: Store) {
+    let server = start(store, Options::default()).await;
+    let both = || {
+        request(
+            vec![descriptor(&[("user", "alice")]), descriptor(&[("path", "/other")])],
+            0,
+        )
+    };
+    for remaining in [2, 1, 0] {
+        let response = server.grpc(both()).await.unwrap();
+        assert_eq!(response.overall_code, OK);
+        assert_eq!(
+            statuses(&response),
+            vec![(OK, remaining, Some(3)), (OK, remaining + 47, Some(50))]
+        );
+    }
+    // Over the user's limit: the request is refused and consumes nothing.
+    let response = server.grpc(both()).await.unwrap();
+    assert_eq!(response.overall_code, OVER_LIMIT);
+    assert_eq!(statuses(&response), vec![(OVER_LIMIT, 0, Some(3)), (OK, 47, Some(50))]);
+    let reset = response.statuses[0].duration_until_reset.unwrap();
+    assert!(reset.seconds > 0 && reset.seconds <= 86_400, "{reset:?}");
+    let path_only = server
+        .grpc(request(vec![descriptor(&[("path", "/other")])], 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses(&path_only),
+        vec![(OK, 46, Some(50))],
+        "the refused request took nothing"
+    );
+    server.stop().await;
+}
+
+async fn hits_addend_counts(store: Store) {
+    let server = start(store, Options::default()).await;
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "bob")])], 2))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&response), vec![(OK, 1, Some(3))]);
+    // A descriptor's own hits_addend overrides the request's.
+    let mut own = descriptor(&[("user", "bob")]);
+    own.hits_addend = Some(UInt64Value { value: 1 });
+    let response = server
+        .grpc(request(vec![own, descriptor(&[("path", "/x")])], 5))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&response), vec![(OK, 0, Some(3)), (OK, 45, Some(50))]);
+    server.stop().await;
+}
+
+async fn matching_unlimited_replaces_and_blocks(store: Store) {
+    let server = start(store, Options::default()).await;
+    let single = |entries: &[(&str, &str)]| request(vec![descriptor(entries)], 0);
+    // Exact value beats the key-only rule; a wildcard beats it too.
+    let vip = server.grpc(single(&[("user", "vip")])).await.unwrap();
+    assert_eq!(statuses(&vip), vec![(OK, 99, Some(100))]);
+    let api = server.grpc(single(&[("path", "/api/v1/items")])).await.unwrap();
+    assert_eq!(statuses(&api), vec![(OK, 1, Some(2))]);
+    // Nested rules apply at their own depth only.
+    let nested = server
+        .grpc(single(&[("message_type", "marketing"), ("to_number", "555")]))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&nested), vec![(OK, 1, Some(2))]);
+    let shallow = server.grpc(single(&[("message_type", "marketing")])).await.unwrap();
+    assert_eq!(statuses(&shallow), vec![(OK, 0, None)]);
+    let unknown = server.grpc(single(&[("nobody", "x")])).await.unwrap();
+    assert_eq!(statuses(&unknown), vec![(OK, 0, None)]);
+    // Unlimited: OK with everything remaining.
+    let internal = server.grpc(single(&[("internal", "x")])).await.unwrap();
+    assert_eq!(statuses(&internal), vec![(OK, u32::MAX, None)]);
+    // requests_per_unit 0 blocks.
+    let blocked = server.grpc(single(&[("blocked_ip", "50.0.0.5")])).await.unwrap();
+    assert_eq!(blocked.overall_code, OVER_LIMIT);
+    // new_limit replaces old_limit when both match.
+    let both = request(vec![descriptor(&[("old", "a")]), descriptor(&[("new", "a")])], 0);
+    let replaced = server.grpc(both.clone()).await.unwrap();
+    assert_eq!(statuses(&replaced), vec![(OK, 0, None), (OK, 9, Some(10))]);
+    let replaced = server.grpc(both).await.unwrap();
+    assert_eq!(replaced.overall_code, OK, "old_limit (1 per day) was not applied");
+    let alone = server.grpc(single(&[("old", "a")])).await.unwrap();
+    assert_eq!(
+        statuses(&alone),
+        vec![(OK, 0, Some(1))],
+        "alone, old_limit applies from scratch"
+    );
+    // An algorithm block: a token bucket of 5.
+    let bucket = server.grpc(single(&[("bucket", "b")])).await.unwrap();
+    assert_eq!(statuses(&bucket), vec![(OK, 4, Some(5))]);
+    server.stop().await;
+}
+
+async fn shadow_mode_counts_but_admits(store: Store) {
+    let server = start(store, Options::default()).await;
+    for _ in 0..3 {
+        let response = server
+            .grpc(request(vec![descriptor(&[("shadow", "s")])], 0))
+            .await
+            .unwrap();
+        assert_eq!(response.overall_code, OK);
+    }
+    let metrics = server.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains(r#"tollgate_shadow_mode_total{domain="test",rule="shadow"} 2"#),
+        "{metrics}"
+    );
+    server.stop().await;
+
+    let server = start(
+        store,
+        Options {
+            shadow_mode: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    for _ in 0..5 {
+        let response = server
+            .grpc(request(vec![descriptor(&[("user", "carol")])], 0))
+            .await
+            .unwrap();
+        assert_eq!(response.overall_code, OK, "global shadow mode always answers OK");
+    }
+    server.stop().await;
+}
+
+async fn headers_when_enabled(store: Store) {
+    let server = start(
+        store,
+        Options {
+            response_headers: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let user = || request(vec![descriptor(&[("user", "dave")])], 0);
+    let response = server.grpc(user()).await.unwrap();
+    let headers: Vec<(String, String)> = response
+        .response_headers_to_add
+        .iter()
+        .map(|header| (header.key.clone(), header.value.clone()))
+        .collect();
+    assert!(
+        headers.contains(&("ratelimit-policy".to_owned(), "\"user\";q=3;w=86400".to_owned())),
+        "{headers:?}"
+    );
+    assert!(
+        headers
+            .iter()
+            .any(|(key, value)| key == "ratelimit" && value.starts_with("\"user\";r=2;t=")),
+        "{headers:?}"
+    );
+    server.grpc(user()).await.unwrap();
+    server.grpc(user()).await.unwrap();
+    let over = server.grpc(user()).await.unwrap();
+    assert!(over
+        .response_headers_to_add
+        .iter()
+        .any(|header| header.key == "retry-after"));
+    server.stop().await;
+}
+
+async fn http_json_and_check(store: Store) {
+    let server = start(store, Options::default()).await;
+    let body =
+        json!({"domain": "test", "descriptors": [{"entries": [{"key": "user", "value": "erin"}]}], "hitsAddend": 2});
+    let response = server.post("/json", body.to_string()).await;
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["overallCode"], "OK");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 1);
+    assert_eq!(
+        answer["statuses"][0]["currentLimit"],
+        json!({"requestsPerUnit": 3, "unit": "DAY"})
+    );
+    let response = server.post("/json", body.to_string()).await;
+    assert_eq!(response.status(), 429);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["overallCode"], "OVER_LIMIT");
+
+    // Tollgate's own: descriptors with a cost, a decision and headers.
+    let check = json!({"domain": "test", "descriptors": [{"entries": [{"key": "user", "value": "frank"}]}], "cost": 3});
+    let response = server.post("/v1/check", check.to_string()).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().contains_key("ratelimit"));
+    let decision: Value = response.json().await.unwrap();
+    assert_eq!(
+        (decision["allowed"].clone(), decision["remaining"].clone()),
+        (json!(true), json!(0))
+    );
+    let response = server.post("/v1/check", check.to_string()).await;
+    assert_eq!(response.status(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+
+    // A subject and a named limit.
+    let named =
+        |cost: u64| json!({"domain": "test", "subject": "user-42", "limit": "bucket", "cost": cost}).to_string();
+    let response = server.post("/v1/check", named(5)).await;
+    assert_eq!(response.status(), 200);
+    let response = server.post("/v1/check", named(1)).await;
+    assert_eq!(response.status(), 429);
+    let decision: Value = response.json().await.unwrap();
+    // One token an hour, less the moments since the bucket was emptied.
+    let retry = decision["retry_after_ms"].as_f64().unwrap();
+    assert!((3_590_000.0..=3_600_000.0).contains(&retry), "{decision}");
+    server.stop().await;
+}
+
+async fn bad_requests_are_refused_and_serving_goes_on(store: Store) {
+    let server = start(store, Options::default()).await;
+    for (body, expected) in [
+        ("{not json".to_owned(), "invalid JSON"),
+        (json!({"domain": "", "descriptors": [{"entries": [{"key": "user", "value": "x"}]}]}).to_string(), "domain"),
+        (json!({"domain": "test"}).to_string(), "descriptors"),
+        (json!({"domain": "test", "descriptors": [{"entries": []}]}).to_string(), "no entries"),
+        (json!({"domain": "test", "descriptors": [{"entries": [{"key": "user", "value": "x"}]}], "hitsAddend": "99999999999"}).to_string(), "hits_addend"),
+        (json!({"domain": "test", "descriptorz": []}).to_string(), "descriptorz"),
+        ("x".repeat(100_000), "at most"),
+    ] {
+        let response = server.post("/json", body).await;
+        assert_eq!(response.status(), 400);
+        let answer: Value = response.json().await.unwrap();
+        assert!(answer["error"].as_str().unwrap().contains(expected), "{answer} lacks {expected}");
+    }
+    let response = server.post("/v1/check", json!({"domain": "test"}).to_string()).await;
+    assert_eq!(response.status(), 400);
+    for bad in [
+        RateLimitRequest {
+            domain: String::new(),
+            descriptors: vec![descriptor(&[("user", "x")])],
+            hits_addend: 0,
+        },
+        request(Vec::new(), 0),
+        request(vec![descriptor(&[])], 0),
+    ] {
+        let status = server.grpc(bad).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    }
+    let mut absurd = descriptor(&[("user", "x")]);
+    absurd.hits_addend = Some(UInt64Value { value: u64::MAX });
+    let status = server.grpc(request(vec![absurd], 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    // Still serving.
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "after")])], 0))
+        .await
+        .unwrap();
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(server.get("/healthz").await.status(), 200);
+    server.stop().await;
+}
+
+async fn metrics_config_and_health(store: Store) {
+    let server = start(store, Options::default()).await;
+    for _ in 0..4 {
+        server
+            .grpc(request(vec![descriptor(&[("user", "gina")])], 0))
+            .await
+            .unwrap();
+    }
+    let metrics = server.get("/metrics").await.text().await.unwrap();
+    for line in [
+        r#"tollgate_hits_total{domain="test",rule="user"} 4"#,
+        r#"tollgate_within_limit_total{domain="test",rule="user"} 3"#,
+        r#"tollgate_over_limit_total{domain="test",rule="user"} 1"#,
+        // 80 % of 3 is 2.4: only the third hit is past floor(2.4) = 2.
+        r#"tollgate_near_limit_total{domain="test",rule="user"} 1"#,
+        r#"tollgate_decision_seconds_count{domain="test"} 4"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    let config: Value = server.get("/v1/config").await.json().await.unwrap();
+    assert_eq!(config["domains"]["test"]["domain"], "test");
+    assert_eq!(server.get("/healthz").await.text().await.unwrap(), "ok\n");
+    server.stop().await;
+}
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test] async fn $name() { super::$name(super::Store::Memory).await; })*
+        }
+        mod redis {
+            $(#[tokio::test] async fn $name() { super::$name(super::Store::Redis).await; })*
+        }
+    };
+}
+
+on_both_stores!(
+    per_descriptor_statuses_over_a_window,
+    hits_addend_counts,
+    matching_unlimited_replaces_and_blocks,
+    shadow_mode_counts_but_admits,
+    headers_when_enabled,
+    http_json_and_check,
+    bad_requests_are_refused_and_serving_goes_on,
+    metrics_config_and_health,
+);
+
+// --- Configuration files. -----------------------------------------------------
+
+async fn next_reload(server: &mut Running) -> Reload {
+    tokio::time::timeout(Duration::from_secs(10), server.reloads.changed())
+        .await
+        .expect("a reload within 10 s")
+        .unwrap();
+    server.reloads.borrow_and_update().clone()
+}
+
+#[tokio::test]
+async fn hot_reload_applies_good_changes_and_keeps_the_old_config_on_bad_ones() {
+    let mut server = start(Store::Memory, Options::default()).await;
+    // Once it answers, the server watches its files.
+    assert_eq!(server.get("/healthz").await.status(), 200);
+    let file = server.dir.path().join("test.yaml");
+    std::fs::write(&file, CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 7}")).unwrap();
+    assert_eq!(next_reload(&mut server).await, Reload::Loaded(1));
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "hank")])], 0))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&response), vec![(OK, 6, Some(7))]);
+
+    std::fs::write(
+        &file,
+        "domain: test\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    match next_reload(&mut server).await {
+        Reload::Failed(message) => {
+            assert!(message.contains("test.yaml:4"), "{message}");
+            assert!(message.contains("fortnight"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "hank")])], 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses(&response),
+        vec![(OK, 5, Some(7))],
+        "the previous config stays in force"
+    );
+    server.stop().await;
+}
+
+fn parse(text: &str) -> Result<tollgate_server::config::Domain, tollgate_server::ConfigError> {
+    tollgate_server::config::Domain::parse(text, Path::new("limits.yaml"))
+}
+
+/// envoyproxy/ratelimit's README examples, re-typed, load unchanged.
+#[test]
+fn envoyproxy_ratelimit_examples_load() {
+    let examples = [
+        "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n\n  - key: database\n    value: default\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n",
+        "domain: messaging\ndescriptors:\n  # Only allow 5 marketing messages a day\n  - key: message_type\n    value: marketing\n    descriptors:\n      - key: to_number\n        rate_limit:\n          unit: day\n          requests_per_unit: 5\n\n  # Only allow 100 messages a day to any unique phone number\n  - key: to_number\n    rate_limit:\n      unit: day\n      requests_per_unit: 100\n",
+        "domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n\n  # Black list IP\n  - key: remote_address\n    value: 50.0.0.5\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n",
+        "domain: edge_proxy_per_ip\ndescriptors:\n  - key: ip_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n\n  - key: ip_address\n    value: 50.0.0.5\n    descriptors:\n      - key: path\n        value: /foo/bar\n        rate_limit:\n          unit: second\n          requests_per_unit: 1\n",
+        "domain: internal\ndescriptors:\n  - key: ldap\n    rate_limit:\n      unlimited: true\n\n  - key: azure\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n",
+        "domain: example\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit:\n      name: bkthomps\n      replaces:\n        - name: bkthomps2\n      unit: minute\n      requests_per_unit: 10\n  - key: key2\n    value: value2\n    rate_limit:\n      name: bkthomps2\n      unit: minute\n      requests_per_unit: 20\n",
+        "domain: example\ndescriptors:\n  - key: remote_address\n    shadow_mode: true\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n",
+        "domain: example\ndescriptors:\n  - key: path\n    value: /foo/*\n    share_threshold: true\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n  - key: hello\n    value: world\n    detailed_metric: true\n    rate_limit:\n      unit: hour\n      requests_per_unit: 7\n",
+    ];
+    for example in examples {
+        let domain = parse(example).unwrap_or_else(|error| panic!("{error}\n{example}"));
+        assert!(!domain.descriptors.is_empty());
+    }
+}
+
+#[test]
+fn bad_files_are_refused_with_file_and_line() {
+    let cases = [
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit: [unit\n", 4, "limits.yaml:"),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n", 5, "unknown unit \"fortnight\""),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: -5\n", 6, "-5"),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      algorithm: {algorithm: gcra, rate: 10, period: 1s, bursts: 5}\n", 5, "bursts"),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      algorithm: {algorithm: gcra, rate: 10, period: \"10\", burst: 5}\n", 5, "needs a unit"),
+        ("domain: test\ndescriptors:\n  - key: a\n    ratelimit:\n      unit: second\n", 4, "unknown field \"ratelimit\""),
+        // A rate_limit that misses a field is reported at the descriptor holding it.
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      requests_per_unit: 5\n", 3, "missing field \"unit\""),
+        // A duplicate is reported at its list, with its place in it.
+        ("domain: test\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", 3, "entry 1 (key \"a\" value \"b\") duplicates entry 0"),
+    ];
+    for (text, line, expected) in cases {
+        let error = parse(text).expect_err(text);
+        let message = error.to_string();
+        assert!(message.contains(expected), "{message} lacks {expected}");
+        let reported = error.line.unwrap_or_else(|| panic!("no line in {message}"));
+        assert!(
+            reported.abs_diff(line) <= 1,
+            "{message}: line {reported}, expected about {line}"
+        );
+        assert!(message.starts_with("limits.yaml:"), "{message}");
+    }
+}
+
+#[test]
+fn a_directory_holds_one_domain_per_file_and_no_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), "domain: one\ndescriptors: []\n").unwrap();
+    std::fs::write(dir.path().join("b.yml"), "domain: two\n").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a config").unwrap();
+    let config = Config::load(dir.path()).unwrap();
+    assert_eq!(config.domains.keys().collect::<Vec<_>>(), ["one", "two"]);
+    std::fs::write(dir.path().join("c.yaml"), "domain: one\n").unwrap();
+    let error = Config::load(dir.path()).unwrap_err();
+    assert!(error.to_string().contains("duplicate domain \"one\""), "{error}");
+    assert!(error.to_string().contains("c.yaml"), "{error}");
+}
