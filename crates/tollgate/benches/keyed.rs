@@ -1,1 +1,215 @@
-fn main() {}
+//! Keyed GCRA checks over 10 000 keys: Tollgate's memory store next to
+//! `governor`'s keyed rate limiter, on one thread and on two.
+//!
+//! Both sides get the same quota (1000 per second, bursts of 50), the same
+//! keys visited in the same fixed pseudo-random order, and the real clock
+//! (Tollgate: `MemoryStore::new()` on its `SystemClock`, `decide_now` without
+//! an explicit `now`; governor: its default quanta clock). Keys are built
+//! once before timing: a `Vec<Subject>` (`Subject::new(i)`) for Tollgate, a
+//! `Vec<u64>` for governor.
+//!
+//! On two threads each thread checks its own half of the key order and the
+//! time reported is the wall time for `iters` checks *per thread*: with
+//! perfect scaling the two-thread figure equals the one-thread figure, and
+//! the printed throughput is per thread (double it for the total). A first
+//! group times one reading of each side's clock. See BENCHMARKS.md for the
+//! command and the figures.
+
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{black_box, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use governor::clock::Clock as _;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::{Clock as _, Limit, MemoryStore, Op, Policy, Request, Subject, SystemClock};
+
+/// Distinct keys.
+const KEYS: usize = 10_000;
+/// Cells per second, per key.
+const RATE: u32 = 1_000;
+/// Cells at once, per key.
+const BURST: u32 = 50;
+/// Checks simulated to report the share allowed.
+const SAMPLE: usize = 1_000_000;
+
+/// `0..KEYS` in a fixed pseudo-random order (Fisher–Yates over splitmix64).
+fn key_order() -> Vec<u64> {
+    let mut seed: u64 = 0x5EED_0F70_116A_7E00;
+    let mut next = move || {
+        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut order: Vec<u64> = (0..KEYS as u64).collect();
+    for i in (1..order.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// The two implementations under test, one method each.
+trait Keyed: Sync {
+    /// The key type, prebuilt before timing.
+    type Key: Sync;
+
+    fn keys(order: &[u64]) -> Vec<Self::Key>;
+
+    /// One check of one unit; true when allowed.
+    fn check(&self, key: &Self::Key) -> bool;
+}
+
+struct Tollgate {
+    store: MemoryStore,
+    policy: Policy,
+    request: Request,
+}
+
+impl Tollgate {
+    fn new() -> Self {
+        let limit = Limit::gcra(u64::from(RATE), Duration::from_secs(1), u64::from(BURST)).expect("valid limit");
+        Self {
+            store: MemoryStore::new(),
+            policy: Policy::single(limit),
+            request: Request::new(Op::Check, 1),
+        }
+    }
+}
+
+impl Keyed for Tollgate {
+    type Key = Subject;
+
+    fn keys(order: &[u64]) -> Vec<Subject> {
+        order.iter().map(|&i| Subject::new(i)).collect()
+    }
+
+    fn check(&self, key: &Subject) -> bool {
+        self.store
+            .decide_now(key, &self.policy, &self.request)
+            .expect("a check")
+            .decision
+            .allowed
+    }
+}
+
+struct Governor(DefaultKeyedRateLimiter<u64>);
+
+impl Governor {
+    fn new() -> Self {
+        let quota = Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
+            .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
+        Self(RateLimiter::keyed(quota))
+    }
+}
+
+impl Keyed for Governor {
+    type Key = u64;
+
+    fn keys(order: &[u64]) -> Vec<u64> {
+        order.to_vec()
+    }
+
+    fn check(&self, key: &u64) -> bool {
+        self.0.check_key(key).is_ok()
+    }
+}
+
+/// `iters` checks cycling over `keys` from `*at`; returns the allowed count.
+fn run<K: Keyed>(limiter: &K, keys: &[K::Key], at: &mut usize, iters: u64) -> u64 {
+    let mut allowed = 0;
+    for _ in 0..iters {
+        allowed += u64::from(limiter.check(black_box(&keys[*at])));
+        *at += 1;
+        if *at == keys.len() {
+            *at = 0;
+        }
+    }
+    allowed
+}
+
+/// Percentage allowed over [`SAMPLE`] checks on a fresh limiter, for the record.
+fn allowed_share<K: Keyed>(limiter: &K, keys: &[K::Key]) -> f64 {
+    let allowed = run(limiter, keys, &mut 0, SAMPLE as u64);
+    allowed as f64 * 100.0 / SAMPLE as f64
+}
+
+type Group<'a> = BenchmarkGroup<'a, WallTime>;
+
+/// `iters` checks on this thread.
+fn one_thread<K: Keyed>(group: &mut Group<'_>, name: &str, limiter: &K, keys: &[K::Key]) {
+    let mut at = 0;
+    group.bench_function(BenchmarkId::from_parameter(name), |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            black_box(run(limiter, keys, &mut at, iters));
+            start.elapsed()
+        });
+    });
+}
+
+/// Wall time for `iters` checks on each of two threads, each on its half of
+/// the key order; the threads are spawned before the clock starts.
+fn two_threads<K: Keyed>(group: &mut Group<'_>, name: &str, limiter: &K, keys: &[K::Key]) {
+    let (first, second) = keys.split_at(keys.len() / 2);
+    group.bench_function(BenchmarkId::from_parameter(name), |b| {
+        b.iter_custom(|iters| {
+            let barrier = Barrier::new(3);
+            std::thread::scope(|scope| {
+                for half in [first, second] {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        black_box(run(limiter, half, &mut 0, iters));
+                    });
+                }
+                barrier.wait();
+                // Leaving the scope joins both threads; the clock stops after.
+                Instant::now()
+            })
+            .elapsed()
+        });
+    });
+}
+
+fn keyed(c: &mut Criterion) {
+    let order = key_order();
+    let tollgate = Tollgate::new();
+    let tollgate_keys = Tollgate::keys(&order);
+    let governor = Governor::new();
+    let governor_keys = Governor::keys(&order);
+    // Also fills both with every key, so that timing starts on a warm map.
+    eprintln!(
+        "allowed over {SAMPLE} checks on one thread: tollgate {:.1}%, governor {:.1}%",
+        allowed_share(&tollgate, &tollgate_keys),
+        allowed_share(&governor, &governor_keys),
+    );
+    // What one reading of each side's clock costs, for the breakdown in
+    // BENCHMARKS.md.
+    let mut group = c.benchmark_group("keyed/clock");
+    let governor_clock = governor::clock::DefaultClock::default();
+    group.bench_function("tollgate_system_clock", |b| b.iter(|| black_box(SystemClock.now())));
+    group.bench_function("governor_default_clock", |b| b.iter(|| black_box(governor_clock.now())));
+    group.finish();
+    let mut group = c.benchmark_group("keyed/1_thread");
+    group.throughput(Throughput::Elements(1));
+    one_thread(&mut group, "tollgate", &tollgate, &tollgate_keys);
+    one_thread(&mut group, "governor", &governor, &governor_keys);
+    group.finish();
+    let mut group = c.benchmark_group("keyed/2_threads");
+    group.throughput(Throughput::Elements(1));
+    two_threads(&mut group, "tollgate", &tollgate, &tollgate_keys);
+    two_threads(&mut group, "governor", &governor, &governor_keys);
+    group.finish();
+}
+
+// What `criterion_group!` and `criterion_main!` expand to, without the
+// undocumented `pub fn` the first one generates.
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    keyed(&mut criterion);
+    criterion.final_summary();
+}
