@@ -5,6 +5,7 @@
 //! arguments (clap's own usage errors included), 1 for anything else.
 
 mod bench;
+mod serve;
 mod simulate;
 mod store;
 
@@ -29,6 +30,9 @@ enum Command {
     /// Put load on a store and report throughput and latency: a progress bar
     /// on stderr, a summary on stdout.
     Bench(bench::Args),
+    /// Serve Envoy's rate limit gRPC protocol and an HTTP JSON API, with
+    /// limits from envoyproxy/ratelimit configuration files.
+    Serve(serve::Args),
 }
 
 /// An argument the command cannot work with (exit code 2).
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

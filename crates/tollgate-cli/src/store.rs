@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use tollgate::{MemoryStore, Outcome, Policy, RedisStore, Request, Store, Subject};
+use tollgate::RedisStore;
 
 use crate::UsageError;
 
@@ -85,30 +85,7 @@ pub async fn connect_redis(url: &str, prefix: &str) -> anyhow::Result<RedisStore
         })
 }
 
-/// Either store, chosen at run time; decides like the store it holds.
-#[derive(Debug, Clone)]
-pub enum AnyStore {
-    /// The embedded store.
-    Memory(MemoryStore),
-    /// A Redis server.
-    Redis(RedisStore),
-}
-
-impl Store for AnyStore {
-    async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> tollgate::Result<Outcome> {
-        match self {
-            Self::Memory(store) => store.decide(subject, policy, request).await,
-            Self::Redis(store) => store.decide(subject, policy, request).await,
-        }
-    }
-
-    async fn reset(&self, subject: &Subject, policy: &Policy) -> tollgate::Result<()> {
-        match self {
-            Self::Memory(store) => store.reset(subject, policy).await,
-            Self::Redis(store) => store.reset(subject, policy).await,
-        }
-    }
-}
+pub use tollgate::AnyStore;
 
 #[cfg(test)]
 mod tests {

@@ -300,8 +300,9 @@ struct DecisionJson {
     wait_ms: f64,
 }
 
+/// Milliseconds, from whole microseconds (so 1.5 ms prints as 1.5).
 fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1_000.0
+    duration.as_micros() as f64 / 1_000.0
 }
 
 impl From<&Decision> for DecisionJson {

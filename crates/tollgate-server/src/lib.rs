@@ -31,7 +31,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 pub use config::{Config, ConfigError};
-pub use service::{Backend, Options, Service};
+pub use service::{Options, Service};
+pub use tollgate::AnyStore;
 
 /// What the last look at the configuration files found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +55,7 @@ pub struct Server {
 impl Server {
     /// A server with `config` in force, read from `config_path` (watched for
     /// changes while running), deciding in `store`.
-    pub fn new(config: Config, config_path: Option<PathBuf>, store: Backend, options: Options) -> Self {
+    pub fn new(config: Config, config_path: Option<PathBuf>, store: AnyStore, options: Options) -> Self {
         let (reloads, _) = watch::channel(Reload::Initial);
         Self {
             service: Arc::new(Service::new(config, store, options)),

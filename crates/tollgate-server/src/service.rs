@@ -15,38 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use tollgate::{Decision, Limit, MemoryStore, Op, Outcome, Policy, RedisStore, Request, Store, Subject};
+use tollgate::{AnyStore, Decision, Limit, Op, Policy, Request, Store, Subject};
 
 use crate::config::{Config, Quota, Rule, Unit};
 use crate::metrics::Metrics;
 
 /// The most hits one request or descriptor may add.
 pub const MAX_HITS: u64 = u32::MAX as u64;
-
-/// The store behind the service, chosen at run time.
-#[derive(Clone, Debug)]
-pub enum Backend {
-    /// The embedded store (one process).
-    Memory(MemoryStore),
-    /// Redis, shared by every replica.
-    Redis(RedisStore),
-}
-
-impl Store for Backend {
-    async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> tollgate::Result<Outcome> {
-        match self {
-            Self::Memory(store) => store.decide_now(subject, policy, request),
-            Self::Redis(store) => store.decide(subject, policy, request).await,
-        }
-    }
-
-    async fn reset(&self, subject: &Subject, policy: &Policy) -> tollgate::Result<()> {
-        match self {
-            Self::Memory(store) => store.reset(subject, policy).await,
-            Self::Redis(store) => store.reset(subject, policy).await,
-        }
-    }
-}
 
 /// One descriptor of a request: its entries, and optionally its own hits
 /// and a limit that overrides the configuration.
@@ -150,7 +125,7 @@ pub struct Options {
 /// The service state shared by the gRPC and HTTP front ends.
 pub struct Service {
     config: ArcSwap<Config>,
-    store: Backend,
+    store: AnyStore,
     metrics: Metrics,
     options: Options,
 }
@@ -177,7 +152,7 @@ fn invalid(message: impl Into<String>) -> ServiceError {
 
 impl Service {
     /// A service over `store` with `config` in force.
-    pub fn new(config: Config, store: Backend, options: Options) -> Self {
+    pub fn new(config: Config, store: AnyStore, options: Options) -> Self {
         Self {
             config: ArcSwap::from_pointee(config),
             store,
@@ -207,7 +182,7 @@ impl Service {
     }
 
     /// The store.
-    pub fn store(&self) -> &Backend {
+    pub fn store(&self) -> &AnyStore {
         &self.store
     }
 

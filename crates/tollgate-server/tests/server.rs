@@ -16,8 +16,9 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tollgate::AnyStore;
 use tollgate::{MemoryStore, RedisStore};
-use tollgate_server::{Backend, Config, Options, Reload, Server};
+use tollgate_server::{Config, Options, Reload, Server};
 
 use redis_server::RedisServer;
 
@@ -90,11 +91,11 @@ async fn start_with(store: Store, options: Options, config: &str) -> Running {
     let file = dir.path().join("test.yaml");
     std::fs::write(&file, config).unwrap();
     let (backend, redis) = match store {
-        Store::Memory => (Backend::Memory(MemoryStore::new()), None),
+        Store::Memory => (AnyStore::Memory(MemoryStore::new()), None),
         Store::Redis => {
             let server = RedisServer::start();
             let store = RedisStore::connect(&server.url()).await.unwrap();
-            (Backend::Redis(store), Some(server))
+            (AnyStore::Redis(store), Some(server))
         }
     };
     let server = Server::new(Config::load(&file).unwrap(), Some(file), backend, options);

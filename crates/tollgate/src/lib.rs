@@ -50,5 +50,5 @@ pub use decision::{Decision, Outcome};
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};
-pub use store::{MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store, DEFAULT_PREFIX};
+pub use store::{AnyStore, MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store, DEFAULT_PREFIX};
 pub use subject::{Subject, MAX_KEY_LEN};

@@ -4,12 +4,14 @@
 //! nothing — in one atomic step: a shard lock in memory, one script call in
 //! Redis. There is never a read-compare-write from the caller.
 
+mod any;
 mod memory;
 mod redis;
 
 use std::future::Future;
 use std::time::Duration;
 
+pub use self::any::AnyStore;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 use crate::clock::Sleep;
