@@ -98,14 +98,6 @@ pub struct Policy {
     named: bool,
 }
 
-/// A policy's decision and the states to write when it was allowed.
-#[derive(Debug)]
-pub(crate) struct Decided {
-    pub outcome: Outcome,
-    /// `(limit index, new state, µs until that state carries no information)`.
-    pub writes: Vec<(usize, State, u64)>,
-}
-
 fn check_name(name: &str) -> Result<()> {
     // Letters, digits and the bytes a subject encoding leaves readable (so a
     // name may be an encoded descriptor): never '{', '}', spaces or quotes.
@@ -259,9 +251,18 @@ impl Policy {
 
     /// Decides `request` over every limit, all-or-nothing.
     ///
-    /// `states[i]` is the stored state of limit `i`. The Lua function
-    /// `decide` in the Redis store's script mirrors this one.
-    pub(crate) fn decide(&self, states: &[Option<&State>], now: u64, request: &Request) -> Result<Decided> {
+    /// `states[i]` is the stored state of limit `i`; `write(i, state, ttl)` is
+    /// called for each state that changed (`ttl`: µs until it carries no
+    /// information; zero to drop it). The Lua function `decide` in the Redis
+    /// store's script mirrors this one.
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        states: &[Option<&State>],
+        now: u64,
+        request: &Request,
+        mut write: impl FnMut(usize, State, u64),
+    ) -> Result<Outcome> {
         debug_assert_eq!(states.len(), self.limits.len());
         self.validate(request)?;
         let op = &request.op;
@@ -292,41 +293,38 @@ impl Policy {
         };
         if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
             // One limit: its decision is the policy's.
-            let step = limit.decide(*state, now, action, cost_of(0))?;
+            let step = limit.decide(*state, now, action, cost_of(0));
             let allowed = step.decision.allowed;
-            let writes = step
-                .state
-                .map(|state| vec![(0, state, micros(step.decision.reset_after))])
-                .unwrap_or_default();
-            let outcome = self.outcome(op, allowed, cost, std::iter::once(step.decision));
-            return Ok(Decided { outcome, writes });
+            if let Some(state) = step.state {
+                write(0, state, micros(step.decision.reset_after));
+            }
+            return Ok(self.outcome(op, allowed, cost, std::iter::once(step.decision)));
         }
         let mut steps = Vec::with_capacity(self.limits.len());
         for (index, ((_, limit), state)) in self.limits.iter().zip(states).enumerate() {
-            steps.push(limit.decide(*state, now, action, cost_of(index))?);
+            steps.push(limit.decide(*state, now, action, cost_of(index)));
         }
         let allowed = steps.iter().all(|step| step.decision.allowed);
         if !allowed {
             // Nothing is consumed: limits that would have admitted report as a peek.
             for ((_, limit), (state, step)) in self.limits.iter().zip(states.iter().zip(&mut steps)) {
                 if step.decision.allowed {
-                    *step = limit.decide(*state, now, action, 0)?;
+                    *step = limit.decide(*state, now, action, 0);
                 }
             }
         }
         // What changed: everything when allowed; when denied, only levels
         // stored on first touch (they consume nothing).
-        let mut writes = Vec::new();
         for (index, step) in steps.iter_mut().enumerate() {
             if let Some(state) = step.state.take() {
-                writes.push((index, state, micros(step.decision.reset_after)));
+                write(index, state, micros(step.decision.reset_after));
             }
         }
-        let outcome = self.outcome(op, allowed, cost, steps.into_iter().map(|step| step.decision));
-        Ok(Decided { outcome, writes })
+        Ok(self.outcome(op, allowed, cost, steps.into_iter().map(|step| step.decision)))
     }
 
     /// Assembles the outcome from each limit's decision (in the policy's order).
+    #[inline]
     pub(crate) fn outcome(
         &self,
         op: &Op,

@@ -610,10 +610,10 @@ impl Limit {
     /// Limits that do not queue see `release` as a peek; limits that do not
     /// borrow or shape see `acquire` as `check`.
     ///
-    /// # Errors
-    ///
-    /// As [`Limit::supports`].
-    pub(crate) fn decide(&self, state: Option<&State>, now: u64, action: Action<'_>, cost: u64) -> Result<Step<State>> {
+    /// Callers check [`Limit::supports`] first (a policy does, once per
+    /// request); an unsupported action is decided as the nearest supported one.
+    #[inline]
+    pub(crate) fn decide(&self, state: Option<&State>, now: u64, action: Action<'_>, cost: u64) -> Step<State> {
         macro_rules! state {
             ($variant:ident) => {
                 match state {
@@ -622,7 +622,6 @@ impl Limit {
                 }
             };
         }
-        self.supports(action, cost)?;
         let (cost, max_wait, lease) = match action {
             Action::Check => (cost, None, None),
             Action::Reserve(max_wait) => (cost, max_wait, None),
@@ -657,7 +656,7 @@ impl Limit {
             }
             .map(State::Concurrency),
         };
-        Ok(step)
+        step
     }
 
     /// The algorithm's numeric parameters as the Lua script reads them:

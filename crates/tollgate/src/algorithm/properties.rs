@@ -81,7 +81,8 @@ impl<'a> Harness<'a> {
     }
 
     fn decide(&self, state: Option<&State>, now: u64, action: Action<'_>, cost: u64) -> super::Step<State> {
-        self.limit.decide(state, now, action, cost).expect("valid action")
+        self.limit.supports(action, cost).expect("valid action");
+        self.limit.decide(state, now, action, cost)
     }
 
     fn peek(&self, state: Option<&State>, now: u64) -> Decision {
@@ -96,12 +97,8 @@ impl<'a> Harness<'a> {
     fn assert_unchanged(&self, before: Option<&State>, after: Option<&State>, now: u64, what: &str) {
         let Some(after) = after else { return };
         assert!(before.is_none(), "{what}");
-        let fresh = self.limit.decide(None, now, Action::Check, 0).expect("peek").decision;
-        let stored = self
-            .limit
-            .decide(Some(after), now, Action::Check, 0)
-            .expect("peek")
-            .decision;
+        let fresh = self.limit.decide(None, now, Action::Check, 0).decision;
+        let stored = self.limit.decide(Some(after), now, Action::Check, 0).decision;
         assert_eq!(fresh, stored, "{what}");
     }
 
@@ -476,10 +473,13 @@ proptest! {
             now += step.dt;
             let refs = [states[0].as_ref(), states[1].as_ref()];
             let before = [gcra.available(refs[0], now), window.available(refs[1], now)];
-            let decided = policy.decide(&refs, now, &crate::Request::new(Op::Check, step.cost)).unwrap();
-            let allowed = decided.outcome.decision.allowed;
-            prop_assert_eq!(allowed, decided.outcome.limits.iter().all(|(_, d)| d.allowed));
-            for (index, state, ttl) in decided.writes {
+            let mut writes = Vec::new();
+            let outcome = policy
+                .decide(&refs, now, &crate::Request::new(Op::Check, step.cost), |index, state, ttl| writes.push((index, state, ttl)))
+                .unwrap();
+            let allowed = outcome.decision.allowed;
+            prop_assert_eq!(allowed, outcome.limits.iter().all(|(_, d)| d.allowed));
+            for (index, state, ttl) in writes {
                 states[index] = (ttl > 0).then_some(state);
             }
             let refs = [states[0].as_ref(), states[1].as_ref()];
@@ -491,7 +491,7 @@ proptest! {
                 }
             } else {
                 prop_assert_eq!(before, after, "a denied policy consumed");
-                let denying = decided.outcome.limits.iter().filter(|(_, d)| !d.allowed).count();
+                let denying = outcome.limits.iter().filter(|(_, d)| !d.allowed).count();
                 prop_assert!(denying >= 1);
             }
         }

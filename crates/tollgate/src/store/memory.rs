@@ -48,6 +48,27 @@ struct Shard {
     sweep_above: usize,
 }
 
+impl Slot {
+    fn new(subject: &str, name: &str, state: State, expires: u64) -> Self {
+        Self {
+            subject: subject.into(),
+            name: name.into(),
+            state,
+            expires,
+        }
+    }
+
+    #[inline]
+    fn is(&self, subject: &str, name: &str) -> bool {
+        *self.subject == *subject && *self.name == *name
+    }
+
+    fn put(&mut self, state: State, expires: u64) {
+        self.state = state;
+        self.expires = expires;
+    }
+}
+
 /// The state of one limit of one subject.
 struct Slot {
     subject: Box<str>,
@@ -158,6 +179,9 @@ impl MemoryStore {
         let key = subject.as_key();
         let mut shard = self.shard(key).lock();
         shard.sweep_if_due(now, self.inner.sweep_every);
+        if let Some((name, _)) = policy.limits().next().filter(|_| policy.len() == 1) {
+            return self.decide_one(&mut shard, key, name, policy, request, now);
+        }
         let mut inline: [Option<&State>; 4] = [None; 4];
         let mut spilled: Vec<Option<&State>>;
         let states: &mut [Option<&State>] = if policy.len() <= inline.len() {
@@ -169,19 +193,20 @@ impl MemoryStore {
         for ((name, _), state) in policy.limits().zip(states.iter_mut()) {
             *state = shard
                 .slots
-                .find(self.slot_hash(key, name), |slot| {
-                    &*slot.subject == key && &*slot.name == name
-                })
+                .find(self.slot_hash(key, name), |slot| slot.is(key, name))
                 .filter(|slot| slot.expires > now)
                 .map(|slot| &slot.state);
         }
-        let decided = policy.decide(states, now, request)?;
-        for (index, state, ttl) in decided.writes {
+        let mut writes = Vec::new();
+        let outcome = policy.decide(states, now, request, |index, state, ttl| {
+            writes.push((index, state, ttl))
+        })?;
+        for (index, state, ttl) in writes {
             let name = policy.limits().nth(index).map_or("", |(name, _)| name);
             let hash = self.slot_hash(key, name);
             let entry = shard.slots.entry(
                 hash,
-                |slot| &*slot.subject == key && &*slot.name == name,
+                |slot| slot.is(key, name),
                 |slot| self.slot_hash(&slot.subject, &slot.name),
             );
             match (entry, ttl) {
@@ -189,23 +214,57 @@ impl MemoryStore {
                 (Entry::Occupied(slot), 0) => {
                     slot.remove();
                 }
-                (Entry::Occupied(mut slot), _) => {
-                    let slot = slot.get_mut();
-                    slot.state = state;
-                    slot.expires = now + ttl;
-                }
+                (Entry::Occupied(mut slot), _) => slot.get_mut().put(state, now + ttl),
                 (Entry::Vacant(_), 0) => {}
                 (Entry::Vacant(vacant), _) => {
-                    vacant.insert(Slot {
-                        subject: key.into(),
-                        name: name.into(),
-                        state,
-                        expires: now + ttl,
-                    });
+                    vacant.insert(Slot::new(key, name, state, now + ttl));
                 }
             }
         }
-        Ok(decided.outcome)
+        Ok(outcome)
+    }
+
+    /// A policy of one limit: one lookup, and the state updated in place.
+    #[inline]
+    fn decide_one(
+        &self,
+        shard: &mut Shard,
+        key: &str,
+        name: &str,
+        policy: &Policy,
+        request: &Request,
+        now: u64,
+    ) -> Result<Outcome> {
+        let hash = self.slot_hash(key, name);
+        let mut write = None;
+        let outcome = match shard.slots.find_mut(hash, |slot| slot.is(key, name)) {
+            Some(slot) => {
+                let state = (slot.expires > now).then_some(&slot.state);
+                let outcome = policy.decide(&[state], now, request, |_, state, ttl| write = Some((state, ttl)))?;
+                match write.take() {
+                    Some((state, ttl)) if ttl > 0 => slot.put(state, now + ttl),
+                    // A state with nothing left to say is dropped at once.
+                    Some(_) => {
+                        if let Ok(slot) = shard.slots.find_entry(hash, |slot| slot.is(key, name)) {
+                            slot.remove();
+                        }
+                    }
+                    None => {}
+                }
+                outcome
+            }
+            None => {
+                let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
+                if let Some((state, ttl)) = write.filter(|&(_, ttl)| ttl > 0) {
+                    let hasher = |slot: &Slot| self.slot_hash(&slot.subject, &slot.name);
+                    shard
+                        .slots
+                        .insert_unique(hash, Slot::new(key, name, state, now + ttl), hasher);
+                }
+                outcome
+            }
+        };
+        Ok(outcome)
     }
 
     /// Forgets `subject`'s state for every limit of `policy`.
