@@ -49,10 +49,11 @@ struct Shard {
 }
 
 impl Slot {
-    fn new(subject: &str, name: &str, state: State, expires: u64) -> Self {
+    fn new(subject: &str, name: &str, hash: u64, state: State, expires: u64) -> Self {
         Self {
-            subject: subject.into(),
-            name: name.into(),
+            key: [subject.as_bytes(), name.as_bytes()].concat().into_boxed_slice(),
+            split: subject.len(),
+            hash,
             state,
             expires,
         }
@@ -60,7 +61,10 @@ impl Slot {
 
     #[inline]
     fn is(&self, subject: &str, name: &str) -> bool {
-        *self.subject == *subject && *self.name == *name
+        self.split == subject.len()
+            && self.key.len() == subject.len() + name.len()
+            && same(&self.key[..self.split], subject.as_bytes())
+            && same(&self.key[self.split..], name.as_bytes())
     }
 
     fn put(&mut self, state: State, expires: u64) {
@@ -69,10 +73,28 @@ impl Slot {
     }
 }
 
+/// Equal bytes, compared inline: keys are short, and a call to `memcmp`
+/// costs more than the comparison.
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (mut a_words, mut b_words) = (a.chunks_exact(8), b.chunks_exact(8));
+    let words_equal = a_words.by_ref().zip(b_words.by_ref()).all(|(x, y)| {
+        u64::from_ne_bytes(x.try_into().unwrap_or_default()) == u64::from_ne_bytes(y.try_into().unwrap_or_default())
+    });
+    words_equal && a_words.remainder().iter().zip(b_words.remainder()).all(|(x, y)| x == y)
+}
+
 /// The state of one limit of one subject.
 struct Slot {
-    subject: Box<str>,
-    name: Box<str>,
+    /// The subject's key, then the limit's name.
+    key: Box<[u8]>,
+    /// Where the name starts in `key`.
+    split: usize,
+    /// The hash of `(subject, name)`, kept for rehashing.
+    hash: u64,
     state: State,
     /// When the state stops carrying information, µs since the epoch.
     expires: u64,
@@ -204,11 +226,7 @@ impl MemoryStore {
         for (index, state, ttl) in writes {
             let name = policy.limits().nth(index).map_or("", |(name, _)| name);
             let hash = self.slot_hash(key, name);
-            let entry = shard.slots.entry(
-                hash,
-                |slot| slot.is(key, name),
-                |slot| self.slot_hash(&slot.subject, &slot.name),
-            );
+            let entry = shard.slots.entry(hash, |slot| slot.is(key, name), |slot| slot.hash);
             match (entry, ttl) {
                 // A state with nothing left to say is dropped at once.
                 (Entry::Occupied(slot), 0) => {
@@ -217,7 +235,7 @@ impl MemoryStore {
                 (Entry::Occupied(mut slot), _) => slot.get_mut().put(state, now + ttl),
                 (Entry::Vacant(_), 0) => {}
                 (Entry::Vacant(vacant), _) => {
-                    vacant.insert(Slot::new(key, name, state, now + ttl));
+                    vacant.insert(Slot::new(key, name, hash, state, now + ttl));
                 }
             }
         }
@@ -256,10 +274,10 @@ impl MemoryStore {
             None => {
                 let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
                 if let Some((state, ttl)) = write.filter(|&(_, ttl)| ttl > 0) {
-                    let hasher = |slot: &Slot| self.slot_hash(&slot.subject, &slot.name);
+                    let hasher = |slot: &Slot| slot.hash;
                     shard
                         .slots
-                        .insert_unique(hash, Slot::new(key, name, state, now + ttl), hasher);
+                        .insert_unique(hash, Slot::new(key, name, hash, state, now + ttl), hasher);
                 }
                 outcome
             }
@@ -272,9 +290,9 @@ impl MemoryStore {
         let key = subject.as_key();
         let mut shard = self.shard(key).lock();
         for (name, _) in policy.limits() {
-            let found = shard.slots.find_entry(self.slot_hash(key, name), |slot| {
-                &*slot.subject == key && &*slot.name == name
-            });
+            let found = shard
+                .slots
+                .find_entry(self.slot_hash(key, name), |slot| slot.is(key, name));
             if let Ok(slot) = found {
                 slot.remove();
             }
