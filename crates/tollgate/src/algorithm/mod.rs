@@ -628,7 +628,7 @@ impl Limit {
             Action::Acquire { lease, max_wait } => (cost, max_wait, lease),
             Action::Release(_) => (0, None, None),
         };
-        let step = match &self.kind {
+        match &self.kind {
             Kind::FixedWindow(p) => p.check(state!(FixedWindow), now, cost).map(State::FixedWindow),
             Kind::SlidingWindow(p) => p.check(state!(SlidingWindow), now, cost).map(State::SlidingWindow),
             Kind::SlidingLog(p) => p.check(state!(SlidingLog), now, cost).map(State::SlidingLog),
@@ -655,8 +655,7 @@ impl Limit {
                 _ => p.acquire(state!(Concurrency), now, cost, lease),
             }
             .map(State::Concurrency),
-        };
-        step
+        }
     }
 
     /// The algorithm's numeric parameters as the Lua script reads them:

@@ -221,7 +221,7 @@ impl MemoryStore {
         }
         let mut writes = Vec::new();
         let outcome = policy.decide(states, now, request, |index, state, ttl| {
-            writes.push((index, state, ttl))
+            writes.push((index, state, ttl));
         })?;
         for (index, state, ttl) in writes {
             let name = policy.limits().nth(index).map_or("", |(name, _)| name);
@@ -255,33 +255,27 @@ impl MemoryStore {
     ) -> Result<Outcome> {
         let hash = self.slot_hash(key, name);
         let mut write = None;
-        let outcome = match shard.slots.find_mut(hash, |slot| slot.is(key, name)) {
-            Some(slot) => {
-                let state = (slot.expires > now).then_some(&slot.state);
-                let outcome = policy.decide(&[state], now, request, |_, state, ttl| write = Some((state, ttl)))?;
-                match write.take() {
-                    Some((state, ttl)) if ttl > 0 => slot.put(state, now + ttl),
-                    // A state with nothing left to say is dropped at once.
-                    Some(_) => {
-                        if let Ok(slot) = shard.slots.find_entry(hash, |slot| slot.is(key, name)) {
-                            slot.remove();
-                        }
+        if let Some(slot) = shard.slots.find_mut(hash, |slot| slot.is(key, name)) {
+            let state = (slot.expires > now).then_some(&slot.state);
+            let outcome = policy.decide(&[state], now, request, |_, state, ttl| write = Some((state, ttl)))?;
+            match write {
+                Some((state, ttl)) if ttl > 0 => slot.put(state, now + ttl),
+                // A state with nothing left to say is dropped at once.
+                Some(_) => {
+                    if let Ok(slot) = shard.slots.find_entry(hash, |slot| slot.is(key, name)) {
+                        slot.remove();
                     }
-                    None => {}
                 }
-                outcome
+                None => {}
             }
-            None => {
-                let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
-                if let Some((state, ttl)) = write.filter(|&(_, ttl)| ttl > 0) {
-                    let hasher = |slot: &Slot| slot.hash;
-                    shard
-                        .slots
-                        .insert_unique(hash, Slot::new(key, name, hash, state, now + ttl), hasher);
-                }
-                outcome
-            }
-        };
+            return Ok(outcome);
+        }
+        let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
+        if let Some((state, ttl)) = write.filter(|&(_, ttl)| ttl > 0) {
+            shard
+                .slots
+                .insert_unique(hash, Slot::new(key, name, hash, state, now + ttl), |slot| slot.hash);
+        }
         Ok(outcome)
     }
 
