@@ -73,7 +73,7 @@ struct Running {
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     reloads: tokio::sync::watch::Receiver<Reload>,
     dir: tempfile::TempDir,
-    _redis: Option<RedisServer>,
+    redis: Option<RedisServer>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -114,7 +114,7 @@ async fn start_with(store: Store, options: Options, config: &str) -> Running {
         task: Some(task),
         reloads,
         dir,
-        _redis: redis,
+        redis,
     }
 }
 
@@ -489,6 +489,26 @@ on_both_stores!(
     bad_requests_are_refused_and_serving_goes_on,
     metrics_config_and_health,
 );
+
+/// A store that fails is `UNAVAILABLE` (503 over HTTP), so Envoy's
+/// `failure_mode_deny` decides; the server recovers with the store.
+#[tokio::test]
+async fn store_faults_are_unavailable() {
+    let mut server = start(Store::Redis, Options::default()).await;
+    let user = || request(vec![descriptor(&[("user", "ivy")])], 0);
+    assert_eq!(server.grpc(user()).await.unwrap().overall_code, OK);
+    server.redis.as_mut().unwrap().stop();
+    let status = server.grpc(user()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let body = json!({"domain": "test", "descriptors": [{"entries": [{"key": "user", "value": "ivy"}]}]});
+    assert_eq!(server.post("/json", body.to_string()).await.status(), 503);
+    let metrics = server.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains(r#"tollgate_store_errors_total{domain="test"} 2"#),
+        "{metrics}"
+    );
+    server.stop().await;
+}
 
 // --- Configuration files. -----------------------------------------------------
 
