@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tollgate::{Decision, Op, Policy, Request, Store, Subject};
+use tollgate::{Decision, Policy, Request, Store, Subject};
 
 use crate::config::Unit;
 use crate::service::{rate_limit_headers, CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError};
@@ -424,14 +424,7 @@ async fn check_named(service: &Service, body: CheckBody) -> Result<Checked, Serv
     let policy = Policy::new([(format!("named:{}", Subject::new(&name).as_key()), limit)])
         .map_err(|failure| ServiceError::InvalidArgument(failure.to_string()))?;
     let cost = body.cost.unwrap_or(1);
-    let op = if policy.has_concurrency() {
-        Op::Acquire {
-            lease: format!("{:016x}", fastrand::u64(..)),
-            max_wait: Some(Duration::ZERO),
-        }
-    } else {
-        Op::Check
-    };
+    let op = crate::service::gateway_op(&policy);
     let subject = Subject::new(&body.domain).and(&subject);
     let outcome = service
         .store()

@@ -422,17 +422,7 @@ impl Service {
         }
         let policy = Policy::new(limits).map_err(|error| error.to_string())?;
         let cost = costs.iter().copied().max().unwrap_or(1);
-        let op = if policy.has_concurrency() {
-            // A concurrency rule in a gateway config has no release: treat its
-            // leases as ending with their ttl.
-            Op::Acquire {
-                lease: format!("{:016x}", fastrand::u64(..)),
-                max_wait: Some(Duration::ZERO),
-            }
-        } else {
-            Op::Check
-        };
-        let request = Request::new(op, cost).with_costs(costs);
+        let request = Request::new(gateway_op(&policy), cost).with_costs(costs);
         let outcome = self.store.decide(subject, &policy, &request).await.map_err(|error| {
             if error.is_invalid() {
                 format!("invalid request: {error}")
@@ -441,6 +431,20 @@ impl Service {
             }
         })?;
         Ok(slot_of.into_iter().map(|slot| outcome.limits[slot].1.clone()).collect())
+    }
+}
+
+/// The operation a gateway request runs on `policy`: a check, or, when a
+/// rule is a concurrency limit, an acquire whose lease ends with its ttl (a
+/// gateway request has no release).
+pub(crate) fn gateway_op(policy: &Policy) -> Op {
+    if policy.has_concurrency() {
+        Op::Acquire {
+            lease: format!("{:016x}", fastrand::u64(..)),
+            max_wait: Some(Duration::ZERO),
+        }
+    } else {
+        Op::Check
     }
 }
 

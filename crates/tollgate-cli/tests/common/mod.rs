@@ -1,6 +1,7 @@
 //! Shared test code: a real `redis-server` per test, and the binary.
 #![allow(dead_code)]
 
+#[path = "../../../tollgate/tests/common/redis_server.rs"]
 pub mod redis_server;
 
 use std::process::Command;

@@ -28,7 +28,8 @@ fn redis_server_binary() -> PathBuf {
     })
 }
 
-fn free_port() -> u16 {
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local address").port()
 }
