@@ -189,6 +189,20 @@ pub async fn unsupported_operations_are_errors<S: Store>(store: S) {
     assert!(error.to_string().contains("acquire"), "{error}");
 }
 
+/// A limit redefined under the same name with another algorithm starts
+/// afresh, and so does the old one when it comes back.
+pub async fn a_redefined_limit_starts_afresh<S: Store>(store: S) {
+    let subject = Subject::new("redefined");
+    let log = Policy::new([("x", Limit::sliding_log(2, Duration::from_secs(3600)).unwrap())]).unwrap();
+    let gcra = Policy::new([("x", Limit::gcra(1, Duration::from_secs(3600), 5).unwrap())]).unwrap();
+    let first = Limiter::new(store.clone(), log.clone());
+    assert_eq!(check(&first, &subject, 2, T0).await.remaining, 0);
+    let second = Limiter::new(store.clone(), gcra);
+    assert_eq!(check(&second, &subject, 1, T0).await.remaining, 4);
+    let third = Limiter::new(store, log);
+    assert_eq!(check(&third, &subject, 1, T0).await.remaining, 1);
+}
+
 /// Runs the whole suite, each test on a fresh store made by `make`.
 pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn() -> F) {
     policy_is_all_or_nothing(make().await).await;
@@ -197,4 +211,5 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     partial_grants_and_reservations(make().await).await;
     leases_are_released_and_expire(make().await).await;
     unsupported_operations_are_errors(make().await).await;
+    a_redefined_limit_starts_afresh(make().await).await;
 }

@@ -628,17 +628,19 @@ end
 -- (another algorithm's state counts as none), "x" is when the state stops
 -- carrying information (µs); the rest is the algorithm's state.
 
+-- Returns the state, or nil and whether the key holds a lapsed or foreign
+-- state (whose fields a write must clear first).
 local function load(key, p, now)
   local raw = redis.call("HGETALL", key)
   if #raw == 0 then
-    return nil
+    return nil, false
   end
   local h = {}
   for i = 1, #raw, 2 do
     h[raw[i]] = raw[i + 1]
   end
   if h.a ~= p.algorithm or tonumber(h.x) <= now then
-    return nil
+    return nil, true
   end
   local a = p.algorithm
   if a == "fixed_window" then
@@ -697,8 +699,14 @@ end
 local EXPLICIT_NOW_TTL = 3600000
 local explicit_now = false
 
-local function store(key, p, s, now, ttl)
-  redis.call("DEL", key)
+-- Algorithms whose hash always has the same fields: HSET overwrites them all,
+-- so the key need not be deleted first.
+local FIXED_FIELDS = { fixed_window = true, gcra = true, leaky_bucket = true, reservation = true }
+
+local function store(key, p, s, now, ttl, stale)
+  if ttl == 0 or stale or not FIXED_FIELDS[p.algorithm] then
+    redis.call("DEL", key)
+  end
   if ttl == 0 then
     return
   end
@@ -768,9 +776,9 @@ local function parse_limit(argv, at)
 end
 
 local function decide(keys, limits, now, op, cost, max_wait, lease)
-  local states = {}
+  local states, stale = {}, {}
   for i, p in ipairs(limits) do
-    states[i] = load(keys[i], p, now)
+    states[i], stale[i] = load(keys[i], p, now)
   end
   local action = op
   if op == "check_at_most" then
@@ -807,7 +815,7 @@ local function decide(keys, limits, now, op, cost, max_wait, lease)
   end
   for i, p in ipairs(limits) do
     if new_states[i] then
-      store(keys[i], p, new_states[i], now, decisions[i][5])
+      store(keys[i], p, new_states[i], now, decisions[i][5], stale[i])
     end
   end
   local granted = 0
