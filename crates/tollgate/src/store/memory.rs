@@ -36,11 +36,16 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded]>,
     hasher: Hasher,
     clock: Arc<dyn Clock>,
     sweep_every: u64,
 }
+
+/// A shard on cache lines of its own, so threads on different shards do not
+/// invalidate each other's lines.
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
 
 struct Shard {
     slots: HashTable<Slot>,
@@ -139,11 +144,11 @@ impl MemoryStoreBuilder {
             inner: Arc::new(Inner {
                 shards: (0..shards)
                     .map(|_| {
-                        Mutex::new(Shard {
+                        Padded(Mutex::new(Shard {
                             slots: HashTable::new(),
                             next_sweep: 0,
                             sweep_above: 64,
-                        })
+                        }))
                     })
                     .collect(),
                 hasher,
@@ -180,7 +185,7 @@ impl MemoryStore {
         let hash = self.inner.hasher.hash_one(key);
         // The high bits pick the shard; the map inside uses all of them.
         let index = (hash >> 32) as usize & (self.inner.shards.len() - 1);
-        &self.inner.shards[index]
+        &self.inner.shards[index].0
     }
 
     fn now(&self, request: &Request) -> u64 {
@@ -295,7 +300,7 @@ impl MemoryStore {
 
     /// How many `(subject, limit)` states the store holds, expired or not.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|shard| shard.lock().slots.len()).sum()
+        self.inner.shards.iter().map(|shard| shard.0.lock().slots.len()).sum()
     }
 
     /// True when the store holds no state.
@@ -311,7 +316,7 @@ impl MemoryStore {
     /// Drops every state that has expired by `now` (µs since the epoch).
     pub fn evict_expired_at(&self, now: u64) {
         for shard in &*self.inner.shards {
-            shard.lock().sweep(now, self.inner.sweep_every);
+            shard.0.lock().sweep(now, self.inner.sweep_every);
         }
     }
 }
