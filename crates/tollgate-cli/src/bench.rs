@@ -14,8 +14,12 @@
 //! between the two. Several `bench` processes loading one limit can then be
 //! checked against the limit's exact bound over that span (the multi-process
 //! tests do).
+//!
+//! With `--target`, the load goes to a running `tollgate serve` instead, over
+//! gRPC or HTTP (see [`target`]).
 
 mod report;
+mod target;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,16 +65,40 @@ Examples:
   tollgate bench --store redis://127.0.0.1:6379 --tasks 64 --json --quiet \\
       --limit '{\"algorithm\":\"gcra\",\"rate\":100,\"period\":\"1s\",\"burst\":20}'
   tollgate bench --store redis://127.0.0.1:6379 --op acquire --hold-ms 50 \\
-      --limit '{\"algorithm\":\"concurrency\",\"limit\":5,\"ttl\":\"10s\"}'";
+      --limit '{\"algorithm\":\"concurrency\",\"limit\":5,\"ttl\":\"10s\"}'
+
+A running server (--target): each of --connections connections (a gRPC
+channel, or an HTTP/1.1 keep-alive connection) keeps one request in flight.
+gRPC sends Envoy's ShouldRateLimit; HTTP sends --request: `json` (POST /json,
+Envoy's request in protobuf's JSON mapping), `check` (POST /v1/check,
+Tollgate's body) or `healthz` (GET /healthz, no decision: the server's floor).
+Each --descriptor is one descriptor, its entries key=value separated by
+commas; with --keys K the value of each descriptor's last entry gets the
+suffix -0 ... -(K-1), taken in turn (connection i starts at i). OVER_LIMIT
+(429) is an answer; errors are transport failures and any other status.
+Every connection sends one request before the clock starts (a warm-up, not
+counted); the summary says whether a limit applied to the first one: a
+request no rule matches is answered without deciding anything.
+
+  tollgate bench --target grpc://127.0.0.1:8081 --connections 64 --duration 5s \\
+      --domain bench --descriptor client=c --keys 1000
+  tollgate bench --target http://127.0.0.1:8080 --request json --connections 64 \\
+      --domain bench --descriptor client=c --keys 1000 --json";
 
 /// Arguments of `tollgate bench`.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = BENCH_HELP)]
+#[allow(clippy::struct_excessive_bools)] // Each is one command-line switch.
 pub struct Args {
     /// Where limit state lives: "memory" (embedded) or a Redis URL
     /// (redis://[user:password@]host[:port][/db], rediss:// for TLS)
     #[arg(long, value_name = "URL", default_value = "memory")]
     store: String,
+    /// Load a running `tollgate serve` instead of a store:
+    /// grpc://HOST:PORT (Envoy's ShouldRateLimit) or http://HOST:PORT (see
+    /// --request)
+    #[arg(long, value_name = "URL", conflicts_with_all = ["store", "limit", "tasks", "op", "hold_ms", "prefix"])]
+    target: Option<String>,
     /// The limit or policy as JSON, as for simulate [default: GCRA at 1e9 per
     /// second, burst 1e9: nearly everything is allowed]
     #[arg(long, value_name = "JSON")]
@@ -79,15 +107,30 @@ pub struct Args {
     /// most 10 000 (each keeps a latency histogram of about 200 KiB)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     tasks: u32,
+    /// With --target: concurrent connections, each with one request in
+    /// flight; at most 10 000
+    #[arg(long, value_name = "N", requires = "target", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    connections: u32,
+    /// With an http:// target: what each request is [default: check]
+    #[arg(long, value_enum, value_name = "KIND", requires = "target")]
+    request: Option<HttpRequest>,
+    /// With --target: the domain of the requests
+    #[arg(long, value_name = "DOMAIN", requires = "target")]
+    domain: Option<String>,
+    /// With --target: one descriptor, as key=value[,key=value...]; repeat for
+    /// several descriptors
+    #[arg(long = "descriptor", value_name = "ENTRIES", requires = "target")]
+    descriptors: Vec<String>,
     /// How long to run, e.g. 5s or 500ms [default: 5s]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "requests")]
     duration: Option<Duration>,
     /// Stop after this many requests instead of after a duration
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     requests: Option<u64>,
-    /// Distinct subjects, taken by the tasks in turn; at most 10 000 000
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    keys: u64,
+    /// Distinct subjects (with --target: descriptor values), taken by the
+    /// tasks in turn; at most 10 000 000 [default: 1]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    keys: Option<u64>,
     /// What each request does
     #[arg(long, value_enum, default_value_t = BenchOp::Check)]
     op: BenchOp,
@@ -95,7 +138,7 @@ pub struct Args {
     /// before releasing it
     #[arg(long, value_name = "MS", default_value_t = 0)]
     hold_ms: u64,
-    /// Units each request weighs
+    /// Units each request weighs (with --target: its hits_addend)
     #[arg(long, value_name = "UNITS", default_value_t = 1)]
     cost: u64,
     /// Redis: the prefix of every key [default: tollgate-bench]
@@ -107,6 +150,17 @@ pub struct Args {
     /// No progress bar (it is hidden anyway when stderr is not a terminal)
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// What each request to an http:// target is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HttpRequest {
+    /// POST /json: Envoy's request in protobuf's JSON mapping
+    Json,
+    /// POST /v1/check: Tollgate's own body
+    Check,
+    /// GET /healthz: no decision, the server's floor
+    Healthz,
 }
 
 /// What each request of the run does.
@@ -145,6 +199,23 @@ enum Until {
     Requests(u64),
 }
 
+impl Until {
+    fn new(args: &Args) -> Self {
+        match (args.requests, args.duration) {
+            (Some(requests), _) => Self::Requests(requests),
+            (None, duration) => Self::Elapsed(duration.unwrap_or(Duration::from_secs(5))),
+        }
+    }
+
+    /// When each task stops, for a run that started at `started`.
+    fn deadline(self, started: Instant) -> Deadline {
+        match self {
+            Self::Elapsed(duration) => Deadline::At(started + duration),
+            Self::Requests(requests) => Deadline::Count(requests),
+        }
+    }
+}
+
 /// A validated run.
 #[derive(Debug)]
 struct Plan {
@@ -170,20 +241,16 @@ impl Plan {
         }
         let policy = Policy::from_json(args.limit.as_deref().unwrap_or(DEFAULT_LIMIT))
             .map_err(|error| UsageError(format!("invalid --limit: {error}")))?;
-        let until = match (args.requests, args.duration) {
-            (Some(requests), _) => Until::Requests(requests),
-            (None, duration) => Until::Elapsed(duration.unwrap_or(Duration::from_secs(5))),
-        };
         Ok(Self {
             store,
             prefix: args.prefix.clone().unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
             policy,
             tasks: args.tasks,
-            keys: args.keys,
-            until,
+            keys: args.keys.unwrap_or(1),
             op: args.op,
             hold: Duration::from_millis(args.hold_ms),
             cost: args.cost,
+            until: Until::new(args),
         })
     }
 }
@@ -196,7 +263,10 @@ impl Plan {
 /// support included); a store that cannot be reached; a run in which every
 /// request failed.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let plan = Plan::new(args)?;
+    let plan = match &args.target {
+        Some(url) => Either::Target(target::Plan::new(args, url)?),
+        None => Either::Store(Plan::new(args)?),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -207,23 +277,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         // Drawn only when stderr is a terminal.
         ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(10))
     };
-    let report = runtime.block_on(bench(&plan, &progress))?;
+    let report = match plan {
+        Either::Store(plan) => runtime.block_on(bench(&plan, &progress))?,
+        Either::Target(plan) => runtime.block_on(target::bench(plan, &progress))?,
+    };
     progress.finish_and_clear();
     if args.json {
         println!("{}", report.json());
     } else {
         print!("{}", report.text());
     }
-    if let Some(first) = &report.first_error {
-        eprintln!(
-            "warning: {} of {} requests failed; the first: {first}",
-            report.errors, report.requests
-        );
-        if report.errors == report.requests {
-            anyhow::bail!("every request failed");
-        }
+    for warning in report.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    if report.errors > 0 && report.errors == report.requests {
+        anyhow::bail!("every request failed");
     }
     Ok(())
+}
+
+/// A run against a store, or against a server.
+enum Either {
+    Store(Plan),
+    Target(target::Plan),
 }
 
 /// What the tasks share while they run.
@@ -246,6 +322,18 @@ struct Tally {
     first_error: Option<String>,
     /// Latency of each request, in ns.
     latency: Histogram<u64>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            allowed: 0,
+            denied: 0,
+            errors: 0,
+            first_error: None,
+            latency: histogram(),
+        }
+    }
 }
 
 fn histogram() -> Histogram<u64> {
@@ -313,10 +401,7 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
             subjects: Arc::clone(&subjects),
             shared: Arc::clone(&shared),
             first_key: u64::from(task) % plan.keys,
-            until: match plan.until {
-                Until::Elapsed(duration) => Deadline::At(started + duration),
-                Until::Requests(requests) => Deadline::Count(requests),
-            },
+            until: plan.until.deadline(started),
             op: plan.op,
             hold: plan.hold,
             cost: plan.cost,
@@ -335,7 +420,7 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
     if let Some(message) = shared.invalid.lock().expect("no panic while holding the lock").take() {
         return Err(UsageError(message).into());
     }
-    Ok(Report::new(
+    Ok(Report::store(
         plan,
         tallies,
         elapsed,
@@ -383,6 +468,20 @@ enum Deadline {
     Count(u64),
 }
 
+impl Deadline {
+    /// True when the task must stop; otherwise it may send one more request
+    /// (which, with a count, it has now taken).
+    fn reached(self, shared: &Shared) -> bool {
+        if shared.stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        match self {
+            Self::At(deadline) => Instant::now() >= deadline,
+            Self::Count(requests) => shared.issued.fetch_add(1, Ordering::Relaxed) >= requests,
+        }
+    }
+}
+
 /// One task of the run.
 struct Worker {
     limiter: Limiter<AnyStore>,
@@ -396,16 +495,6 @@ struct Worker {
 }
 
 impl Worker {
-    fn done(&self) -> bool {
-        if self.shared.stop.load(Ordering::Relaxed) {
-            return true;
-        }
-        match self.until {
-            Deadline::At(deadline) => Instant::now() >= deadline,
-            Deadline::Count(requests) => self.shared.issued.fetch_add(1, Ordering::Relaxed) >= requests,
-        }
-    }
-
     fn request(&self) -> Request {
         match self.op {
             BenchOp::Check => Request::new(Op::Check, self.cost),
@@ -423,16 +512,10 @@ impl Worker {
     }
 
     async fn run(self) -> Tally {
-        let mut tally = Tally {
-            allowed: 0,
-            denied: 0,
-            errors: 0,
-            first_error: None,
-            latency: histogram(),
-        };
+        let mut tally = Tally::new();
         let keys = self.subjects.len();
         let mut key = usize::try_from(self.first_key).unwrap_or(0);
-        while !self.done() {
+        while !self.until.reached(&self.shared) {
             let subject = &self.subjects[key];
             key = (key + 1) % keys;
             let request = self.request();

@@ -1,30 +1,52 @@
-//! The summary of a run: counts, throughput, latency percentiles and the
-//! store's clock at both ends, as one JSON object or as text for people.
+//! The summary of a run: counts, throughput, latency percentiles and, for a
+//! store, its clock at both ends; for a server, the warm-up. As one JSON
+//! object or as text for people.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::{histogram, Plan, Tally};
 
+/// What was loaded, and what only that kind of run reports.
+#[derive(Debug)]
+enum Kind {
+    Store {
+        store: String,
+        op: &'static str,
+        tasks: u32,
+        server_time_start_us: u64,
+        server_time_end_us: u64,
+    },
+    Target {
+        target: String,
+        request: &'static str,
+        connections: u32,
+        warmup_requests: u64,
+        /// Whether a limit applied to the first warm-up request (`None`:
+        /// the request decides nothing, as `/healthz`).
+        limit_applied: Option<bool>,
+        /// The domain, for the warning when no limit applied.
+        domain: String,
+    },
+}
+
 /// The figures of a finished run.
 #[derive(Debug)]
 pub struct Report {
-    store: String,
-    op: &'static str,
-    tasks: u32,
+    kind: Kind,
     keys: u64,
     pub requests: u64,
+    /// Allowed (a server's OK).
     allowed: u64,
+    /// Denied (a server's OVER_LIMIT).
     denied: u64,
     pub errors: u64,
-    /// The first store fault met, if any.
-    pub first_error: Option<String>,
+    /// The first fault met, if any.
+    first_error: Option<String>,
     elapsed: Duration,
     p50_ns: u64,
     p99_ns: u64,
     max_ns: u64,
-    server_time_start_us: u64,
-    server_time_end_us: u64,
 }
 
 /// `ns` in microseconds, to the nanosecond.
@@ -32,21 +54,62 @@ fn micros(ns: u64) -> f64 {
     ns as f64 / 1_000.0
 }
 
+fn plural(count: u64, word: &str) -> String {
+    if count == 1 {
+        format!("{count} {word}")
+    } else {
+        format!("{count} {word}s")
+    }
+}
+
+/// What a server run reports beyond the tallies.
+pub(super) struct TargetRun {
+    pub target: String,
+    pub request: &'static str,
+    pub connections: u32,
+    pub keys: u64,
+    pub warmup_requests: u64,
+    pub limit_applied: Option<bool>,
+    pub domain: String,
+}
+
 impl Report {
-    /// Adds up the tasks' tallies.
-    pub(super) fn new(
+    /// Adds up the tasks' tallies of a run against a store.
+    pub(super) fn store(
         plan: &Plan,
         tallies: Vec<Tally>,
         elapsed: Duration,
         server_time_start_us: u64,
         server_time_end_us: u64,
     ) -> Self {
-        let mut latency = histogram();
-        let mut report = Self {
+        let kind = Kind::Store {
             store: plan.store.display(),
             op: plan.op.name(),
             tasks: plan.tasks,
-            keys: plan.keys,
+            server_time_start_us,
+            server_time_end_us,
+        };
+        Self::new(kind, plan.keys, tallies, elapsed)
+    }
+
+    /// Adds up the connections' tallies of a run against a server.
+    pub(super) fn target(run: TargetRun, tallies: Vec<Tally>, elapsed: Duration) -> Self {
+        let kind = Kind::Target {
+            target: run.target,
+            request: run.request,
+            connections: run.connections,
+            warmup_requests: run.warmup_requests,
+            limit_applied: run.limit_applied,
+            domain: run.domain,
+        };
+        Self::new(kind, run.keys, tallies, elapsed)
+    }
+
+    fn new(kind: Kind, keys: u64, tallies: Vec<Tally>, elapsed: Duration) -> Self {
+        let mut latency = histogram();
+        let mut report = Self {
+            kind,
+            keys,
             requests: 0,
             allowed: 0,
             denied: 0,
@@ -56,8 +119,6 @@ impl Report {
             p50_ns: 0,
             p99_ns: 0,
             max_ns: 0,
-            server_time_start_us,
-            server_time_end_us,
         };
         for tally in tallies {
             report.allowed += tally.allowed;
@@ -88,46 +149,115 @@ impl Report {
         }
     }
 
+    /// What the user should know besides the figures (printed on stderr).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let Some(first) = &self.first_error {
+            warnings.push(format!(
+                "{} of {} requests failed; the first: {first}",
+                self.errors, self.requests
+            ));
+        }
+        if let Kind::Target {
+            limit_applied: Some(false),
+            domain,
+            ..
+        } = &self.kind
+        {
+            warnings.push(format!(
+                "no limit applied to the warm-up request: no rule of domain \"{domain}\" matches its \
+                 descriptors, so the server answered without deciding anything"
+            ));
+        }
+        warnings
+    }
+
     /// One JSON object (without a newline).
     pub fn json(&self) -> String {
-        serde_json::json!({
-            "store": self.store,
-            "op": self.op,
-            "tasks": self.tasks,
-            "keys": self.keys,
-            "requests": self.requests,
-            "allowed": self.allowed,
-            "denied": self.denied,
-            "errors": self.errors,
-            "elapsed_s": self.elapsed.as_secs_f64(),
-            "decisions_per_s": self.decisions_per_s(),
-            "p50_us": micros(self.p50_ns),
-            "p99_us": micros(self.p99_ns),
-            "max_us": micros(self.max_ns),
-            "server_time_start_us": self.server_time_start_us,
-            "server_time_end_us": self.server_time_end_us,
-        })
-        .to_string()
+        let mut object = serde_json::Map::new();
+        let mut put = |name: &str, value: serde_json::Value| {
+            object.insert(name.to_owned(), value);
+        };
+        match &self.kind {
+            Kind::Store { store, op, tasks, .. } => {
+                put("store", (*store).clone().into());
+                put("op", (*op).into());
+                put("tasks", (*tasks).into());
+            }
+            Kind::Target {
+                target,
+                request,
+                connections,
+                ..
+            } => {
+                put("target", target.clone().into());
+                put("request", (*request).into());
+                put("connections", (*connections).into());
+            }
+        }
+        put("keys", self.keys.into());
+        put("requests", self.requests.into());
+        let (allowed, denied) = match self.kind {
+            Kind::Store { .. } => ("allowed", "denied"),
+            Kind::Target { .. } => ("ok", "over_limit"),
+        };
+        put(allowed, self.allowed.into());
+        put(denied, self.denied.into());
+        put("errors", self.errors.into());
+        put("elapsed_s", self.elapsed.as_secs_f64().into());
+        put("decisions_per_s", self.decisions_per_s().into());
+        put("p50_us", micros(self.p50_ns).into());
+        put("p99_us", micros(self.p99_ns).into());
+        put("max_us", micros(self.max_ns).into());
+        match &self.kind {
+            Kind::Store {
+                server_time_start_us,
+                server_time_end_us,
+                ..
+            } => {
+                put("server_time_start_us", (*server_time_start_us).into());
+                put("server_time_end_us", (*server_time_end_us).into());
+            }
+            Kind::Target {
+                warmup_requests,
+                limit_applied,
+                ..
+            } => {
+                put("warmup_requests", (*warmup_requests).into());
+                put("limit_applied", (*limit_applied).into());
+            }
+        }
+        serde_json::Value::Object(object).to_string()
     }
 
     /// Aligned lines for people.
     pub fn text(&self) -> String {
-        let plural = |count: u64, word: &str| {
-            if count == 1 {
-                format!("{count} {word}")
-            } else {
-                format!("{count} {word}s")
+        let mut out = String::new();
+        let (allowed, denied) = match &self.kind {
+            Kind::Store { store, op, tasks, .. } => {
+                let _ = writeln!(
+                    out,
+                    "store        {store} ({}, {}, op {op})",
+                    plural(u64::from(*tasks), "task"),
+                    plural(self.keys, "key"),
+                );
+                ("allowed     ", "denied      ")
+            }
+            Kind::Target {
+                target,
+                request,
+                connections,
+                ..
+            } => {
+                let _ = writeln!(
+                    out,
+                    "target       {target} ({request}, {}, {})",
+                    plural(u64::from(*connections), "connection"),
+                    plural(self.keys, "key"),
+                );
+                ("ok          ", "over_limit  ")
             }
         };
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "store        {} ({}, {}, op {})",
-            self.store,
-            plural(u64::from(self.tasks), "task"),
-            plural(self.keys, "key"),
-            self.op
-        );
         let _ = writeln!(
             out,
             "requests     {} in {:.3} s: {} decisions/s",
@@ -135,8 +265,8 @@ impl Report {
             self.elapsed.as_secs_f64(),
             self.decisions_per_s()
         );
-        let _ = writeln!(out, "allowed      {}", self.allowed);
-        let _ = writeln!(out, "denied       {}", self.denied);
+        let _ = writeln!(out, "{allowed} {}", self.allowed);
+        let _ = writeln!(out, "{denied} {}", self.denied);
         let _ = writeln!(out, "errors       {}", self.errors);
         let _ = writeln!(
             out,
@@ -145,12 +275,35 @@ impl Report {
             micros(self.p99_ns),
             micros(self.max_ns)
         );
-        let span = self.server_time_end_us.saturating_sub(self.server_time_start_us);
-        let _ = writeln!(
-            out,
-            "store time   {} us to {} us (span {} us)",
-            self.server_time_start_us, self.server_time_end_us, span
-        );
+        match &self.kind {
+            Kind::Store {
+                server_time_start_us,
+                server_time_end_us,
+                ..
+            } => {
+                let span = server_time_end_us.saturating_sub(*server_time_start_us);
+                let _ = writeln!(
+                    out,
+                    "store time   {server_time_start_us} us to {server_time_end_us} us (span {span} us)"
+                );
+            }
+            Kind::Target {
+                warmup_requests,
+                limit_applied,
+                ..
+            } => {
+                let applied = match limit_applied {
+                    Some(true) => ", a limit applied",
+                    Some(false) => ", NO limit applied",
+                    None => "",
+                };
+                let _ = writeln!(
+                    out,
+                    "warm-up      {} before the clock{applied}",
+                    plural(*warmup_requests, "request"),
+                );
+            }
+        }
         out
     }
 }

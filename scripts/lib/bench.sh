@@ -1,0 +1,173 @@
+# shellcheck shell=bash
+# Shared by scripts/bench-serve.sh and scripts/bench-redis.sh (sourced, not
+# run): errors, required binaries, the release build, a private redis-server,
+# reading `tollgate bench --json` summaries, and stopping by pid on exit.
+#
+# The sourcing script sets `set -euo pipefail` and `cd`s to the repository.
+
+# The pids this script started, stopped (in reverse order) on exit.
+BENCH_PIDS=()
+BENCH_TMP=""
+
+die() {
+  echo "$(basename "$0"): error: $*" >&2
+  exit 1
+}
+
+note() {
+  echo "$(basename "$0"): $*" >&2
+}
+
+# need BINARY [HINT]: fails with a clear message when BINARY is not on PATH.
+need() {
+  command -v "$1" >/dev/null 2>&1 || die "$1 is required but not installed${2:+ ($2)}"
+}
+
+bench_cleanup() {
+  local status=$?
+  local i pid
+  for ((i = ${#BENCH_PIDS[@]} - 1; i >= 0; i--)); do
+    pid=${BENCH_PIDS[i]}
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      # Give it 5 s to stop, then make sure.
+      for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+  done
+  if [ -n "$BENCH_TMP" ]; then
+    rm -rf "$BENCH_TMP"
+  fi
+  exit "$status"
+}
+
+# Creates the temporary directory and installs the exit trap.
+bench_init() {
+  BENCH_TMP=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-bench.XXXXXX")
+  trap bench_cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+# Builds the release binary; sets TOLLGATE to its path.
+build_release() {
+  need cargo "https://rustup.rs"
+  note "building the release binary (cargo build --release -p tollgate-cli)"
+  cargo build --release --locked --quiet -p tollgate-cli
+  TOLLGATE="${CARGO_TARGET_DIR:-target}/release/tollgate"
+  [ -x "$TOLLGATE" ] || die "the build left no executable at $TOLLGATE"
+}
+
+# A TCP port on 127.0.0.1 that nothing listens on right now.
+free_port() {
+  local port
+  for _ in $(seq 100); do
+    port=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+  die "no free TCP port found on 127.0.0.1"
+}
+
+# Starts redis-server on a free port, without persistence, in the temporary
+# directory; sets REDIS_PORT and REDIS_URL. Retries on another port when the
+# chosen one was taken in the meantime.
+start_redis() {
+  need redis-server "Debian: apt-get install -y redis-server"
+  need redis-cli "Debian: apt-get install -y redis-tools"
+  local attempt pid log dir
+  for attempt in 1 2 3 4 5; do
+    REDIS_PORT=$(free_port)
+    dir="$BENCH_TMP/redis-$attempt"
+    log="$dir/redis.log"
+    mkdir -p "$dir"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+      --dir "$dir" --logfile "$log" --daemonize no --protected-mode yes >/dev/null 2>&1 &
+    pid=$!
+    BENCH_PIDS+=("$pid")
+    for _ in $(seq 100); do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        break
+      fi
+      if grep -q "Ready to accept connections" "$log" 2>/dev/null; then
+        # shellcheck disable=SC2034 # Used by the sourcing script.
+        REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+        note "redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (pid $pid) on port $REDIS_PORT"
+        return
+      fi
+      sleep 0.05
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  die "redis-server did not start; its last log: $(tail -n 5 "$log" 2>/dev/null)"
+}
+
+rcli() {
+  redis-cli -p "$REDIS_PORT" "$@"
+}
+
+# json_field NAME FILE: the value of a top-level number, boolean or string
+# field of a one-line JSON summary of `tollgate bench --json`.
+json_field() {
+  local value
+  value=$(sed -n "s/.*\"$1\":\(\"[^\"]*\"\|[^,}]*\).*/\1/p" "$2")
+  [ -n "$value" ] || die "no field \"$1\" in $2: $(cat "$2")"
+  value=${value#\"}
+  echo "${value%\"}"
+}
+
+# commandstats FILE: `INFO commandstats` as "command calls usec" lines.
+commandstats() {
+  rcli INFO commandstats | tr -d '\r' |
+    sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p' >"$1"
+}
+
+# redis_cpu: the CPU seconds (user + system) the redis-server has used so far.
+redis_cpu() {
+  rcli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ { t += $2 } END { printf "%.6f", t }'
+}
+
+# pid_cpu PID: the CPU seconds (user + system) process PID has used so far.
+pid_cpu() {
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"
+}
+
+# children_cpu VAR: sets VAR to the CPU seconds this shell's finished
+# children have used. (Not through $(...): `times` must run in this shell.)
+children_cpu() {
+  times >"$BENCH_TMP/times"
+  printf -v "$1" '%s' "$(awk 'NR == 2 {
+    t = 0
+    for (i = 1; i <= 2; i++) { split($i, p, "m"); t += p[1] * 60 + p[2] }
+    printf "%.3f", t
+  }' "$BENCH_TMP/times")"
+}
+
+now_s() {
+  date +%s.%N
+}
+
+# percent CPU_BEFORE CPU_AFTER WALL_BEFORE WALL_AFTER: CPU use over the wall
+# time, in % of one core.
+percent() {
+  awk -v a="$1" -v b="$2" -v s="$3" -v e="$4" 'BEGIN { if (e > s) printf "%.0f %%", 100 * (b - a) / (e - s); else print "-" }'
+}
+
+# The machine, so figures can be compared: CPU, cores, load, commit.
+machine() {
+  local cpu load commit
+  cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+  load=$(cut -d ' ' -f 1-3 /proc/loadavg 2>/dev/null || echo "?")
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo "?")
+  if ! git diff --quiet HEAD 2>/dev/null; then
+    commit="$commit+changes"
+  fi
+  echo "machine: ${cpu:-unknown CPU}, $(nproc) cores, load average $load; commit $commit"
+}
