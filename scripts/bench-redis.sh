@@ -14,9 +14,10 @@
 # (b) Redis CPU time per decision of each of the eight algorithms: CONFIG
 #     RESETSTAT, ALG_REQUESTS decisions with a limit that mostly allows, then
 #     usec_per_call of EVALSHA from INFO commandstats (all of the script's
-#     work, its inner commands included).
-# (c) MEMORY USAGE of one key per algorithm after 10 decisions (the log and
-#     lease entries it holds, for sliding_log and concurrency).
+#     work, its inner commands included). The limits are per hour, so every
+#     call finds the key's state from the previous one.
+# (c) MEMORY USAGE of one key per algorithm after 10 decisions, same limits
+#     (the log and lease entries it holds, for sliding_log and concurrency).
 #
 # Usage: scripts/bench-redis.sh
 # Environment: DURATION (default 5s; a number of s or ms) per tollgate bench
@@ -208,16 +209,19 @@ echo "scripts, so near 100 % it is the bottleneck. redis-benchmark's latencies a
 
 # --- (b) Redis CPU per decision, per algorithm --------------------------------
 
-# Limits far above the load: (nearly) every decision allows and writes.
+# Limits over an hour that the load never reaches: every decision allows,
+# and each key's state outlives the run (a limit of 10^6 per second would
+# lapse within a millisecond, and most calls would find no state at all).
+# Each key sees about ALG_REQUESTS / KEYS decisions.
 ALGORITHMS=(
-  'fixed_window|{"algorithm":"fixed_window","limit":1000000,"window":"1s"}'
-  'sliding_window|{"algorithm":"sliding_window","limit":1000000,"window":"1s","buckets":10}'
-  'sliding_log|{"algorithm":"sliding_log","limit":1000000,"window":"1s"}'
-  'token_bucket|{"algorithm":"token_bucket","capacity":1000000,"refill":1000000,"interval":"1s"}'
-  'reservation|{"algorithm":"reservation","rate":1000000,"period":"1s","max_burst":1000000}'
-  'leaky_bucket|{"algorithm":"leaky_bucket","rate":1000000,"period":"1s","capacity":1000000}'
-  'gcra|{"algorithm":"gcra","rate":1000000,"period":"1s","burst":1000000}'
-  'concurrency|{"algorithm":"concurrency","limit":1000000,"ttl":"10s"}'
+  'fixed_window|{"algorithm":"fixed_window","limit":1000000,"window":"1h"}'
+  'sliding_window|{"algorithm":"sliding_window","limit":1000000,"window":"1h","buckets":10}'
+  'sliding_log|{"algorithm":"sliding_log","limit":1000000,"window":"1h"}'
+  'token_bucket|{"algorithm":"token_bucket","capacity":1000000,"refill":1000,"interval":"1h"}'
+  'reservation|{"algorithm":"reservation","rate":1000,"period":"1h","max_burst":1000000}'
+  'leaky_bucket|{"algorithm":"leaky_bucket","rate":1000,"period":"1h","capacity":1000000}'
+  'gcra|{"algorithm":"gcra","rate":1000,"period":"1h","burst":1000000}'
+  'concurrency|{"algorithm":"concurrency","limit":1000000,"ttl":"1h"}'
 )
 
 # entries KEY: the log entries ("#…") or leases ("l:…") the key's hash holds.
@@ -243,7 +247,6 @@ for entry in "${ALGORITHMS[@]}"; do
     sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),usec=[0-9]*,usec_per_call=\([0-9.]*\),.*/\1 \2/p')
   [ -n "$stats" ] || die "no EVALSHA in INFO commandstats after the $alg run"
   if [ "$alg" = sliding_log ]; then
-    # Each key is visited about ALG_REQUESTS / KEYS times within the window.
     notes="key bench-0 held $(entries "cpu-$alg:{bench-0}:$alg") log entries at the end"
   fi
   requests=$(json_field requests "$file")
@@ -258,21 +261,8 @@ done
 
 # --- (c) MEMORY USAGE of one key per algorithm --------------------------------
 
-# Limits whose state outlives the measurement (the keys above expire within
-# milliseconds: their state stops mattering that fast).
-MEMORY_LIMITS=(
-  'fixed_window|{"algorithm":"fixed_window","limit":1000,"window":"1h"}'
-  'sliding_window|{"algorithm":"sliding_window","limit":1000,"window":"1h","buckets":10}'
-  'sliding_log|{"algorithm":"sliding_log","limit":1000,"window":"1h"}'
-  'token_bucket|{"algorithm":"token_bucket","capacity":100,"refill":1000,"interval":"1h"}'
-  'reservation|{"algorithm":"reservation","rate":1000,"period":"1h","max_burst":100}'
-  'leaky_bucket|{"algorithm":"leaky_bucket","rate":1000,"period":"1h","capacity":100}'
-  'gcra|{"algorithm":"gcra","rate":1000,"period":"1h","burst":100}'
-  'concurrency|{"algorithm":"concurrency","limit":100,"ttl":"1h"}'
-)
-
 memory_rows=()
-for entry in "${MEMORY_LIMITS[@]}"; do
+for entry in "${ALGORITHMS[@]}"; do
   alg=${entry%%|*}
   limit=${entry#*|}
   key="mem-$alg:{bench-0}:$alg"
@@ -281,10 +271,11 @@ for entry in "${MEMORY_LIMITS[@]}"; do
     # them, calling the script as RedisStore does for an acquire (max_wait
     # 0, a lease name per call; parameters: limit, ttl in µs, five zeros).
     for i in $(seq 10); do
-      rcli EVALSHA "$sha" 1 "$key" "" 1 acquire 1 0 "lease-$i" 0 1 concurrency 100 3600000000 0 0 0 0 0 1 \
+      rcli EVALSHA "$sha" 1 "$key" "" 1 acquire 1 0 "lease-$i" 0 1 concurrency 1000000 3600000000 0 0 0 0 0 1 \
         >"$BENCH_TMP/acquire.out" || die "acquire failed: $(cat "$BENCH_TMP/acquire.out")"
     done
     held="$(entries "$key") leases"
+    [[ "$limit" == *'"limit":1000000,"ttl":"1h"'* ]] || die "update the acquire parameters to match: $limit"
   else
     "$TOLLGATE" bench --store "$REDIS_URL" --limit "$limit" --requests 10 --keys 1 --prefix "mem-$alg" \
       --json --quiet >"$BENCH_TMP/mem.json"
