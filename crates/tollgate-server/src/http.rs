@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 use tollgate::{Decision, Policy, Request, Store, Subject};
 
 use crate::config::Unit;
@@ -59,8 +59,12 @@ async fn read_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Resp
             format!("the body must be at most {MAX_BODY} bytes"),
         )
     })?;
+    if let Ok(value) = serde_json::from_slice(&bytes) {
+        return Ok(value);
+    }
+    // Read again, tracking the path, to name the field at fault.
     let mut reader = serde_json::Deserializer::from_slice(&bytes);
-    serde_path_to_error::deserialize(&mut reader).map_err(|failure| {
+    serde_path_to_error::deserialize::<_, T>(&mut reader).map_err(|failure| {
         let path = failure.path().to_string();
         let message = failure.inner().to_string().replace('`', "\"");
         if path == "." {
@@ -195,51 +199,75 @@ fn proto_duration(duration: Duration) -> String {
     }
 }
 
-/// The response in protobuf's JSON mapping (default values left out).
-fn envoy_response_json(answer: &CheckResponse) -> Value {
-    let statuses: Vec<Value> = answer
-        .statuses
-        .iter()
-        .map(|status| {
-            let mut object = serde_json::Map::new();
-            object.insert("code".into(), json!(code_name(status.code)));
-            if let Some(limit) = &status.current_limit {
-                let mut current = serde_json::Map::new();
-                if !limit.name.is_empty() {
-                    current.insert("name".into(), json!(limit.name));
-                }
-                current.insert(
-                    "requestsPerUnit".into(),
-                    json!(limit.requests_per_unit.min(u64::from(u32::MAX))),
-                );
-                current.insert("unit".into(), json!(limit.unit.map_or("UNKNOWN", Unit::name)));
-                object.insert("currentLimit".into(), Value::Object(current));
-            }
-            if status.limit_remaining > 0 {
-                object.insert(
-                    "limitRemaining".into(),
-                    json!(status.limit_remaining.min(u64::from(u32::MAX))),
-                );
-            }
-            if status.decision.is_some() {
-                object.insert(
-                    "durationUntilReset".into(),
-                    json!(proto_duration(status.duration_until_reset)),
-                );
-            }
-            Value::Object(object)
-        })
-        .collect();
-    let mut body = json!({ "overallCode": code_name(answer.overall), "statuses": statuses });
-    if !answer.headers.is_empty() {
-        let headers: Vec<Value> = answer
+/// Envoy's response in protobuf's JSON mapping (default values left out).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvoyResponseJson<'a> {
+    overall_code: &'static str,
+    statuses: Vec<EnvoyStatusJson<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    response_headers_to_add: Vec<HeaderJson<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvoyStatusJson<'a> {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<CurrentLimitJson<'a>>,
+    #[serde(skip_serializing_if = "is_zero")]
+    limit_remaining: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CurrentLimitJson<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    name: &'a str,
+    requests_per_unit: u64,
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+struct HeaderJson<'a> {
+    key: &'static str,
+    value: &'a str,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+fn envoy_response_json(answer: &CheckResponse) -> EnvoyResponseJson<'_> {
+    let max = u64::from(u32::MAX);
+    EnvoyResponseJson {
+        overall_code: code_name(answer.overall),
+        statuses: answer
+            .statuses
+            .iter()
+            .map(|status| EnvoyStatusJson {
+                code: code_name(status.code),
+                current_limit: status.current_limit.as_ref().map(|limit| CurrentLimitJson {
+                    name: &limit.name,
+                    requests_per_unit: limit.requests_per_unit.min(max),
+                    unit: limit.unit.map_or("UNKNOWN", Unit::name),
+                }),
+                limit_remaining: status.limit_remaining.min(max),
+                duration_until_reset: status
+                    .decision
+                    .as_ref()
+                    .map(|_| proto_duration(status.duration_until_reset)),
+            })
+            .collect(),
+        response_headers_to_add: answer
             .headers
             .iter()
-            .map(|(key, value)| json!({ "key": key, "value": value }))
-            .collect();
-        body["responseHeadersToAdd"] = Value::Array(headers);
+            .map(|(key, value)| HeaderJson { key, value })
+            .collect(),
     }
-    body
 }
 
 async fn envoy_json(State(service): State<Arc<Service>>, body: Body) -> Response {
@@ -337,17 +365,34 @@ async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {
             } else {
                 StatusCode::TOO_MANY_REQUESTS
             };
-            let mut json = serde_json::to_value(DecisionJson::from(&decision)).unwrap_or_default();
-            if let (Value::Object(object), Some(extra)) = (&mut json, extra) {
-                object.insert("descriptors".into(), extra);
-            }
+            let json = CheckJson {
+                decision: DecisionJson::from(&decision),
+                descriptors: extra,
+            };
             with_headers((status, axum::Json(json)).into_response(), &headers)
         }
         Err(failure) => service_error(&failure),
     }
 }
 
-type Checked = (Decision, Option<Value>, Vec<(&'static str, String)>);
+/// `/v1/check`'s answer: the request's decision, and each descriptor's.
+#[derive(Serialize)]
+struct CheckJson {
+    #[serde(flatten)]
+    decision: DecisionJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    descriptors: Option<Vec<DescriptorJson>>,
+}
+
+#[derive(Serialize)]
+struct DescriptorJson {
+    code: &'static str,
+    rule: Option<String>,
+    #[serde(flatten)]
+    decision: Option<DecisionJson>,
+}
+
+type Checked = (Decision, Option<Vec<DescriptorJson>>, Vec<(&'static str, String)>);
 
 async fn check_descriptors(service: &Service, body: CheckBody) -> Result<Checked, ServiceError> {
     let cost = body.cost.unwrap_or(1);
@@ -371,19 +416,13 @@ async fn check_descriptors(service: &Service, body: CheckBody) -> Result<Checked
         hits_addend: cost,
     };
     let answer = service.should_rate_limit(&request).await?;
-    let per_descriptor: Vec<Value> = answer
+    let per_descriptor: Vec<DescriptorJson> = answer
         .statuses
         .iter()
-        .map(|status| {
-            let mut object = serde_json::Map::new();
-            object.insert("code".into(), json!(code_name(status.code)));
-            object.insert("rule".into(), json!(status.rule));
-            if let Some(decision) = &status.decision {
-                if let Ok(Value::Object(fields)) = serde_json::to_value(DecisionJson::from(decision)) {
-                    object.extend(fields);
-                }
-            }
-            Value::Object(object)
+        .map(|status| DescriptorJson {
+            code: code_name(status.code),
+            rule: status.rule.clone(),
+            decision: status.decision.as_ref().map(DecisionJson::from),
         })
         .collect();
     // The request's decision: the denying descriptor, else the tightest one.
@@ -396,7 +435,7 @@ async fn check_descriptors(service: &Service, body: CheckBody) -> Result<Checked
     let mut decision = decision.unwrap_or_else(Decision::unlimited);
     decision.allowed = answer.overall == Code::Ok;
     let headers = rate_limit_headers(&answer.statuses, answer.overall);
-    Ok((decision, Some(Value::Array(per_descriptor)), headers))
+    Ok((decision, Some(per_descriptor), headers))
 }
 
 async fn check_named(service: &Service, body: CheckBody) -> Result<Checked, ServiceError> {

@@ -2,7 +2,11 @@
 //! them: total hits, over limit, near limit (80 % used), within limit, shadow
 //! mode; plus store errors, decision latency and configuration reloads.
 
+use std::hash::BuildHasher as _;
+use std::sync::RwLock;
 use std::time::Duration;
+
+use hashbrown::HashTable;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -24,6 +28,18 @@ struct DomainLabels {
 
 type HistogramFamily = Family<DomainLabels, Histogram, fn() -> Histogram>;
 
+/// The counters of one rule, looked up once and kept.
+#[derive(Clone)]
+struct RuleCounters {
+    domain: String,
+    rule: String,
+    hits: Counter,
+    over_limit: Counter,
+    near_limit: Counter,
+    within_limit: Counter,
+    shadow_mode: Counter,
+}
+
 /// The service's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -36,6 +52,12 @@ pub struct Metrics {
     latency: HistogramFamily,
     config_reloads: Counter,
     config_errors: Counter,
+    /// Handles by `(domain, rule)`, so a request neither allocates labels
+    /// nor hashes them with SipHash in every family.
+    cache: RwLock<HashTable<RuleCounters>>,
+    /// Latency histograms by domain, likewise.
+    histograms: RwLock<HashTable<(String, Histogram)>>,
+    hasher: foldhash::fast::RandomState,
 }
 
 fn latency_histogram() -> Histogram {
@@ -58,6 +80,9 @@ impl Metrics {
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
             registry: Registry::default(),
+            cache: RwLock::new(HashTable::new()),
+            histograms: RwLock::new(HashTable::new()),
+            hasher: foldhash::fast::RandomState::default(),
         };
         registry.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
         registry.register(
@@ -95,30 +120,59 @@ impl Metrics {
         Self { registry, ..metrics }
     }
 
-    /// Counts one descriptor's decision.
-    pub fn record(&self, domain: &str, rule: &str, hits: u64, decision: &Decision, shadow: bool) {
-        let labels = RuleLabels {
+    /// Runs `update` on the counters of `(domain, rule)`, creating them once.
+    fn with_counters(&self, domain: &str, rule: &str, update: impl FnOnce(&RuleCounters)) {
+        let hash = self.hasher.hash_one((domain, rule));
+        let matches = |counters: &RuleCounters| counters.domain == domain && counters.rule == rule;
+        if let Ok(cache) = self.cache.read() {
+            if let Some(counters) = cache.find(hash, matches) {
+                update(counters);
+                return;
+            }
+        }
+        let rule_labels = RuleLabels {
             domain: domain.to_owned(),
             rule: rule.to_owned(),
         };
-        self.hits.get_or_create(&labels).inc_by(hits);
-        if decision.allowed {
-            self.within_limit.get_or_create(&labels).inc_by(hits);
-            // As envoyproxy/ratelimit: the hits that went past 80 % of the limit.
-            let threshold = decision.limit / 5 * 4 + decision.limit % 5 * 4 / 5;
-            let used_after = decision.limit.saturating_sub(decision.remaining);
-            let used_before = used_after.saturating_sub(hits);
-            if used_after > threshold {
-                self.near_limit
-                    .get_or_create(&labels)
-                    .inc_by(used_after - used_before.max(threshold));
-            }
-        } else {
-            self.over_limit.get_or_create(&labels).inc_by(hits);
-            if shadow {
-                self.shadow_mode.get_or_create(&labels).inc_by(hits);
+        let counters = RuleCounters {
+            domain: domain.to_owned(),
+            rule: rule.to_owned(),
+            hits: self.hits.get_or_create(&rule_labels).clone(),
+            over_limit: self.over_limit.get_or_create(&rule_labels).clone(),
+            near_limit: self.near_limit.get_or_create(&rule_labels).clone(),
+            within_limit: self.within_limit.get_or_create(&rule_labels).clone(),
+            shadow_mode: self.shadow_mode.get_or_create(&rule_labels).clone(),
+        };
+        update(&counters);
+        if let Ok(mut cache) = self.cache.write() {
+            if cache.find(hash, matches).is_none() {
+                cache.insert_unique(hash, counters, |counters| {
+                    self.hasher.hash_one((counters.domain.as_str(), counters.rule.as_str()))
+                });
             }
         }
+    }
+
+    /// Counts one descriptor's decision.
+    pub fn record(&self, domain: &str, rule: &str, hits: u64, decision: &Decision, shadow: bool) {
+        self.with_counters(domain, rule, |counters| {
+            counters.hits.inc_by(hits);
+            if decision.allowed {
+                counters.within_limit.inc_by(hits);
+                // As envoyproxy/ratelimit: the hits that went past 80 % of the limit.
+                let threshold = decision.limit / 5 * 4 + decision.limit % 5 * 4 / 5;
+                let used_after = decision.limit.saturating_sub(decision.remaining);
+                let used_before = used_after.saturating_sub(hits);
+                if used_after > threshold {
+                    counters.near_limit.inc_by(used_after - used_before.max(threshold));
+                }
+            } else {
+                counters.over_limit.inc_by(hits);
+                if shadow {
+                    counters.shadow_mode.inc_by(hits);
+                }
+            }
+        });
     }
 
     /// Counts a request the store failed.
@@ -132,11 +186,25 @@ impl Metrics {
 
     /// Records how long a request took to decide.
     pub fn latency(&self, domain: &str, elapsed: Duration) {
-        self.latency
-            .get_or_create(&DomainLabels {
-                domain: domain.to_owned(),
-            })
-            .observe(elapsed.as_secs_f64());
+        let hash = self.hasher.hash_one(domain);
+        if let Ok(histograms) = self.histograms.read() {
+            if let Some((_, histogram)) = histograms.find(hash, |(name, _)| name == domain) {
+                histogram.observe(elapsed.as_secs_f64());
+                return;
+            }
+        }
+        let labels = DomainLabels {
+            domain: domain.to_owned(),
+        };
+        let histogram = self.latency.get_or_create(&labels).clone();
+        histogram.observe(elapsed.as_secs_f64());
+        if let Ok(mut histograms) = self.histograms.write() {
+            if histograms.find(hash, |(name, _)| name == domain).is_none() {
+                histograms.insert_unique(hash, (domain.to_owned(), histogram), |(name, _)| {
+                    self.hasher.hash_one(name.as_str())
+                });
+            }
+        }
     }
 
     /// Counts a configuration put in force (`ok`) or refused.
