@@ -17,8 +17,11 @@
 //! The client is redis-rs: one multiplexed connection
 //! ([`ConnectionManager`]) serves any number of concurrent tasks without a
 //! lock around each call, and reconnects by itself when Redis comes back.
-//! See `BENCHMARKS.md` for the measurement against fred that settled the
-//! choice.
+//! Measured against fred on Tollgate's own workload (64 tasks on one client,
+//! EVALSHA of this script; `tools/client-choice`), the two were a tie within
+//! noise (51–56 k decisions/s each, Redis's script thread the bottleneck),
+//! so redis-rs was kept for `Script` (EVALSHA with NOSCRIPT reload),
+//! `ConnectionManager` and TLS with a private CA; see `BENCHMARKS.md`.
 //!
 //! [`tollgate.lua`]: https://docs.rs/tollgate (the script ships inside the crate)
 

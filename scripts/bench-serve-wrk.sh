@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# `tollgate serve` (memory store) saturated by C load generators, so that the
+# server, not the load generator, is the bottleneck: wrk (HTTP/1.1) for
+# /healthz, /v1/check and /json, h2load (HTTP/2) for gRPC ShouldRateLimit;
+# 64 connections each. The server is pinned to CPU 0, the load to CPU 1.
+# Prints requests/s of each and the ratio to /healthz.
+#
+# Usage: scripts/bench-serve-wrk.sh   (DURATION=5 seconds by default)
+# Needs: wrk and h2load (Debian: apt-get install -y wrk nghttp2-client), python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for tool in wrk h2load taskset python3; do
+  command -v "$tool" >/dev/null || { echo "bench-serve-wrk.sh: $tool is missing (apt-get install -y wrk nghttp2-client)" >&2; exit 1; }
+done
+duration=${DURATION:-5}
+work=$(mktemp -d)
+server=""
+cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+cargo build --release -q -p tollgate-cli
+
+cat > "$work/limits.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: client
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+# Request bodies: Tollgate's /v1/check, Envoy's /json, and the gRPC message
+# (a 5-byte gRPC frame header, then RateLimitRequest in protobuf).
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+body = {"domain": "bench", "descriptors": [{"entries": [{"key": "client", "value": "c-1"}]}]}
+open(f"{work}/body.json", "w").write(json.dumps(body))
+def varint(n):
+    out = b""
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out += bytes([low | (0x80 if n else 0)])
+        if not n:
+            return out
+def field(number, payload):
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+entry = field(1, b"client") + field(2, b"c-1")
+request = field(1, b"bench") + field(2, field(1, entry)) + varint(3 << 3) + varint(1)
+open(f"{work}/grpc.bin", "wb").write(b"\0" + len(request).to_bytes(4, "big") + request)
+PY
+printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nlocal f = io.open("%s/body.json"); wrk.body = f:read("*a"); f:close()\n' "$work" > "$work/post.lua"
+
+taskset -c 0 target/release/tollgate serve --config "$work/limits.yaml" --http 127.0.0.1:0 --grpc 127.0.0.1:0 2> "$work/serve.log" &
+server=$!
+for _ in $(seq 100); do grep -q "is ready" "$work/serve.log" && break; sleep 0.1; done
+http=$(grep -o 'http=[0-9.:]*' "$work/serve.log" | head -1 | cut -d= -f2)
+grpc=$(grep -o 'grpc=[0-9.:]*' "$work/serve.log" | head -1 | cut -d= -f2)
+[ -n "$http" ] && [ -n "$grpc" ] || { echo "bench-serve-wrk.sh: the server did not start" >&2; cat "$work/serve.log" >&2; exit 1; }
+
+rate_wrk() { taskset -c 1 wrk -t1 -c64 -d"${duration}s" "$@" | awk '/Requests\/sec/ {print $2}'; }
+healthz=$(rate_wrk "http://$http/healthz")
+check=$(rate_wrk -s "$work/post.lua" "http://$http/v1/check")
+envoy=$(rate_wrk -s "$work/post.lua" "http://$http/json")
+grpc_rate=$(taskset -c 1 h2load -c64 -m1 -D"$duration" -H 'content-type: application/grpc' -H 'te: trailers' \
+  -d "$work/grpc.bin" "http://$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" 2>&1 \
+  | awk '/finished in/ {print $4}')
+
+echo "tollgate serve (memory store) on CPU 0, wrk / h2load on CPU 1, 64 connections, ${duration}s each"
+echo
+echo "| run | requests/s | vs /healthz |"
+echo "| --- | ---: | ---: |"
+for row in "GET /healthz:$healthz" "POST /v1/check:$check" "POST /json:$envoy" "gRPC ShouldRateLimit (h2load):$grpc_rate"; do
+  name=${row%%:*}; rate=${row##*:}
+  printf '| %s | %.0f | %.2f |\n' "$name" "$rate" "$(python3 -c "print($rate / $healthz)")"
+done
