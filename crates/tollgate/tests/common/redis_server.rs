@@ -14,7 +14,12 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
+/// The server binary: `TOLLGATE_REDIS_SERVER` when set (to run the suite
+/// against another version, or Valkey), else `redis-server` from `PATH`.
 fn redis_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOLLGATE_REDIS_SERVER") {
+        return PathBuf::from(path);
+    }
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join("redis-server"))

@@ -248,10 +248,11 @@ fn store_error(error: redis::RedisError) -> Error {
     } else {
         ErrorKind::Store
     };
-    let message = match (error.kind(), error.code()) {
-        (_, Some("WRONGTYPE")) => {
-            "redis: a key of this subject holds another type of value (not written by tollgate?)".to_owned()
-        }
+    // Redis 7 reports WRONGTYPE from inside a script as its code; Redis 6.2
+    // wraps it in "Error running script": look at the text too.
+    let wrong_type = error.code() == Some("WRONGTYPE") || error.to_string().contains("WRONGTYPE");
+    let message = match (error.kind(), wrong_type) {
+        (_, true) => "redis: a key of this subject holds another type of value (not written by tollgate?)".to_owned(),
         (redis::ErrorKind::AuthenticationFailed, _) => format!("redis: authentication failed: {error}"),
         _ if error.is_connection_refusal() => format!("redis: connection refused: {error}"),
         _ => format!("redis: {error}"),
