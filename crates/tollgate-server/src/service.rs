@@ -242,9 +242,14 @@ impl Service {
             .collect();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let hits = descriptor.hits_addend.unwrap_or(hits);
-            let name = Subject::from_parts(descriptor.entries.iter().flat_map(|(key, value)| [key, value]))
-                .as_key()
-                .to_owned();
+            // Limit names are subject encodings: injective, and hashed when long.
+            let entries = || {
+                descriptor
+                    .entries
+                    .iter()
+                    .flat_map(|(key, value)| [key.as_str(), value.as_str()])
+            };
+            let name = Subject::from_parts(entries()).as_key().to_owned();
             if let Some((requests, unit)) = descriptor.limit_override {
                 let limit =
                     Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
@@ -253,7 +258,13 @@ impl Service {
                     limit,
                     rule: None,
                     hits,
-                    name: format!("override:{requests}:{}:{name}", unit.name()),
+                    name: Subject::from_parts(
+                        ["override", &requests.to_string(), unit.name()]
+                            .into_iter()
+                            .chain(entries()),
+                    )
+                    .as_key()
+                    .to_owned(),
                 });
                 continue;
             }
@@ -262,7 +273,7 @@ impl Service {
             };
             // A shared wildcard counts every match together, under the rule's path.
             let name = if rule.shared {
-                format!("rule:{}", Subject::new(&rule.path).as_key())
+                Subject::from_parts(["rule", rule.path.as_str()]).as_key().to_owned()
             } else {
                 name
             };

@@ -277,6 +277,12 @@ async fn matching_unlimited_replaces_and_blocks(store: Store) {
         vec![(OK, 0, Some(1))],
         "alone, old_limit applies from scratch"
     );
+    // Values of any length and bytes: long descriptors are hashed into their key.
+    let long = "x".repeat(1_000);
+    let response = server.grpc(single(&[("user", &long)])).await.unwrap();
+    assert_eq!(statuses(&response), vec![(OK, 2, Some(3))]);
+    let response = server.grpc(single(&[("user", "{odd} value: ü")])).await.unwrap();
+    assert_eq!(statuses(&response), vec![(OK, 2, Some(3))]);
     // An algorithm block: a token bucket of 5.
     let bucket = server.grpc(single(&[("bucket", "b")])).await.unwrap();
     assert_eq!(statuses(&bucket), vec![(OK, 4, Some(5))]);

@@ -99,18 +99,19 @@ pub struct Policy {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    // Letters, digits and the bytes a subject encoding leaves readable (so a
-    // name may be an encoded descriptor): never '{', '}', spaces or quotes.
+    // Letters, digits and the bytes a subject encoding uses (so a name may be
+    // an encoded descriptor, hashed with '#' when long): never '{', '}',
+    // spaces or quotes.
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.~/@=+!,;%:".contains(&b));
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.~/@=+!,;%:#".contains(&b));
     if valid {
         Ok(())
     } else {
         Err(Error::invalid_limit(format!(
-            "limit name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits or any of _-.~/@=+!,;%:"
+            "limit name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits or any of _-.~/@=+!,;%:#"
         )))
     }
 }
