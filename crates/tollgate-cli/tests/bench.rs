@@ -3,10 +3,8 @@
 
 mod common;
 
-use std::process::{Output, Stdio};
-
+use common::bench;
 use common::redis_server::{free_port, RedisServer};
-use common::tollgate;
 use serde_json::Value;
 
 const FIELDS: [&str; 15] = [
@@ -26,14 +24,6 @@ const FIELDS: [&str; 15] = [
     "server_time_start_us",
     "server_time_end_us",
 ];
-
-fn bench(args: &[&str]) -> Output {
-    tollgate(&["bench"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the tollgate binary starts")
-}
 
 /// Runs `bench <args> --json` and returns its summary.
 fn bench_json(args: &[&str]) -> Value {

@@ -4,9 +4,9 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 
-use common::tollgate;
+use common::{bench, tollgate};
 use serde_json::Value;
 
 /// Nothing is denied on `client`; `small` allows 5 a minute.
@@ -89,14 +89,6 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn bench(args: &[&str]) -> Output {
-    tollgate(&["bench"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the tollgate binary starts")
 }
 
 /// Runs `bench <args> --json`; it must succeed silently; returns the summary.

@@ -1,37 +1,17 @@
 //! `tollgate simulate`, run as a process: a trace in, exact JSON Lines out
 //! (DESIGN §6).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+use common::{simulate_with, tollgate};
+
 const GCRA_10_PER_S_BURST_2: &str = r#"{"algorithm":"gcra","rate":10,"period":"1s","burst":2}"#;
-
-fn tollgate(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    command.args(args);
-    command
-}
-
-/// Runs `tollgate simulate --limit <limit> <extra…>` with `trace` on stdin.
-fn simulate_with(limit: &str, extra: &[&str], trace: &str) -> Output {
-    let mut child = tollgate(&["simulate", "--limit", limit])
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the tollgate binary starts");
-    let mut stdin = child.stdin.take().unwrap();
-    let trace = trace.to_owned();
-    // Write from another thread so a large answer cannot block the writer.
-    let writer = thread::spawn(move || stdin.write_all(trace.as_bytes()));
-    let output = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    output
-}
 
 /// Replays `trace` and returns its answers, checking the run succeeded.
 fn simulate(limit: &str, trace: &str) -> Vec<String> {

@@ -5,27 +5,9 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Output, Stdio};
-use std::thread;
 
 use common::redis_server::{free_port, RedisServer};
-use common::tollgate;
-
-/// Runs `tollgate simulate --limit <limit> <extra…>` with `trace` on stdin.
-fn simulate_with(limit: &str, extra: &[&str], trace: &str) -> Output {
-    let mut child = tollgate(&["simulate", "--limit", limit])
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the tollgate binary starts");
-    let mut stdin = child.stdin.take().unwrap();
-    let trace = trace.to_owned();
-    let writer = thread::spawn(move || stdin.write_all(trace.as_bytes()));
-    let output = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    output
-}
+use common::{simulate_with, tollgate};
 
 /// The answers of a successful run.
 fn answers(output: Output) -> Vec<String> {
