@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::bench;
 use common::redis_server::{free_port, RedisServer};
+use common::{bench, bench_failure};
 use serde_json::Value;
 
 const FIELDS: [&str; 15] = [
@@ -148,46 +148,36 @@ fn text_summary_shows_the_same_figures() {
     assert!(lines[6].starts_with("store time   "), "{stdout}");
 }
 
-/// Runs `bench <args>`; it must fail with `code`; returns stderr.
-fn failure(args: &[&str], code: i32) -> String {
-    let output = bench(args);
-    let stderr = String::from_utf8(output.stderr).unwrap();
-    assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
-}
-
 #[test]
 fn invalid_arguments_exit_2() {
     let concurrency = r#"{"algorithm":"concurrency","limit":1,"ttl":"10s"}"#;
-    let stderr = failure(&["--limit", concurrency, "--requests", "5"], 2);
+    let stderr = bench_failure(&["--limit", concurrency, "--requests", "5"], 2);
     assert!(stderr.starts_with("error: --op check: "), "{stderr}");
     assert!(stderr.contains("acquire"), "{stderr}");
 
-    let stderr = failure(&["--hold-ms", "5", "--requests", "5"], 2);
+    let stderr = bench_failure(&["--hold-ms", "5", "--requests", "5"], 2);
     assert!(stderr.contains("--hold-ms applies only to --op acquire"), "{stderr}");
 
-    let stderr = failure(
+    let stderr = bench_failure(
         &["--limit", r#"{"algorithm":"gcra","rate":0,"period":"1s","burst":1}"#],
         2,
     );
     assert!(stderr.starts_with("error: invalid --limit: "), "{stderr}");
 
-    let stderr = failure(&["--duration", "0s"], 2);
+    let stderr = bench_failure(&["--duration", "0s"], 2);
     assert!(stderr.contains("more than zero"), "{stderr}");
-    let stderr = failure(&["--duration", "5"], 2);
+    let stderr = bench_failure(&["--duration", "5"], 2);
     assert!(stderr.contains("needs a unit"), "{stderr}");
-    failure(&["--duration", "1s", "--requests", "5"], 2);
-    failure(&["--tasks", "0"], 2);
-    failure(&["--prefix", "p", "--requests", "5"], 2);
+    bench_failure(&["--duration", "1s", "--requests", "5"], 2);
+    bench_failure(&["--tasks", "0"], 2);
+    bench_failure(&["--prefix", "p", "--requests", "5"], 2);
 }
 
 #[test]
 fn unreachable_redis_exits_1_with_a_clear_message() {
     let port = free_port();
     let url = format!("redis://user:hunter2@127.0.0.1:{port}");
-    let stderr = failure(&["--store", &url, "--requests", "5"], 1);
+    let stderr = bench_failure(&["--store", &url, "--requests", "5"], 1);
     assert!(
         stderr.starts_with(&format!(
             "error: cannot use the store at redis://user:***@127.0.0.1:{port}: "

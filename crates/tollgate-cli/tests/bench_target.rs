@@ -3,10 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
-
-use common::{bench, tollgate};
+use common::{bench, bench_failure, Serve};
 use serde_json::Value;
 
 /// Nothing is denied on `client`; `small` allows 5 a minute.
@@ -37,57 +34,27 @@ const FIELDS: [&str; 15] = [
     "limit_applied",
 ];
 
-/// A `tollgate serve` process on ports the system chose; killed (by its
-/// pid) when dropped.
-struct Serve {
-    child: Child,
+/// `tollgate serve` with this file's config, and its targets as URLs.
+struct Server {
+    /// Kept for its lifetime: dropping it stops the server.
+    _serve: Serve,
     http: String,
     grpc: String,
     _dir: tempfile::TempDir,
 }
 
-impl Serve {
+impl Server {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("bench.yaml");
         std::fs::write(&config, CONFIG).unwrap();
-        let mut child = tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut logs = BufReader::new(child.stderr.take().unwrap()).lines();
-        // Ready once it says so, with the addresses it bound: no polling.
-        let ready = logs
-            .by_ref()
-            .map_while(Result::ok)
-            .find(|line| line.contains("tollgate serve is ready"))
-            .expect("the server never said it was ready");
-        let address = |name: &str| {
-            ready
-                .split_whitespace()
-                .find_map(|field| field.strip_prefix(name))
-                .unwrap_or_else(|| panic!("no {name} in {ready}"))
-                .to_owned()
-        };
-        let (http, grpc) = (address("http="), address("grpc="));
-        // Keep reading, so the server never blocks on a full pipe.
-        std::thread::spawn(move || logs.for_each(drop));
+        let serve = Serve::start(&config);
         Self {
-            child,
-            http: format!("http://{http}"),
-            grpc: format!("grpc://{grpc}"),
+            http: format!("http://{}", serve.http),
+            grpc: format!("grpc://{}", serve.grpc),
+            _serve: serve,
             _dir: dir,
         }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -128,7 +95,7 @@ const DESCRIBED: [&str; 6] = ["--domain", "bench", "--descriptor", "client=c", "
 
 #[test]
 fn grpc_should_rate_limit_for_one_second() {
-    let server = Serve::start();
+    let server = Server::start();
     let summary = one_second(&server.grpc, &DESCRIBED);
     assert_eq!(summary["request"], "ShouldRateLimit");
     assert_eq!(summary["target"], server.grpc);
@@ -138,7 +105,7 @@ fn grpc_should_rate_limit_for_one_second() {
 
 #[test]
 fn http_json_for_one_second() {
-    let server = Serve::start();
+    let server = Server::start();
     let summary = one_second(&server.http, &[&["--request", "json"][..], &DESCRIBED].concat());
     assert_eq!(summary["request"], "POST /json");
     assert_eq!(summary["limit_applied"], true);
@@ -146,7 +113,7 @@ fn http_json_for_one_second() {
 
 #[test]
 fn http_check_for_one_second() {
-    let server = Serve::start();
+    let server = Server::start();
     // --request check is the default.
     let summary = one_second(&server.http, &DESCRIBED);
     assert_eq!(summary["request"], "POST /v1/check");
@@ -155,7 +122,7 @@ fn http_check_for_one_second() {
 
 #[test]
 fn http_healthz_for_one_second() {
-    let server = Serve::start();
+    let server = Server::start();
     let summary = one_second(&server.http, &["--request", "healthz"]);
     assert_eq!(summary["request"], "GET /healthz");
     assert_eq!(summary["limit_applied"], Value::Null);
@@ -163,7 +130,7 @@ fn http_healthz_for_one_second() {
 
 #[test]
 fn over_limit_answers_are_counted_for_every_protocol() {
-    let server = Serve::start();
+    let server = Server::start();
     for (target, request) in [
         (&server.grpc, None),
         (&server.http, Some("json")),
@@ -195,7 +162,7 @@ fn over_limit_answers_are_counted_for_every_protocol() {
 
 #[test]
 fn keys_spread_the_requests_over_values() {
-    let server = Serve::start();
+    let server = Server::start();
     let run = |target: &str, request: &[&str], value: &str| {
         let args = [
             &["--target", target, "--domain", "bench", "--descriptor", value],
@@ -222,7 +189,7 @@ fn keys_spread_the_requests_over_values() {
 
 #[test]
 fn text_summary_and_unmatched_descriptors() {
-    let server = Serve::start();
+    let server = Server::start();
     let output = bench(&[
         "--target",
         &server.grpc,
@@ -256,39 +223,29 @@ fn text_summary_and_unmatched_descriptors() {
     );
 }
 
-/// Runs `bench <args>`; it must fail with `code`; returns stderr.
-fn failure(args: &[&str], code: i32) -> String {
-    let output = bench(args);
-    let stderr = String::from_utf8(output.stderr).unwrap();
-    assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
-}
-
 #[test]
 fn unreachable_servers_and_invalid_arguments() {
     let port = common::redis_server::free_port();
     let grpc = format!("grpc://127.0.0.1:{port}");
-    let stderr = failure(&["--target", &grpc, "--domain", "d", "--descriptor", "a=b"], 1);
+    let stderr = bench_failure(&["--target", &grpc, "--domain", "d", "--descriptor", "a=b"], 1);
     assert!(
         stderr.starts_with(&format!("error: cannot use the server at {grpc}: ")),
         "{stderr}"
     );
     assert!(stderr.contains("Connection refused"), "{stderr}");
     let http = format!("http://127.0.0.1:{port}");
-    let stderr = failure(&["--target", &http, "--request", "healthz"], 1);
+    let stderr = bench_failure(&["--target", &http, "--request", "healthz"], 1);
     assert!(stderr.contains("Connection refused"), "{stderr}");
 
-    let stderr = failure(&["--target", "https://h:1", "--request", "healthz"], 2);
+    let stderr = bench_failure(&["--target", "https://h:1", "--request", "healthz"], 2);
     assert!(stderr.contains("TLS is not supported"), "{stderr}");
-    let stderr = failure(&["--target", &grpc, "--descriptor", "a=b"], 2);
+    let stderr = bench_failure(&["--target", &grpc, "--descriptor", "a=b"], 2);
     assert!(stderr.contains("--domain is required"), "{stderr}");
-    let stderr = failure(&["--target", &grpc, "--domain", "d"], 2);
+    let stderr = bench_failure(&["--target", &grpc, "--domain", "d"], 2);
     assert!(stderr.contains("at least one --descriptor"), "{stderr}");
-    let stderr = failure(&["--target", &grpc, "--domain", "d", "--descriptor", "novalue"], 2);
+    let stderr = bench_failure(&["--target", &grpc, "--domain", "d", "--descriptor", "novalue"], 2);
     assert!(stderr.contains("key=value"), "{stderr}");
-    let stderr = failure(
+    let stderr = bench_failure(
         &[
             "--target",
             &grpc,
@@ -305,11 +262,11 @@ fn unreachable_servers_and_invalid_arguments() {
         stderr.contains("--request applies only to an http:// target"),
         "{stderr}"
     );
-    let stderr = failure(&["--target", &http, "--request", "healthz", "--domain", "d"], 2);
+    let stderr = bench_failure(&["--target", &http, "--request", "healthz", "--domain", "d"], 2);
     assert!(stderr.contains("decides nothing"), "{stderr}");
     // Store options do not mix with a target, nor target options with a store.
-    failure(&["--target", &http, "--tasks", "2"], 2);
-    failure(&["--target", &http, "--store", "memory"], 2);
-    failure(&["--connections", "2", "--requests", "5"], 2);
-    failure(&["--request", "json", "--requests", "5"], 2);
+    bench_failure(&["--target", &http, "--tasks", "2"], 2);
+    bench_failure(&["--target", &http, "--store", "memory"], 2);
+    bench_failure(&["--connections", "2", "--requests", "5"], 2);
+    bench_failure(&["--request", "json", "--requests", "5"], 2);
 }

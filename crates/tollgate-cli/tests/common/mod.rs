@@ -4,8 +4,11 @@
 #[path = "../../../tollgate/tests/common/redis_server.rs"]
 pub mod redis_server;
 
-use std::io::Write as _;
-use std::process::{Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 /// The `tollgate` binary with `args`.
 pub fn tollgate(args: &[&str]) -> Command {
@@ -39,4 +42,93 @@ pub fn bench(args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("the tollgate binary starts")
+}
+
+/// Runs `tollgate bench <args>`; it must fail with `code` and print nothing on
+/// stdout; returns stderr.
+pub fn bench_failure(args: &[&str], code: i32) -> String {
+    let output = bench(args);
+    let stderr = String::from_utf8(output.stderr).expect("utf-8 stderr");
+    assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+/// A `tollgate serve` process on ports the system chose; killed (by its pid)
+/// when dropped.
+pub struct Serve {
+    child: Child,
+    /// `host:port` of the HTTP listener.
+    pub http: String,
+    /// `host:port` of the gRPC listener.
+    pub grpc: String,
+    /// Its log after the "ready" line, read as it comes so the pipe never fills.
+    logs: Arc<Mutex<Vec<String>>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Serve {
+    /// Starts `tollgate serve --config <config>` on port 0 and returns once it
+    /// says it is ready, with the addresses it bound (no polling).
+    pub fn start(config: &Path) -> Self {
+        let mut child = tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the tollgate binary starts");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|line| line.contains("tollgate serve is ready"))
+            .expect("the server never said it was ready");
+        let address = |name: &str| {
+            ready
+                .split_whitespace()
+                .find_map(|field| field.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {ready}"))
+                .to_owned()
+        };
+        let (http, grpc) = (address("http="), address("grpc="));
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logs);
+        let reader = std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().expect("log lock").push(line);
+            }
+        });
+        Self {
+            child,
+            http,
+            grpc,
+            logs,
+            reader: Some(reader),
+        }
+    }
+
+    /// Sends SIGTERM (by pid), waits for the exit, and returns whether it
+    /// succeeded and the log lines written after "ready".
+    pub fn terminate(mut self) -> (bool, Vec<String>) {
+        let signal = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(signal.success());
+        let exit = self.child.wait().expect("the server exits");
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("the log reader ends");
+        }
+        let logs = std::mem::take(&mut *self.logs.lock().expect("log lock"));
+        (exit.success(), logs)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
