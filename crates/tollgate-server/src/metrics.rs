@@ -28,11 +28,18 @@ struct DomainLabels {
 
 type HistogramFamily = Family<DomainLabels, Histogram, fn() -> Histogram>;
 
-/// The counters of one rule, looked up once and kept.
-#[derive(Clone)]
-struct RuleCounters {
+/// Metric handles kept by `(domain, rule)`, so a request neither allocates
+/// labels nor hashes them with SipHash in every family.
+struct Cached<T> {
     domain: String,
     rule: String,
+    handles: T,
+}
+
+type Cache<T> = RwLock<HashTable<Cached<T>>>;
+
+/// The counters of one rule.
+struct RuleCounters {
     hits: Counter,
     over_limit: Counter,
     near_limit: Counter,
@@ -52,11 +59,9 @@ pub struct Metrics {
     latency: HistogramFamily,
     config_reloads: Counter,
     config_errors: Counter,
-    /// Handles by `(domain, rule)`, so a request neither allocates labels
-    /// nor hashes them with SipHash in every family.
-    cache: RwLock<HashTable<RuleCounters>>,
-    /// Latency histograms by domain, likewise.
-    histograms: RwLock<HashTable<(String, Histogram)>>,
+    counters: Cache<RuleCounters>,
+    /// Latency histograms by domain (the rule left empty).
+    histograms: Cache<Histogram>,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -68,8 +73,7 @@ fn latency_histogram() -> Histogram {
 impl Metrics {
     /// Empty metrics, registered under `tollgate_`.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("tollgate");
-        let metrics = Self {
+        let mut metrics = Self {
             hits: Family::default(),
             over_limit: Family::default(),
             near_limit: Family::default(),
@@ -79,75 +83,81 @@ impl Metrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
-            registry: Registry::default(),
-            cache: RwLock::new(HashTable::new()),
+            registry: Registry::with_prefix("tollgate"),
+            counters: RwLock::new(HashTable::new()),
             histograms: RwLock::new(HashTable::new()),
             hasher: foldhash::fast::RandomState::default(),
         };
-        registry.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
-        registry.register(
+        metrics
+            .registry
+            .register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
+        metrics.registry.register(
             "over_limit",
             "Hits refused as over the limit",
             metrics.over_limit.clone(),
         );
-        registry.register(
+        metrics.registry.register(
             "near_limit",
             "Hits admitted with 80 % or more of the limit used",
             metrics.near_limit.clone(),
         );
-        registry.register("within_limit", "Hits admitted", metrics.within_limit.clone());
-        registry.register(
+        metrics
+            .registry
+            .register("within_limit", "Hits admitted", metrics.within_limit.clone());
+        metrics.registry.register(
             "shadow_mode",
             "Hits over the limit but admitted by shadow mode",
             metrics.shadow_mode.clone(),
         );
-        registry.register(
+        metrics.registry.register(
             "store_errors",
             "Requests that failed because the store failed",
             metrics.store_errors.clone(),
         );
-        registry.register(
+        metrics.registry.register(
             "decision_seconds",
             "Time to decide one request",
             metrics.latency.clone(),
         );
-        registry.register(
+        metrics.registry.register(
             "config_reloads",
             "Configurations loaded",
             metrics.config_reloads.clone(),
         );
-        registry.register("config_errors", "Configurations refused", metrics.config_errors.clone());
-        Self { registry, ..metrics }
+        metrics
+            .registry
+            .register("config_errors", "Configurations refused", metrics.config_errors.clone());
+        metrics
     }
 
-    /// Runs `update` on the counters of `(domain, rule)`, creating them once.
-    fn with_counters(&self, domain: &str, rule: &str, update: impl FnOnce(&RuleCounters)) {
+    /// Runs `use_handles` on the handles cached for `(domain, rule)`, making
+    /// them with `make` the first time.
+    fn with_cached<T>(
+        &self,
+        cache: &Cache<T>,
+        (domain, rule): (&str, &str),
+        make: impl FnOnce() -> T,
+        use_handles: impl FnOnce(&T),
+    ) {
         let hash = self.hasher.hash_one((domain, rule));
-        let matches = |counters: &RuleCounters| counters.domain == domain && counters.rule == rule;
-        if let Ok(cache) = self.cache.read() {
-            if let Some(counters) = cache.find(hash, matches) {
-                update(counters);
+        let matches = |cached: &Cached<T>| cached.domain == domain && cached.rule == rule;
+        if let Ok(table) = cache.read() {
+            if let Some(cached) = table.find(hash, matches) {
+                use_handles(&cached.handles);
                 return;
             }
         }
-        let rule_labels = RuleLabels {
-            domain: domain.to_owned(),
-            rule: rule.to_owned(),
-        };
-        let counters = RuleCounters {
-            domain: domain.to_owned(),
-            rule: rule.to_owned(),
-            hits: self.hits.get_or_create(&rule_labels).clone(),
-            over_limit: self.over_limit.get_or_create(&rule_labels).clone(),
-            near_limit: self.near_limit.get_or_create(&rule_labels).clone(),
-            within_limit: self.within_limit.get_or_create(&rule_labels).clone(),
-            shadow_mode: self.shadow_mode.get_or_create(&rule_labels).clone(),
-        };
-        update(&counters);
-        if let Ok(mut cache) = self.cache.write() {
-            if cache.find(hash, matches).is_none() {
-                cache.insert_unique(hash, counters, |counters| {
-                    self.hasher.hash_one((counters.domain.as_str(), counters.rule.as_str()))
+        let handles = make();
+        use_handles(&handles);
+        if let Ok(mut table) = cache.write() {
+            if table.find(hash, matches).is_none() {
+                let cached = Cached {
+                    domain: domain.to_owned(),
+                    rule: rule.to_owned(),
+                    handles,
+                };
+                table.insert_unique(hash, cached, |cached| {
+                    self.hasher.hash_one((cached.domain.as_str(), cached.rule.as_str()))
                 });
             }
         }
@@ -155,7 +165,20 @@ impl Metrics {
 
     /// Counts one descriptor's decision.
     pub fn record(&self, domain: &str, rule: &str, hits: u64, decision: &Decision, shadow: bool) {
-        self.with_counters(domain, rule, |counters| {
+        let make = || {
+            let labels = RuleLabels {
+                domain: domain.to_owned(),
+                rule: rule.to_owned(),
+            };
+            RuleCounters {
+                hits: self.hits.get_or_create(&labels).clone(),
+                over_limit: self.over_limit.get_or_create(&labels).clone(),
+                near_limit: self.near_limit.get_or_create(&labels).clone(),
+                within_limit: self.within_limit.get_or_create(&labels).clone(),
+                shadow_mode: self.shadow_mode.get_or_create(&labels).clone(),
+            }
+        };
+        self.with_cached(&self.counters, (domain, rule), make, |counters| {
             counters.hits.inc_by(hits);
             if decision.allowed {
                 counters.within_limit.inc_by(hits);
@@ -186,25 +209,15 @@ impl Metrics {
 
     /// Records how long a request took to decide.
     pub fn latency(&self, domain: &str, elapsed: Duration) {
-        let hash = self.hasher.hash_one(domain);
-        if let Ok(histograms) = self.histograms.read() {
-            if let Some((_, histogram)) = histograms.find(hash, |(name, _)| name == domain) {
-                histogram.observe(elapsed.as_secs_f64());
-                return;
-            }
-        }
-        let labels = DomainLabels {
-            domain: domain.to_owned(),
+        let make = || {
+            let labels = DomainLabels {
+                domain: domain.to_owned(),
+            };
+            self.latency.get_or_create(&labels).clone()
         };
-        let histogram = self.latency.get_or_create(&labels).clone();
-        histogram.observe(elapsed.as_secs_f64());
-        if let Ok(mut histograms) = self.histograms.write() {
-            if histograms.find(hash, |(name, _)| name == domain).is_none() {
-                histograms.insert_unique(hash, (domain.to_owned(), histogram), |(name, _)| {
-                    self.hasher.hash_one(name.as_str())
-                });
-            }
-        }
+        self.with_cached(&self.histograms, (domain, ""), make, |histogram| {
+            histogram.observe(elapsed.as_secs_f64());
+        });
     }
 
     /// Counts a configuration put in force (`ok`) or refused.
