@@ -50,7 +50,6 @@ impl Error {
     }
 
     /// Wraps a lower-level cause (kept as [`std::error::Error::source`]).
-    #[allow(dead_code)]
     pub(crate) fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
         self
