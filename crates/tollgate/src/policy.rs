@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{Action, Limit, LimitSpec, State};
+use crate::algorithm::{Action, Limit, LimitSpec, State, Step};
 use crate::clock::{micros, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::{Error, Result};
@@ -222,7 +222,12 @@ impl Policy {
     ///
     /// As [`Limit::supports`], prefixed with the limit's name in a named
     /// policy; per-limit costs that do not match the policy.
+    #[inline]
     pub(crate) fn validate(&self, request: &Request) -> Result<()> {
+        // The common case: every limit but a concurrency one takes a check.
+        if request.op == Op::Check && request.costs.is_empty() && !self.has_concurrency() {
+            return Ok(());
+        }
         if !request.costs.is_empty() {
             if request.costs.len() != self.limits.len() {
                 return Err(Error::invalid_argument(format!(
@@ -266,41 +271,28 @@ impl Policy {
     ) -> Result<Outcome> {
         debug_assert_eq!(states.len(), self.limits.len());
         self.validate(request)?;
+        if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
+            let (step, cost) = Self::decide_single(
+                request,
+                || limit.available(*state, now),
+                |action, cost| limit.decide(*state, now, action, cost),
+            );
+            if let Some(state) = step.state {
+                write(0, state, micros(step.decision.reset_after));
+            }
+            return Ok(self.single_outcome(request, step.decision, cost));
+        }
         let op = &request.op;
         let action = Self::action(op);
-        let mut cost = request.cost;
-        if *op == Op::CheckAtMost {
-            let available = self
-                .limits
+        let cost = resolved_cost(request, || {
+            self.limits
                 .iter()
                 .zip(states)
                 .map(|((_, limit), state)| limit.available(*state, now))
                 .min()
-                .unwrap_or(0);
-            // With nothing available, ask for one unit so the denial says
-            // when one will be.
-            cost = if available == 0 && cost > 0 {
-                1
-            } else {
-                available.min(cost)
-            };
-        }
-        let cost_of = |index: usize| {
-            if request.costs.is_empty() {
-                cost
-            } else {
-                request.costs[index]
-            }
-        };
-        if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
-            // One limit: its decision is the policy's.
-            let step = limit.decide(*state, now, action, cost_of(0));
-            let allowed = step.decision.allowed;
-            if let Some(state) = step.state {
-                write(0, state, micros(step.decision.reset_after));
-            }
-            return Ok(self.outcome(op, allowed, cost, std::iter::once(step.decision)));
-        }
+                .unwrap_or(0)
+        });
+        let cost_of = |index: usize| request.costs.get(index).copied().unwrap_or(cost);
         let mut steps = Vec::with_capacity(self.limits.len());
         for (index, ((_, limit), state)) in self.limits.iter().zip(states).enumerate() {
             steps.push(limit.decide(*state, now, action, cost_of(index)));
@@ -322,6 +314,30 @@ impl Policy {
             }
         }
         Ok(self.outcome(op, allowed, cost, steps.into_iter().map(|step| step.decision)))
+    }
+
+    /// A policy of one limit, whose decision is the policy's: `available()`
+    /// and `decide(action, cost)` run that limit on its state. Returns the
+    /// limit's step and the request's cost, for [`Policy::single_outcome`];
+    /// the request is already validated.
+    #[inline]
+    pub(crate) fn decide_single<S>(
+        request: &Request,
+        available: impl FnOnce() -> u64,
+        decide: impl FnOnce(Action<'_>, u64) -> Step<S>,
+    ) -> (Step<S>, u64) {
+        let cost = resolved_cost(request, available);
+        let step = decide(
+            Self::action(&request.op),
+            request.costs.first().copied().unwrap_or(cost),
+        );
+        (step, cost)
+    }
+
+    /// The outcome of a one-limit policy from its decision.
+    #[inline]
+    pub(crate) fn single_outcome(&self, request: &Request, decision: Decision, cost: u64) -> Outcome {
+        self.outcome(&request.op, decision.allowed, cost, std::iter::once(decision))
     }
 
     /// Assembles the outcome from each limit's decision (in the policy's order).
@@ -361,6 +377,22 @@ impl Policy {
             lease,
             limits: if self.named { limits } else { Vec::new() },
         }
+    }
+}
+
+/// The cost of `request`, with `check_at_most` resolved against
+/// `available()`, the least any limit has: as much of the cost as is
+/// available, or one unit when nothing is, so that the denial says when one
+/// will be.
+fn resolved_cost(request: &Request, available: impl FnOnce() -> u64) -> u64 {
+    if request.op != Op::CheckAtMost {
+        return request.cost;
+    }
+    let available = available();
+    if available == 0 && request.cost > 0 {
+        1
+    } else {
+        available.min(request.cost)
     }
 }
 

@@ -47,16 +47,16 @@ impl Gcra {
         let horizon = self.horizon();
         // How far the TAT runs ahead of now, in ticks (max(TAT, now) − now).
         let ahead = state.map_or(0, |tat| tat.backlog(now, ticks)).min(horizon);
-        let remaining = ticks.units(horizon - ahead);
+        let remaining = || ticks.units(horizon - ahead);
         if cost > self.burst {
-            return Step::unchanged(Decision::deny(self.burst, remaining, None, ticks.micros(ahead)));
+            return Step::unchanged(Decision::deny(self.burst, remaining(), None, ticks.micros(ahead)));
         }
         let new_ahead = ahead + cost * ticks.unit;
         if new_ahead > horizon {
             let retry_after = ticks.micros(new_ahead - horizon);
             return Step::unchanged(Decision::deny(
                 self.burst,
-                remaining,
+                remaining(),
                 Some(retry_after),
                 ticks.micros(ahead),
             ));

@@ -91,6 +91,19 @@ pub(crate) enum Action<'a> {
     Release(&'a str),
 }
 
+impl Action<'_> {
+    /// The cost a limit that neither queues nor leases checks: a release
+    /// only reports, as a peek.
+    #[inline]
+    pub(crate) fn check_cost(self, cost: u64) -> u64 {
+        if matches!(self, Action::Release(_)) {
+            0
+        } else {
+            cost
+        }
+    }
+}
+
 /// The stored state of one limit for one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
@@ -557,6 +570,15 @@ impl Limit {
         matches!(self.kind, Kind::Concurrency(_))
     }
 
+    /// The parameters of a GCRA limit, whose whole state is one instant (the
+    /// memory store updates it with a compare-and-swap).
+    pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
+        match &self.kind {
+            Kind::Gcra(gcra) => Some(gcra),
+            _ => None,
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn kind(&self) -> &Kind {
         &self.kind
@@ -622,11 +644,11 @@ impl Limit {
                 }
             };
         }
-        let (cost, max_wait, lease) = match action {
-            Action::Check => (cost, None, None),
-            Action::Reserve(max_wait) => (cost, max_wait, None),
-            Action::Acquire { lease, max_wait } => (cost, max_wait, lease),
-            Action::Release(_) => (0, None, None),
+        let cost = action.check_cost(cost);
+        let (max_wait, lease) = match action {
+            Action::Check | Action::Release(_) => (None, None),
+            Action::Reserve(max_wait) => (max_wait, None),
+            Action::Acquire { lease, max_wait } => (max_wait, lease),
         };
         match &self.kind {
             Kind::FixedWindow(p) => p.check(state!(FixedWindow), now, cost).map(State::FixedWindow),

@@ -47,11 +47,19 @@ impl Rate {
     }
 
     /// Whole microseconds needed to drain `ticks` (rounded up).
+    #[inline]
     pub fn micros(self, ticks: u64) -> u64 {
-        ticks.div_ceil(self.per_micro)
+        // Most rates divide their period: a tick is then a microsecond, and
+        // the division is skipped.
+        if self.per_micro == 1 {
+            ticks
+        } else {
+            ticks.div_ceil(self.per_micro)
+        }
     }
 
     /// Whole units in `ticks` (rounded down).
+    #[inline]
     pub fn units(self, ticks: u64) -> u64 {
         ticks / self.unit
     }
@@ -81,7 +89,14 @@ impl Tat {
     }
 
     /// The instant `backlog` ticks after `now`.
+    #[inline]
     pub(crate) fn after(now: u64, backlog: u64, rate: Rate) -> Self {
+        if rate.per_micro == 1 {
+            return Self {
+                at: now + backlog,
+                frac: 0,
+            };
+        }
         Self {
             at: now + backlog / rate.per_micro,
             frac: backlog % rate.per_micro,

@@ -3,14 +3,17 @@
 //! Subjects are spread over shards by hash, each behind its own mutex, so
 //! threads deciding for different subjects rarely meet and there is no global
 //! lock on the decision path; all limits of one subject live in one shard, so
-//! a policy is decided under one lock. Inside a shard one hash table holds a
-//! slot per `(subject, limit name)`, so a subject with very many limits (a
-//! server domain with a limit per descriptor) costs no more per lookup than a
-//! subject with one. A decision holds one shard lock for a few hundred
-//! nanoseconds at most. State that carries no information any more (a full
-//! bucket, a past window) is dropped as soon as a decision notices, and each
-//! shard sweeps out expired entries when it has doubled in size or a second
-//! has passed since its last sweep, so memory stays bounded by live keys.
+//! a policy is decided under one lock. Inside a shard, hash tables hold a slot
+//! per `(subject, limit name)`, so a subject with very many limits (a server
+//! domain with a limit per descriptor) costs no more per lookup than a subject
+//! with one. GCRA states (one instant each) have a table of their own with
+//! 32-byte slots, so that many keys stay in the CPU's caches. A decision
+//! holds one shard lock for well under a microsecond.
+//!
+//! State that carries no information any more (a full bucket, a past window)
+//! is dropped as soon as a decision notices, and each shard sweeps out expired
+//! entries when it has doubled in size or a second has passed since its last
+//! sweep, so memory stays bounded by live keys.
 
 use std::hash::BuildHasher as _;
 use std::sync::Arc;
@@ -20,6 +23,8 @@ use hashbrown::hash_table::{Entry, HashTable};
 use parking_lot::Mutex;
 
 use super::Store;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::rate::Tat;
 use crate::algorithm::State;
 use crate::clock::{micros, Clock, Sleep, SystemClock};
 use crate::decision::Outcome;
@@ -48,33 +53,67 @@ struct Inner {
 struct Padded(Mutex<Shard>);
 
 struct Shard {
+    /// GCRA states.
+    tats: HashTable<TatSlot>,
+    /// The states of every other algorithm.
     slots: HashTable<Slot>,
     next_sweep: u64,
     sweep_above: usize,
 }
 
-impl Slot {
-    fn new(subject: &str, name: &str, hash: u64, state: State, expires: u64) -> Self {
-        Self {
-            key: [subject.as_bytes(), name.as_bytes()].concat().into_boxed_slice(),
+/// Bytes of a key kept inline; longer keys go to the heap.
+const INLINE: usize = 13;
+
+/// The bytes of `(subject, limit name)`: inline when short, so that a
+/// lookup of a short key reads one cache line, and 16 bytes either way, so
+/// that a GCRA slot takes 32.
+enum Key {
+    Inline { len: u8, split: u8, bytes: [u8; INLINE] },
+    Heap(Box<HeapKey>),
+}
+
+struct HeapKey {
+    split: usize,
+    bytes: Box<[u8]>,
+}
+
+const _: () = assert!(size_of::<Key>() == 16);
+const _: () = assert!(size_of::<TatSlot>() == 32);
+
+impl Key {
+    fn new(subject: &str, name: &str) -> Self {
+        let len = subject.len() + name.len();
+        if let (Ok(short), Ok(split)) = (u8::try_from(len), u8::try_from(subject.len())) {
+            if len <= INLINE {
+                let mut bytes = [0; INLINE];
+                bytes[..subject.len()].copy_from_slice(subject.as_bytes());
+                bytes[subject.len()..len].copy_from_slice(name.as_bytes());
+                return Self::Inline {
+                    len: short,
+                    split,
+                    bytes,
+                };
+            }
+        }
+        Self::Heap(Box::new(HeapKey {
             split: subject.len(),
-            hash,
-            state,
-            expires,
+            bytes: [subject.as_bytes(), name.as_bytes()].concat().into_boxed_slice(),
+        }))
+    }
+
+    /// The subject's bytes and the name's.
+    #[inline]
+    fn parts(&self) -> (&[u8], &[u8]) {
+        match self {
+            Self::Inline { len, split, bytes } => bytes[..usize::from(*len)].split_at(usize::from(*split)),
+            Self::Heap(key) => key.bytes.split_at(key.split),
         }
     }
 
     #[inline]
     fn is(&self, subject: &str, name: &str) -> bool {
-        self.split == subject.len()
-            && self.key.len() == subject.len() + name.len()
-            && same(&self.key[..self.split], subject.as_bytes())
-            && same(&self.key[self.split..], name.as_bytes())
-    }
-
-    fn put(&mut self, state: State, expires: u64) {
-        self.state = state;
-        self.expires = expires;
+        let (key_subject, key_name) = self.parts();
+        same(key_subject, subject.as_bytes()) && same(key_name, name.as_bytes())
     }
 }
 
@@ -92,17 +131,50 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     words_equal && a_words.remainder().iter().zip(b_words.remainder()).all(|(x, y)| x == y)
 }
 
-/// The state of one limit of one subject.
+/// The state of one limit of one subject, for any algorithm but GCRA.
 struct Slot {
-    /// The subject's key, then the limit's name.
-    key: Box<[u8]>,
-    /// Where the name starts in `key`.
-    split: usize,
-    /// The hash of `(subject, name)`, kept for rehashing.
-    hash: u64,
+    key: Key,
     state: State,
     /// When the state stops carrying information, µs since the epoch.
     expires: u64,
+}
+
+impl Slot {
+    fn put(&mut self, state: State, expires: u64) {
+        self.state = state;
+        self.expires = expires;
+    }
+}
+
+/// The TAT of one GCRA limit of one subject.
+struct TatSlot {
+    tat: Tat,
+    key: Key,
+}
+
+impl TatSlot {
+    /// Decides a one-limit GCRA policy, updating the TAT in place.
+    #[inline]
+    fn decide(&mut self, gcra: &Gcra, policy: &Policy, request: &Request, now: u64) -> Result<Outcome> {
+        policy.validate(request)?;
+        let tat = self.tat;
+        let (step, cost) = Policy::decide_single(
+            request,
+            || gcra.available(Some(&tat), now),
+            |action, cost| gcra.check(Some(&tat), now, action.check_cost(cost)),
+        );
+        // A TAT that has passed says nothing, like no state at all: it stays
+        // until the next sweep.
+        if let Some(tat) = step.state {
+            self.tat = tat;
+        }
+        Ok(policy.single_outcome(request, step.decision, cost))
+    }
+}
+
+/// When a TAT stops carrying information: once it has passed.
+fn tat_expires(tat: Tat) -> u64 {
+    tat.at + u64::from(tat.frac > 0)
 }
 
 /// Options for a [`MemoryStore`].
@@ -145,6 +217,7 @@ impl MemoryStoreBuilder {
                 shards: (0..shards)
                     .map(|_| {
                         Padded(Mutex::new(Shard {
+                            tats: HashTable::new(),
                             slots: HashTable::new(),
                             next_sweep: 0,
                             sweep_above: 64,
@@ -183,7 +256,7 @@ impl MemoryStore {
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
         let hash = self.inner.hasher.hash_one(key);
-        // The high bits pick the shard; the map inside uses all of them.
+        // The high bits pick the shard; the tables inside use all of them.
         let index = (hash >> 32) as usize & (self.inner.shards.len() - 1);
         &self.inner.shards[index].0
     }
@@ -193,6 +266,15 @@ impl MemoryStore {
     }
 
     fn slot_hash(&self, subject: &str, name: &str) -> u64 {
+        self.hash_parts(subject.as_bytes(), name.as_bytes())
+    }
+
+    fn key_hash(&self, key: &Key) -> u64 {
+        let (subject, name) = key.parts();
+        self.hash_parts(subject, name)
+    }
+
+    fn hash_parts(&self, subject: &[u8], name: &[u8]) -> u64 {
         self.inner.hasher.hash_one((subject, name))
     }
 
@@ -204,25 +286,121 @@ impl MemoryStore {
     pub fn decide_now(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         let now = self.now(request);
         let key = subject.as_key();
-        let mut shard = self.shard(key).lock();
+        let shard = self.shard(key);
+        let single = policy.limits().next().filter(|_| policy.len() == 1);
+        let mut shard = shard.lock();
         shard.sweep_if_due(now, self.inner.sweep_every);
-        if let Some((name, _)) = policy.limits().next().filter(|_| policy.len() == 1) {
-            return self.decide_one(&mut shard, key, name, policy, request, now);
+        if let Some((name, limit)) = single {
+            let hash = self.slot_hash(key, name);
+            if let Some(gcra) = limit.as_gcra() {
+                if let Some(slot) = shard.tats.find_mut(hash, |slot| slot.key.is(key, name)) {
+                    return slot.decide(gcra, policy, request, now);
+                }
+                return self.decide_new(&mut shard, hash, key, name, policy, request, now);
+            }
+            return self.decide_one(&mut shard, hash, key, name, policy, request, now);
         }
-        let mut inline: [Option<&State>; 4] = [None; 4];
-        let mut spilled: Vec<Option<&State>>;
-        let states: &mut [Option<&State>] = if policy.len() <= inline.len() {
-            &mut inline[..policy.len()]
+        self.decide_many(&mut shard, key, policy, request, now)
+    }
+
+    /// A policy of one limit other than GCRA: one lookup, and the state
+    /// updated in place.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn decide_one(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        key: &str,
+        name: &str,
+        policy: &Policy,
+        request: &Request,
+        now: u64,
+    ) -> Result<Outcome> {
+        let Some(slot) = shard.slots.find_mut(hash, |slot| slot.key.is(key, name)) else {
+            return self.decide_new(shard, hash, key, name, policy, request, now);
+        };
+        let state = (slot.expires > now).then_some(&slot.state);
+        let mut write = None;
+        let outcome = policy.decide(&[state], now, request, |_, state, ttl| write = Some((state, ttl)))?;
+        match write {
+            Some((state, ttl)) if ttl > 0 => slot.put(state, now + ttl),
+            // A state with nothing left to say is dropped at once.
+            Some(_) => remove(&mut shard.slots, hash, |slot| slot.key.is(key, name)),
+            None => {}
+        }
+        Ok(outcome)
+    }
+
+    /// A policy of one limit with no state stored yet.
+    #[allow(clippy::too_many_arguments)]
+    fn decide_new(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        key: &str,
+        name: &str,
+        policy: &Policy,
+        request: &Request,
+        now: u64,
+    ) -> Result<Outcome> {
+        let mut write = None;
+        let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
+        if let Some((state, ttl)) = write {
+            self.put(shard, hash, key, name, state, ttl, now);
+        }
+        Ok(outcome)
+    }
+
+    /// A policy of several limits, all-or-nothing under the write lock.
+    fn decide_many(
+        &self,
+        shard: &mut Shard,
+        key: &str,
+        policy: &Policy,
+        request: &Request,
+        now: u64,
+    ) -> Result<Outcome> {
+        const INLINE_LIMITS: usize = 4;
+        let count = policy.len();
+        // GCRA states are read out of their atomics into `tats`; the others
+        // are borrowed from their slots.
+        let mut inline_tats: [Option<State>; INLINE_LIMITS] = Default::default();
+        let mut spilled_tats: Vec<Option<State>>;
+        let tats: &mut [Option<State>] = if count <= INLINE_LIMITS {
+            &mut inline_tats[..count]
         } else {
-            spilled = vec![None; policy.len()];
+            spilled_tats = (0..count).map(|_| None).collect();
+            &mut spilled_tats
+        };
+        for ((name, limit), tat) in policy.limits().zip(tats.iter_mut()) {
+            if limit.as_gcra().is_some() {
+                *tat = shard
+                    .tats
+                    .find(self.slot_hash(key, name), |slot| slot.key.is(key, name))
+                    .map(|slot| slot.tat)
+                    .filter(|&tat| tat_expires(tat) > now)
+                    .map(State::Gcra);
+            }
+        }
+        let mut inline: [Option<&State>; INLINE_LIMITS] = [None; INLINE_LIMITS];
+        let mut spilled: Vec<Option<&State>>;
+        let states: &mut [Option<&State>] = if count <= INLINE_LIMITS {
+            &mut inline[..count]
+        } else {
+            spilled = vec![None; count];
             &mut spilled
         };
-        for ((name, _), state) in policy.limits().zip(states.iter_mut()) {
-            *state = shard
-                .slots
-                .find(self.slot_hash(key, name), |slot| slot.is(key, name))
-                .filter(|slot| slot.expires > now)
-                .map(|slot| &slot.state);
+        for (((name, limit), tat), state) in policy.limits().zip(tats.iter()).zip(states.iter_mut()) {
+            *state = if limit.as_gcra().is_some() {
+                tat.as_ref()
+            } else {
+                shard
+                    .slots
+                    .find(self.slot_hash(key, name), |slot| slot.key.is(key, name))
+                    .filter(|slot| slot.expires > now)
+                    .map(|slot| &slot.state)
+            };
         }
         let mut writes = Vec::new();
         let outcome = policy.decide(states, now, request, |index, state, ttl| {
@@ -230,58 +408,59 @@ impl MemoryStore {
         })?;
         for (index, state, ttl) in writes {
             let name = policy.limits().nth(index).map_or("", |(name, _)| name);
-            let hash = self.slot_hash(key, name);
-            let entry = shard.slots.entry(hash, |slot| slot.is(key, name), |slot| slot.hash);
-            match (entry, ttl) {
-                // A state with nothing left to say is dropped at once.
-                (Entry::Occupied(slot), 0) => {
-                    slot.remove();
-                }
-                (Entry::Occupied(mut slot), _) => slot.get_mut().put(state, now + ttl),
-                (Entry::Vacant(_), 0) => {}
-                (Entry::Vacant(vacant), _) => {
-                    vacant.insert(Slot::new(key, name, hash, state, now + ttl));
-                }
-            }
+            self.put(shard, self.slot_hash(key, name), key, name, state, ttl, now);
         }
         Ok(outcome)
     }
 
-    /// A policy of one limit: one lookup, and the state updated in place.
-    #[inline]
-    fn decide_one(
-        &self,
-        shard: &mut Shard,
-        key: &str,
-        name: &str,
-        policy: &Policy,
-        request: &Request,
-        now: u64,
-    ) -> Result<Outcome> {
-        let hash = self.slot_hash(key, name);
-        let mut write = None;
-        if let Some(slot) = shard.slots.find_mut(hash, |slot| slot.is(key, name)) {
-            let state = (slot.expires > now).then_some(&slot.state);
-            let outcome = policy.decide(&[state], now, request, |_, state, ttl| write = Some((state, ttl)))?;
-            match write {
-                Some((state, ttl)) if ttl > 0 => slot.put(state, now + ttl),
-                // A state with nothing left to say is dropped at once.
-                Some(_) => {
-                    if let Ok(slot) = shard.slots.find_entry(hash, |slot| slot.is(key, name)) {
-                        slot.remove();
-                    }
+    /// Stores `state` for `(key, name)` for `ttl` µs (none: drops it), in the
+    /// table of its algorithm, and drops a state of the other table (left by
+    /// an earlier definition of the limit).
+    #[allow(clippy::too_many_arguments)]
+    fn put(&self, shard: &mut Shard, hash: u64, key: &str, name: &str, state: State, ttl: u64, now: u64) {
+        let is = |slot_key: &Key| slot_key.is(key, name);
+        if let State::Gcra(tat) = state {
+            remove(&mut shard.slots, hash, |slot| is(&slot.key));
+            match (
+                shard
+                    .tats
+                    .entry(hash, |slot| is(&slot.key), |slot| self.key_hash(&slot.key)),
+                ttl,
+            ) {
+                (Entry::Occupied(slot), 0) => {
+                    slot.remove();
                 }
-                None => {}
+                (Entry::Occupied(mut slot), _) => slot.get_mut().tat = tat,
+                (Entry::Vacant(_), 0) => {}
+                (Entry::Vacant(vacant), _) => {
+                    vacant.insert(TatSlot {
+                        tat,
+                        key: Key::new(key, name),
+                    });
+                }
             }
-            return Ok(outcome);
+            return;
         }
-        let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
-        if let Some((state, ttl)) = write.filter(|&(_, ttl)| ttl > 0) {
+        remove(&mut shard.tats, hash, |slot| is(&slot.key));
+        match (
             shard
                 .slots
-                .insert_unique(hash, Slot::new(key, name, hash, state, now + ttl), |slot| slot.hash);
+                .entry(hash, |slot| is(&slot.key), |slot| self.key_hash(&slot.key)),
+            ttl,
+        ) {
+            (Entry::Occupied(slot), 0) => {
+                slot.remove();
+            }
+            (Entry::Occupied(mut slot), _) => slot.get_mut().put(state, now + ttl),
+            (Entry::Vacant(_), 0) => {}
+            (Entry::Vacant(vacant), _) => {
+                vacant.insert(Slot {
+                    key: Key::new(key, name),
+                    state,
+                    expires: now + ttl,
+                });
+            }
         }
-        Ok(outcome)
     }
 
     /// Forgets `subject`'s state for every limit of `policy`.
@@ -289,18 +468,22 @@ impl MemoryStore {
         let key = subject.as_key();
         let mut shard = self.shard(key).lock();
         for (name, _) in policy.limits() {
-            let found = shard
-                .slots
-                .find_entry(self.slot_hash(key, name), |slot| slot.is(key, name));
-            if let Ok(slot) = found {
-                slot.remove();
-            }
+            let hash = self.slot_hash(key, name);
+            remove(&mut shard.slots, hash, |slot| slot.key.is(key, name));
+            remove(&mut shard.tats, hash, |slot| slot.key.is(key, name));
         }
     }
 
     /// How many `(subject, limit)` states the store holds, expired or not.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|shard| shard.0.lock().slots.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|shard| {
+                let shard = shard.0.lock();
+                shard.slots.len() + shard.tats.len()
+            })
+            .sum()
     }
 
     /// True when the store holds no state.
@@ -321,18 +504,30 @@ impl MemoryStore {
     }
 }
 
+/// Removes the entry `is` finds, if any.
+fn remove<T>(table: &mut HashTable<T>, hash: u64, is: impl Fn(&T) -> bool) {
+    if let Ok(entry) = table.find_entry(hash, is) {
+        entry.remove();
+    }
+}
+
 impl Shard {
-    /// Sweeps when a period has passed or the shard has doubled since the last sweep.
+    /// True when a period has passed or the shard has doubled since the last sweep.
+    fn sweep_due(&self, now: u64) -> bool {
+        now >= self.next_sweep || self.slots.len() + self.tats.len() > self.sweep_above
+    }
+
     fn sweep_if_due(&mut self, now: u64, every: u64) {
-        if now >= self.next_sweep || self.slots.len() > self.sweep_above {
+        if self.sweep_due(now) {
             self.sweep(now, every);
         }
     }
 
     fn sweep(&mut self, now: u64, every: u64) {
         self.slots.retain(|slot| slot.expires > now);
+        self.tats.retain(|slot| tat_expires(slot.tat) > now);
         self.next_sweep = now.saturating_add(every);
-        self.sweep_above = (self.slots.len() * 2).max(64);
+        self.sweep_above = ((self.slots.len() + self.tats.len()) * 2).max(64);
     }
 }
 

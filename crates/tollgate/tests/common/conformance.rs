@@ -203,6 +203,63 @@ pub async fn a_redefined_limit_starts_afresh<S: Store>(store: S) {
     assert_eq!(check(&third, &subject, 1, T0).await.remaining, 1);
 }
 
+/// The same, starting from GCRA (the memory store keeps GCRA states in a
+/// table of their own).
+pub async fn a_redefined_gcra_limit_starts_afresh<S: Store>(store: S) {
+    let subject = Subject::new("redefined");
+    let gcra = Policy::new([("x", Limit::gcra(1, Duration::from_secs(3600), 5).unwrap())]).unwrap();
+    let window = Policy::new([("x", Limit::fixed_window(3, Duration::from_secs(3600)).unwrap())]).unwrap();
+    let first = Limiter::new(store.clone(), gcra.clone());
+    assert_eq!(check(&first, &subject, 4, T0).await.remaining, 1);
+    let second = Limiter::new(store.clone(), window);
+    assert_eq!(check(&second, &subject, 1, T0).await.remaining, 2);
+    let third = Limiter::new(store, gcra);
+    assert_eq!(check(&third, &subject, 1, T0).await.remaining, 4);
+}
+
+/// A limit is one state per `(subject, name)`, whichever policy decides it:
+/// alone, or next to other limits.
+pub async fn policies_share_limits_by_name<S: Store>(store: S) {
+    let subject = Subject::new("shared");
+    let per_second = || ("per_second", Limit::gcra(10, Duration::from_secs(1), 10).unwrap());
+    let per_hour = || ("per_hour", Limit::fixed_window(100, Duration::from_secs(3600)).unwrap());
+    let alone = Limiter::new(store.clone(), Policy::new([per_second()]).unwrap());
+    let hourly = Limiter::new(store.clone(), Policy::new([per_hour()]).unwrap());
+    let both = Limiter::new(store, Policy::new([per_second(), per_hour()]).unwrap());
+    assert_eq!(check(&alone, &subject, 4, T0).await.remaining, 6);
+    assert_eq!(check(&hourly, &subject, 10, T0).await.remaining, 90);
+    let outcome = decide(&both, &subject, Op::Check, 5, T0).await;
+    assert!(outcome.decision.allowed);
+    let remaining: Vec<u64> = outcome.limits.iter().map(|(_, decision)| decision.remaining).collect();
+    assert_eq!(remaining, [1, 85]);
+    // Denied by the shared GCRA: nothing consumed anywhere.
+    assert!(!check(&both, &subject, 2, T0).await.allowed);
+    assert_eq!(check(&alone, &subject, 1, T0).await.remaining, 0);
+    assert_eq!(check(&hourly, &subject, 0, T0).await.remaining, 85);
+}
+
+/// Keys that concatenate to the same bytes stay apart: subject `ab` with
+/// limit `c` is not subject `a` with limit `bc`, for short keys and long.
+pub async fn subject_and_name_do_not_run_together<S: Store>(store: S) {
+    for (long, short) in [("ab", "a"), (&*"x".repeat(40), &*"x".repeat(39))] {
+        let one = Limiter::new(
+            store.clone(),
+            Policy::new([("c", Limit::gcra(1, Duration::from_secs(3600), 3).unwrap())]).unwrap(),
+        );
+        let other = Limiter::new(
+            store.clone(),
+            Policy::new([(
+                format!("{}c", &long[short.len()..]),
+                Limit::gcra(1, Duration::from_secs(3600), 3).unwrap(),
+            )])
+            .unwrap(),
+        );
+        assert_eq!(check(&one, &Subject::new(long), 2, T0).await.remaining, 1);
+        assert_eq!(check(&other, &Subject::new(short), 1, T0).await.remaining, 2);
+        assert_eq!(check(&one, &Subject::new(long), 0, T0).await.remaining, 1);
+    }
+}
+
 /// Runs the whole suite, each test on a fresh store made by `make`.
 pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn() -> F) {
     policy_is_all_or_nothing(make().await).await;
@@ -212,4 +269,7 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     leases_are_released_and_expire(make().await).await;
     unsupported_operations_are_errors(make().await).await;
     a_redefined_limit_starts_afresh(make().await).await;
+    a_redefined_gcra_limit_starts_afresh(make().await).await;
+    policies_share_limits_by_name(make().await).await;
+    subject_and_name_do_not_run_together(make().await).await;
 }
