@@ -96,9 +96,10 @@ impl Keyed for Tollgate {
     }
 }
 
-struct Governor(DefaultKeyedRateLimiter<u64>);
+/// Governor keyed by `K`.
+struct Governor<K: std::hash::Hash + Eq + Clone>(DefaultKeyedRateLimiter<K>);
 
-impl Governor {
+impl<K: std::hash::Hash + Eq + Clone> Governor<K> {
     fn new() -> Self {
         let quota = Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
             .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
@@ -106,7 +107,8 @@ impl Governor {
     }
 }
 
-impl Keyed for Governor {
+/// Keyed by the integer itself: governor's cheapest key.
+impl Keyed for Governor<u64> {
     type Key = u64;
 
     fn keys(order: &[u64]) -> Vec<u64> {
@@ -114,6 +116,19 @@ impl Keyed for Governor {
     }
 
     fn check(&self, key: &u64) -> bool {
+        self.0.check_key(key).is_ok()
+    }
+}
+
+/// Keyed by the same bytes as Tollgate's subjects, as a `String`.
+impl Keyed for Governor<String> {
+    type Key = String;
+
+    fn keys(order: &[u64]) -> Vec<String> {
+        order.iter().map(|&i| Subject::new(i).as_key().to_owned()).collect()
+    }
+
+    fn check(&self, key: &String) -> bool {
         self.0.check_key(key).is_ok()
     }
 }
@@ -179,13 +194,16 @@ fn keyed(c: &mut Criterion) {
     let order = key_order();
     let tollgate = Tollgate::new();
     let tollgate_keys = Tollgate::keys(&order);
-    let governor = Governor::new();
-    let governor_keys = Governor::keys(&order);
+    let governor = Governor::<u64>::new();
+    let governor_keys = Governor::<u64>::keys(&order);
+    let governor_string = Governor::<String>::new();
+    let governor_string_keys = Governor::<String>::keys(&order);
     // Also fills both with every key, so that timing starts on a warm map.
     eprintln!(
-        "allowed over {SAMPLE} checks on one thread: tollgate {:.1}%, governor {:.1}%",
+        "allowed over {SAMPLE} checks on one thread: tollgate {:.1}%, governor {:.1}%, governor_string {:.1}%",
         allowed_share(&tollgate, &tollgate_keys),
         allowed_share(&governor, &governor_keys),
+        allowed_share(&governor_string, &governor_string_keys),
     );
     // What one reading of each side's clock costs, for the breakdown in
     // BENCHMARKS.md.
@@ -198,11 +216,13 @@ fn keyed(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     one_thread(&mut group, "tollgate", &tollgate, &tollgate_keys);
     one_thread(&mut group, "governor", &governor, &governor_keys);
+    one_thread(&mut group, "governor_string", &governor_string, &governor_string_keys);
     group.finish();
     let mut group = c.benchmark_group("keyed/2_threads");
     group.throughput(Throughput::Elements(1));
     two_threads(&mut group, "tollgate", &tollgate, &tollgate_keys);
     two_threads(&mut group, "governor", &governor, &governor_keys);
+    two_threads(&mut group, "governor_string", &governor_string, &governor_string_keys);
     group.finish();
 }
 

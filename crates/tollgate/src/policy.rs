@@ -225,7 +225,7 @@ impl Policy {
     #[inline]
     pub(crate) fn validate(&self, request: &Request) -> Result<()> {
         // The common case: every limit but a concurrency one takes a check.
-        if request.op == Op::Check && request.costs.is_empty() && !self.has_concurrency() {
+        if matches!(request.op, Op::Check) && request.costs.is_empty() && !self.has_concurrency() {
             return Ok(());
         }
         if !request.costs.is_empty() {
@@ -272,15 +272,12 @@ impl Policy {
         debug_assert_eq!(states.len(), self.limits.len());
         self.validate(request)?;
         if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
-            let (step, cost) = Self::decide_single(
+            return Ok(self.decide_single(
                 request,
                 || limit.available(*state, now),
                 |action, cost| limit.decide(*state, now, action, cost),
-            );
-            if let Some(state) = step.state {
-                write(0, state, micros(step.decision.reset_after));
-            }
-            return Ok(self.single_outcome(request, step.decision, cost));
+                |state, ttl| write(0, state, ttl),
+            ));
         }
         let op = &request.op;
         let action = Self::action(op);
@@ -317,27 +314,25 @@ impl Policy {
     }
 
     /// A policy of one limit, whose decision is the policy's: `available()`
-    /// and `decide(action, cost)` run that limit on its state. Returns the
-    /// limit's step and the request's cost, for [`Policy::single_outcome`];
-    /// the request is already validated.
+    /// and `decide(action, cost)` run that limit on its state, and
+    /// `write(state, ttl)` stores its new state (`ttl`: µs until it carries
+    /// no information) when it changed. The request is already validated.
     #[inline]
     pub(crate) fn decide_single<S>(
+        &self,
         request: &Request,
         available: impl FnOnce() -> u64,
         decide: impl FnOnce(Action<'_>, u64) -> Step<S>,
-    ) -> (Step<S>, u64) {
+        write: impl FnOnce(S, u64),
+    ) -> Outcome {
+        let op = &request.op;
         let cost = resolved_cost(request, available);
-        let step = decide(
-            Self::action(&request.op),
-            request.costs.first().copied().unwrap_or(cost),
-        );
-        (step, cost)
-    }
-
-    /// The outcome of a one-limit policy from its decision.
-    #[inline]
-    pub(crate) fn single_outcome(&self, request: &Request, decision: Decision, cost: u64) -> Outcome {
-        self.outcome(&request.op, decision.allowed, cost, std::iter::once(decision))
+        let step = decide(Self::action(op), request.costs.first().copied().unwrap_or(cost));
+        let allowed = step.decision.allowed;
+        if let Some(state) = step.state {
+            write(state, micros(step.decision.reset_after));
+        }
+        self.outcome(op, allowed, cost, std::iter::once(step.decision))
     }
 
     /// Assembles the outcome from each limit's decision (in the policy's order).
@@ -385,7 +380,7 @@ impl Policy {
 /// available, or one unit when nothing is, so that the denial says when one
 /// will be.
 fn resolved_cost(request: &Request, available: impl FnOnce() -> u64) -> u64 {
-    if request.op != Op::CheckAtMost {
+    if !matches!(request.op, Op::CheckAtMost) {
         return request.cost;
     }
     let available = available();

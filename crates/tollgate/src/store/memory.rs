@@ -7,7 +7,7 @@
 //! per `(subject, limit name)`, so a subject with very many limits (a server
 //! domain with a limit per descriptor) costs no more per lookup than a subject
 //! with one. GCRA states (one instant each) have a table of their own with
-//! 32-byte slots, so that many keys stay in the CPU's caches. A decision
+//! 40-byte slots, so that many keys stay in the CPU's caches. A decision
 //! holds one shard lock for well under a microsecond.
 //!
 //! State that carries no information any more (a full bucket, a past window)
@@ -19,7 +19,7 @@ use std::hash::BuildHasher as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hashbrown::hash_table::{Entry, HashTable};
+use hashbrown::hash_table::HashTable;
 use parking_lot::Mutex;
 
 use super::Store;
@@ -62,23 +62,19 @@ struct Shard {
 }
 
 /// Bytes of a key kept inline; longer keys go to the heap.
-const INLINE: usize = 13;
+const INLINE: usize = 21;
 
-/// The bytes of `(subject, limit name)`: inline when short, so that a
-/// lookup of a short key reads one cache line, and 16 bytes either way, so
-/// that a GCRA slot takes 32.
+/// The bytes of `(subject, limit name)`, in 24 bytes: inline when short (an
+/// IPv4 address and a short limit name fit), so that a lookup reads one
+/// cache line, else behind one pointer.
 enum Key {
     Inline { len: u8, split: u8, bytes: [u8; INLINE] },
-    Heap(Box<HeapKey>),
+    Heap { split: u16, bytes: Box<[u8]> },
 }
 
-struct HeapKey {
-    split: usize,
-    bytes: Box<[u8]>,
-}
-
-const _: () = assert!(size_of::<Key>() == 16);
-const _: () = assert!(size_of::<TatSlot>() == 32);
+const _: () = assert!(size_of::<Key>() == 24);
+const _: () = assert!(size_of::<TatSlot>() == 40);
+const _: () = assert!(size_of::<Slot>() == 64);
 
 impl Key {
     fn new(subject: &str, name: &str) -> Self {
@@ -95,10 +91,11 @@ impl Key {
                 };
             }
         }
-        Self::Heap(Box::new(HeapKey {
-            split: subject.len(),
+        Self::Heap {
+            // Subject encodings are at most `MAX_KEY_LEN` (200) bytes.
+            split: u16::try_from(subject.len()).unwrap_or(u16::MAX),
             bytes: [subject.as_bytes(), name.as_bytes()].concat().into_boxed_slice(),
-        }))
+        }
     }
 
     /// The subject's bytes and the name's.
@@ -106,7 +103,7 @@ impl Key {
     fn parts(&self) -> (&[u8], &[u8]) {
         match self {
             Self::Inline { len, split, bytes } => bytes[..usize::from(*len)].split_at(usize::from(*split)),
-            Self::Heap(key) => key.bytes.split_at(key.split),
+            Self::Heap { split, bytes } => bytes.split_at(usize::from(*split)),
         }
     }
 
@@ -158,17 +155,14 @@ impl TatSlot {
     fn decide(&mut self, gcra: &Gcra, policy: &Policy, request: &Request, now: u64) -> Result<Outcome> {
         policy.validate(request)?;
         let tat = self.tat;
-        let (step, cost) = Policy::decide_single(
+        // A TAT that has passed says nothing, like no state at all: it stays
+        // until the next sweep.
+        Ok(policy.decide_single(
             request,
             || gcra.available(Some(&tat), now),
             |action, cost| gcra.check(Some(&tat), now, action.check_cost(cost)),
-        );
-        // A TAT that has passed says nothing, like no state at all: it stays
-        // until the next sweep.
-        if let Some(tat) = step.state {
-            self.tat = tat;
-        }
-        Ok(policy.single_outcome(request, step.decision, cost))
+            |tat, _| self.tat = tat,
+        ))
     }
 }
 
@@ -332,7 +326,7 @@ impl MemoryStore {
         Ok(outcome)
     }
 
-    /// A policy of one limit with no state stored yet.
+    /// A policy of one limit whose table holds no state for it.
     #[allow(clippy::too_many_arguments)]
     fn decide_new(
         &self,
@@ -347,7 +341,7 @@ impl MemoryStore {
         let mut write = None;
         let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
         if let Some((state, ttl)) = write {
-            self.put(shard, hash, key, name, state, ttl, now);
+            self.put_new(shard, hash, key, name, state, ttl, now);
         }
         Ok(outcome)
     }
@@ -414,52 +408,57 @@ impl MemoryStore {
     }
 
     /// Stores `state` for `(key, name)` for `ttl` µs (none: drops it), in the
-    /// table of its algorithm, and drops a state of the other table (left by
-    /// an earlier definition of the limit).
+    /// table of its algorithm.
     #[allow(clippy::too_many_arguments)]
     fn put(&self, shard: &mut Shard, hash: u64, key: &str, name: &str, state: State, ttl: u64, now: u64) {
         let is = |slot_key: &Key| slot_key.is(key, name);
         if let State::Gcra(tat) = state {
-            remove(&mut shard.slots, hash, |slot| is(&slot.key));
-            match (
-                shard
-                    .tats
-                    .entry(hash, |slot| is(&slot.key), |slot| self.key_hash(&slot.key)),
-                ttl,
-            ) {
-                (Entry::Occupied(slot), 0) => {
+            if let Ok(mut slot) = shard.tats.find_entry(hash, |slot| is(&slot.key)) {
+                if ttl == 0 {
                     slot.remove();
+                } else {
+                    slot.get_mut().tat = tat;
                 }
-                (Entry::Occupied(mut slot), _) => slot.get_mut().tat = tat,
-                (Entry::Vacant(_), 0) => {}
-                (Entry::Vacant(vacant), _) => {
-                    vacant.insert(TatSlot {
-                        tat,
-                        key: Key::new(key, name),
-                    });
-                }
+                return;
+            }
+        } else if let Ok(mut slot) = shard.slots.find_entry(hash, |slot| is(&slot.key)) {
+            if ttl == 0 {
+                slot.remove();
+            } else {
+                slot.get_mut().put(state, now + ttl);
             }
             return;
         }
-        remove(&mut shard.tats, hash, |slot| is(&slot.key));
-        match (
-            shard
-                .slots
-                .entry(hash, |slot| is(&slot.key), |slot| self.key_hash(&slot.key)),
-            ttl,
-        ) {
-            (Entry::Occupied(slot), 0) => {
-                slot.remove();
-            }
-            (Entry::Occupied(mut slot), _) => slot.get_mut().put(state, now + ttl),
-            (Entry::Vacant(_), 0) => {}
-            (Entry::Vacant(vacant), _) => {
-                vacant.insert(Slot {
+        self.put_new(shard, hash, key, name, state, ttl, now);
+    }
+
+    /// [`MemoryStore::put`] for a key its table does not hold. A key lives in
+    /// one table at most, so a state left in the other by an earlier
+    /// definition of the limit is dropped.
+    #[allow(clippy::too_many_arguments)]
+    fn put_new(&self, shard: &mut Shard, hash: u64, key: &str, name: &str, state: State, ttl: u64, now: u64) {
+        let is = |slot_key: &Key| slot_key.is(key, name);
+        let rehash = |slot_key: &Key| self.key_hash(slot_key);
+        let Shard { tats, slots, .. } = shard;
+        if let State::Gcra(tat) = state {
+            remove(slots, hash, |slot| is(&slot.key));
+            if ttl > 0 {
+                let slot = TatSlot {
+                    tat,
                     key: Key::new(key, name),
-                    state,
-                    expires: now + ttl,
-                });
+                };
+                tats.insert_unique(hash, slot, |slot| rehash(&slot.key));
             }
+            return;
+        }
+        remove(tats, hash, |slot| is(&slot.key));
+        if ttl > 0 {
+            let slot = Slot {
+                key: Key::new(key, name),
+                state,
+                expires: now + ttl,
+            };
+            slots.insert_unique(hash, slot, |slot| rehash(&slot.key));
         }
     }
 
