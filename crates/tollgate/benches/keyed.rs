@@ -1,12 +1,13 @@
 //! Keyed GCRA checks over 10 000 keys: Tollgate's memory store next to
 //! `governor`'s keyed rate limiter, on one thread and on two.
 //!
-//! Both sides get the same quota (1000 per second, bursts of 50), the same
+//! All sides get the same quota (1000 per second, bursts of 50), the same
 //! keys visited in the same fixed pseudo-random order, and the real clock
 //! (Tollgate: `MemoryStore::new()` on its `SystemClock`, `decide_now` without
 //! an explicit `now`; governor: its default quanta clock). Keys are built
-//! once before timing: a `Vec<Subject>` (`Subject::new(i)`) for Tollgate, a
-//! `Vec<u64>` for governor.
+//! once before timing: a `Vec<Subject>` (`Subject::new(i)`) for Tollgate; for
+//! governor a `Vec<u64>` (its cheapest key) and, as `governor_string`, a
+//! `Vec<String>` of the same bytes as Tollgate's subjects.
 //!
 //! On two threads each thread checks its own half of the key order and the
 //! time reported is the wall time for `iters` checks *per thread*: with
