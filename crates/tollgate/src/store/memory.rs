@@ -114,6 +114,22 @@ impl Key {
     }
 }
 
+/// Where one limit of one subject lives: the subject's key, the limit's
+/// name, and the hash of both.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    hash: u64,
+    key: &'a str,
+    name: &'a str,
+}
+
+impl Place<'_> {
+    #[inline]
+    fn holds(&self, key: &Key) -> bool {
+        key.is(self.key, self.name)
+    }
+}
+
 /// Equal bytes, compared inline: keys are short, and a call to `memcmp`
 /// costs more than the comparison.
 #[inline]
@@ -259,8 +275,12 @@ impl MemoryStore {
         request.now.unwrap_or_else(|| self.inner.clock.now()).as_micros()
     }
 
-    fn slot_hash(&self, subject: &str, name: &str) -> u64 {
-        self.hash_parts(subject.as_bytes(), name.as_bytes())
+    fn place<'a>(&self, key: &'a str, name: &'a str) -> Place<'a> {
+        Place {
+            hash: self.hash_parts(key.as_bytes(), name.as_bytes()),
+            key,
+            name,
+        }
     }
 
     fn key_hash(&self, key: &Key) -> u64 {
@@ -285,34 +305,31 @@ impl MemoryStore {
         let mut shard = shard.lock();
         shard.sweep_if_due(now, self.inner.sweep_every);
         if let Some((name, limit)) = single {
-            let hash = self.slot_hash(key, name);
+            let place = self.place(key, name);
             if let Some(gcra) = limit.as_gcra() {
-                if let Some(slot) = shard.tats.find_mut(hash, |slot| slot.key.is(key, name)) {
+                if let Some(slot) = shard.tats.find_mut(place.hash, |slot| place.holds(&slot.key)) {
                     return slot.decide(gcra, policy, request, now);
                 }
-                return self.decide_new(&mut shard, hash, key, name, policy, request, now);
+                return self.decide_new(&mut shard, place, policy, request, now);
             }
-            return self.decide_one(&mut shard, hash, key, name, policy, request, now);
+            return self.decide_one(&mut shard, place, policy, request, now);
         }
         self.decide_many(&mut shard, key, policy, request, now)
     }
 
     /// A policy of one limit other than GCRA: one lookup, and the state
     /// updated in place.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn decide_one(
         &self,
         shard: &mut Shard,
-        hash: u64,
-        key: &str,
-        name: &str,
+        place: Place<'_>,
         policy: &Policy,
         request: &Request,
         now: u64,
     ) -> Result<Outcome> {
-        let Some(slot) = shard.slots.find_mut(hash, |slot| slot.key.is(key, name)) else {
-            return self.decide_new(shard, hash, key, name, policy, request, now);
+        let Some(slot) = shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) else {
+            return self.decide_new(shard, place, policy, request, now);
         };
         let state = (slot.expires > now).then_some(&slot.state);
         let mut write = None;
@@ -320,20 +337,17 @@ impl MemoryStore {
         match write {
             Some((state, ttl)) if ttl > 0 => slot.put(state, now + ttl),
             // A state with nothing left to say is dropped at once.
-            Some(_) => remove(&mut shard.slots, hash, |slot| slot.key.is(key, name)),
+            Some(_) => remove(&mut shard.slots, place.hash, |slot| place.holds(&slot.key)),
             None => {}
         }
         Ok(outcome)
     }
 
     /// A policy of one limit whose table holds no state for it.
-    #[allow(clippy::too_many_arguments)]
     fn decide_new(
         &self,
         shard: &mut Shard,
-        hash: u64,
-        key: &str,
-        name: &str,
+        place: Place<'_>,
         policy: &Policy,
         request: &Request,
         now: u64,
@@ -341,7 +355,7 @@ impl MemoryStore {
         let mut write = None;
         let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
         if let Some((state, ttl)) = write {
-            self.put_new(shard, hash, key, name, state, ttl, now);
+            self.put_new(shard, place, state, ttl, now);
         }
         Ok(outcome)
     }
@@ -369,9 +383,10 @@ impl MemoryStore {
         };
         for ((name, limit), tat) in policy.limits().zip(tats.iter_mut()) {
             if limit.as_gcra().is_some() {
+                let place = self.place(key, name);
                 *tat = shard
                     .tats
-                    .find(self.slot_hash(key, name), |slot| slot.key.is(key, name))
+                    .find(place.hash, |slot| place.holds(&slot.key))
                     .map(|slot| slot.tat)
                     .filter(|&tat| tat_expires(tat) > now)
                     .map(State::Gcra);
@@ -389,9 +404,10 @@ impl MemoryStore {
             *state = if limit.as_gcra().is_some() {
                 tat.as_ref()
             } else {
+                let place = self.place(key, name);
                 shard
                     .slots
-                    .find(self.slot_hash(key, name), |slot| slot.key.is(key, name))
+                    .find(place.hash, |slot| place.holds(&slot.key))
                     .filter(|slot| slot.expires > now)
                     .map(|slot| &slot.state)
             };
@@ -402,18 +418,16 @@ impl MemoryStore {
         })?;
         for (index, state, ttl) in writes {
             let name = policy.limits().nth(index).map_or("", |(name, _)| name);
-            self.put(shard, self.slot_hash(key, name), key, name, state, ttl, now);
+            self.put(shard, self.place(key, name), state, ttl, now);
         }
         Ok(outcome)
     }
 
     /// Stores `state` for `(key, name)` for `ttl` µs (none: drops it), in the
     /// table of its algorithm.
-    #[allow(clippy::too_many_arguments)]
-    fn put(&self, shard: &mut Shard, hash: u64, key: &str, name: &str, state: State, ttl: u64, now: u64) {
-        let is = |slot_key: &Key| slot_key.is(key, name);
+    fn put(&self, shard: &mut Shard, place: Place<'_>, state: State, ttl: u64, now: u64) {
         if let State::Gcra(tat) = state {
-            if let Ok(mut slot) = shard.tats.find_entry(hash, |slot| is(&slot.key)) {
+            if let Ok(mut slot) = shard.tats.find_entry(place.hash, |slot| place.holds(&slot.key)) {
                 if ttl == 0 {
                     slot.remove();
                 } else {
@@ -421,7 +435,7 @@ impl MemoryStore {
                 }
                 return;
             }
-        } else if let Ok(mut slot) = shard.slots.find_entry(hash, |slot| is(&slot.key)) {
+        } else if let Ok(mut slot) = shard.slots.find_entry(place.hash, |slot| place.holds(&slot.key)) {
             if ttl == 0 {
                 slot.remove();
             } else {
@@ -429,15 +443,15 @@ impl MemoryStore {
             }
             return;
         }
-        self.put_new(shard, hash, key, name, state, ttl, now);
+        self.put_new(shard, place, state, ttl, now);
     }
 
     /// [`MemoryStore::put`] for a key its table does not hold. A key lives in
     /// one table at most, so a state left in the other by an earlier
     /// definition of the limit is dropped.
-    #[allow(clippy::too_many_arguments)]
-    fn put_new(&self, shard: &mut Shard, hash: u64, key: &str, name: &str, state: State, ttl: u64, now: u64) {
-        let is = |slot_key: &Key| slot_key.is(key, name);
+    fn put_new(&self, shard: &mut Shard, place: Place<'_>, state: State, ttl: u64, now: u64) {
+        let Place { hash, key, name } = place;
+        let is = |slot_key: &Key| place.holds(slot_key);
         let rehash = |slot_key: &Key| self.key_hash(slot_key);
         let Shard { tats, slots, .. } = shard;
         if let State::Gcra(tat) = state {
@@ -467,9 +481,9 @@ impl MemoryStore {
         let key = subject.as_key();
         let mut shard = self.shard(key).lock();
         for (name, _) in policy.limits() {
-            let hash = self.slot_hash(key, name);
-            remove(&mut shard.slots, hash, |slot| slot.key.is(key, name));
-            remove(&mut shard.tats, hash, |slot| slot.key.is(key, name));
+            let place = self.place(key, name);
+            remove(&mut shard.slots, place.hash, |slot| place.holds(&slot.key));
+            remove(&mut shard.tats, place.hash, |slot| place.holds(&slot.key));
         }
     }
 
