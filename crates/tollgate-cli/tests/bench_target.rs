@@ -6,14 +6,18 @@ mod common;
 use common::{bench, bench_failure, Serve};
 use serde_json::Value;
 
-/// Nothing is denied on `client`; `small` allows 5 a minute.
+/// Nothing is denied on `client`; `small` allows 5 in any hour (a sliding
+/// log: no window boundary can pass during a test and refill it).
 const CONFIG: &str = "
 domain: bench
 descriptors:
   - key: client
     rate_limit: {unit: second, requests_per_unit: 1000000000}
   - key: small
-    rate_limit: {unit: minute, requests_per_unit: 5}
+    rate_limit:
+      unit: hour
+      requests_per_unit: 5
+      algorithm: {algorithm: sliding_log, limit: 5, window: 1h}
 ";
 
 const FIELDS: [&str; 15] = [
@@ -136,7 +140,7 @@ fn over_limit_answers_are_counted_for_every_protocol() {
         (&server.http, Some("json")),
         (&server.http, Some("check")),
     ] {
-        // Each protocol its own value, so each has its own 5 a minute.
+        // Each protocol its own value, so each has its own 5 an hour.
         let value = format!("small={}", request.unwrap_or("grpc"));
         let mut args = vec![
             "--target",
