@@ -80,6 +80,8 @@ struct Step {
     op: StepOp,
     /// Per-limit costs for a two-limit policy.
     costs: Option<(u64, u64)>,
+    /// Which of the trace's policies decides (modulo their number).
+    policy: u8,
 }
 
 fn micros(value: u64) -> Duration {
@@ -161,23 +163,39 @@ fn any_steps() -> impl Strategy<Value = Vec<Step>> {
     let cost = prop_oneof![5 => Just(1u64), 2 => 0u64..15];
     let costs = proptest::option::weighted(0.2, (0u64..8, 0u64..8));
     prop::collection::vec(
-        (dt, 0u8..2, cost, op, costs).prop_map(|(dt, key, cost, op, costs)| Step {
+        (dt, 0u8..2, cost, op, costs, 0u8..3).prop_map(|(dt, key, cost, op, costs, policy)| Step {
             dt,
             key,
             cost,
             op,
             costs,
+            policy,
         }),
         1..40,
     )
 }
 
-async fn replay<S: Store>(store: &S, policy: &Policy, steps: &[Step], subjects: &[Subject; 2]) -> Vec<String> {
+/// Three policies over the same limit names: `first` and `second` together,
+/// `first` alone, and `second` alone but defined anew (often as another
+/// algorithm), so that a trace mixes a limit's decisions across policy shapes
+/// and redefinitions.
+fn any_policies_sharing_names() -> impl Strategy<Value = [Policy; 3]> {
+    (any_limit(), any_limit(), any_limit()).prop_map(|(first, second, redefined)| {
+        [
+            Policy::new([("first", first.clone()), ("second", second)]).unwrap(),
+            Policy::new([("first", first)]).unwrap(),
+            Policy::new([("second", redefined)]).unwrap(),
+        ]
+    })
+}
+
+async fn replay<S: Store>(store: &S, policies: &[Policy], steps: &[Step], subjects: &[Subject; 2]) -> Vec<String> {
     let mut now = common::conformance::T0;
     let mut answers = Vec::new();
     for step in steps {
         now += step.dt;
         let subject = &subjects[usize::from(step.key)];
+        let policy = &policies[usize::from(step.policy) % policies.len()];
         let op = match step.op {
             StepOp::Check => Op::Check,
             StepOp::AtMost => Op::CheckAtMost,
@@ -227,10 +245,36 @@ fn redis_decides_exactly_as_memory() {
         let case = cases.fetch_add(1, Ordering::Relaxed);
         let subjects = [Subject::new(case).and("a"), Subject::new(case).and("b:{x}")];
         let memory = MemoryStore::new();
-        let expected = runtime.block_on(replay(&memory, &policy, &steps, &subjects));
-        let actual = runtime.block_on(replay(&redis, &policy, &steps, &subjects));
+        let policies = std::slice::from_ref(&policy);
+        let expected = runtime.block_on(replay(&memory, policies, &steps, &subjects));
+        let actual = runtime.block_on(replay(&redis, policies, &steps, &subjects));
         for (index, (expected, actual)) in expected.iter().zip(&actual).enumerate() {
             prop_assert_eq!(expected, actual, "step {} of {:?}\npolicy {:?}", index, steps, policy);
+        }
+    });
+}
+
+/// The same across policies that share limit names: one state per
+/// `(subject, name)` whichever policy decides it, and a limit redefined with
+/// another algorithm starting afresh, in both stores alike.
+#[test]
+fn redis_decides_exactly_as_memory_across_policies() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let redis = runtime.block_on(store(&server));
+    let cases = AtomicUsize::new(0);
+    let config = ProptestConfig {
+        cases: 200,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(policies in any_policies_sharing_names(), steps in any_steps())| {
+        let case = cases.fetch_add(1, Ordering::Relaxed);
+        let subjects = [Subject::new("shared").and(case), Subject::new("shared").and(case).and("b")];
+        let memory = MemoryStore::new();
+        let expected = runtime.block_on(replay(&memory, &policies, &steps, &subjects));
+        let actual = runtime.block_on(replay(&redis, &policies, &steps, &subjects));
+        for (index, (expected, actual)) in expected.iter().zip(&actual).enumerate() {
+            prop_assert_eq!(expected, actual, "step {} of {:?}\npolicies {:?}", index, steps, policies);
         }
     });
 }
