@@ -408,14 +408,9 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
         };
         tasks.spawn(worker.run());
     }
-    let ticker = tokio::spawn(tick(progress.clone(), Arc::clone(&shared), plan.until, started));
-    let mut tallies = Vec::with_capacity(tasks.len());
-    while let Some(tally) = tasks.join_next().await {
-        tallies.push(tally.context("a bench task panicked")?);
-    }
+    let tallies = join_workers(tasks, progress, &shared, plan.until, started).await?;
     let elapsed = started.elapsed();
     let server_time_end_us = clock.now().await?;
-    ticker.abort();
 
     if let Some(message) = shared.invalid.lock().expect("no panic while holding the lock").take() {
         return Err(UsageError(message).into());
@@ -441,6 +436,27 @@ fn show_progress(progress: &ProgressBar, until: Until) {
         progress.set_style(style);
     }
     progress.set_length(length);
+}
+
+/// Waits for every worker, moving the progress bar along meanwhile; returns
+/// their tallies.
+async fn join_workers(
+    mut tasks: tokio::task::JoinSet<Tally>,
+    progress: &ProgressBar,
+    shared: &Arc<Shared>,
+    until: Until,
+    started: Instant,
+) -> anyhow::Result<Vec<Tally>> {
+    let ticker = tokio::spawn(tick(progress.clone(), Arc::clone(shared), until, started));
+    let mut tallies = Vec::with_capacity(tasks.len());
+    while let Some(tally) = tasks.join_next().await {
+        tallies.push(tally);
+    }
+    ticker.abort();
+    tallies
+        .into_iter()
+        .map(|tally| tally.context("a bench task panicked"))
+        .collect()
 }
 
 /// Moves the progress bar along until aborted.

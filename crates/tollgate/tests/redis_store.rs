@@ -230,46 +230,21 @@ async fn replay<S: Store>(store: &S, policies: &[Policy], steps: &[Step], subjec
     answers
 }
 
-#[test]
-fn redis_decides_exactly_as_memory() {
+/// Replays `cases` traces through a memory store and through Redis, each
+/// step deciding by one of the trace's policies, and compares every answer.
+fn memory_and_redis_agree(cases: u32, policies: impl Strategy<Value = Vec<Policy>>, label: &str) {
     let server = RedisServer::start();
     let runtime = runtime();
     let redis = runtime.block_on(store(&server));
-    let cases = AtomicUsize::new(0);
+    let case = AtomicUsize::new(0);
     let config = ProptestConfig {
-        cases: 300,
+        cases,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(policy in any_policy(), steps in any_steps())| {
+    proptest!(config, |(policies in policies, steps in any_steps())| {
         // A fresh pair of subjects per case: no state carries over.
-        let case = cases.fetch_add(1, Ordering::Relaxed);
-        let subjects = [Subject::new(case).and("a"), Subject::new(case).and("b:{x}")];
-        let memory = MemoryStore::new();
-        let policies = std::slice::from_ref(&policy);
-        let expected = runtime.block_on(replay(&memory, policies, &steps, &subjects));
-        let actual = runtime.block_on(replay(&redis, policies, &steps, &subjects));
-        for (index, (expected, actual)) in expected.iter().zip(&actual).enumerate() {
-            prop_assert_eq!(expected, actual, "step {} of {:?}\npolicy {:?}", index, steps, policy);
-        }
-    });
-}
-
-/// The same across policies that share limit names: one state per
-/// `(subject, name)` whichever policy decides it, and a limit redefined with
-/// another algorithm starting afresh, in both stores alike.
-#[test]
-fn redis_decides_exactly_as_memory_across_policies() {
-    let server = RedisServer::start();
-    let runtime = runtime();
-    let redis = runtime.block_on(store(&server));
-    let cases = AtomicUsize::new(0);
-    let config = ProptestConfig {
-        cases: 200,
-        ..ProptestConfig::default()
-    };
-    proptest!(config, |(policies in any_policies_sharing_names(), steps in any_steps())| {
-        let case = cases.fetch_add(1, Ordering::Relaxed);
-        let subjects = [Subject::new("shared").and(case), Subject::new("shared").and(case).and("b")];
+        let case = case.fetch_add(1, Ordering::Relaxed);
+        let subjects = [Subject::new(label).and(case).and("a"), Subject::new(label).and(case).and("b:{x}")];
         let memory = MemoryStore::new();
         let expected = runtime.block_on(replay(&memory, &policies, &steps, &subjects));
         let actual = runtime.block_on(replay(&redis, &policies, &steps, &subjects));
@@ -277,6 +252,19 @@ fn redis_decides_exactly_as_memory_across_policies() {
             prop_assert_eq!(expected, actual, "step {} of {:?}\npolicies {:?}", index, steps, policies);
         }
     });
+}
+
+#[test]
+fn redis_decides_exactly_as_memory() {
+    memory_and_redis_agree(300, any_policy().prop_map(|policy| vec![policy]), "one");
+}
+
+/// The same across policies that share limit names: one state per
+/// `(subject, name)` whichever policy decides it, and a limit redefined with
+/// another algorithm starting afresh, in both stores alike.
+#[test]
+fn redis_decides_exactly_as_memory_across_policies() {
+    memory_and_redis_agree(200, any_policies_sharing_names().prop_map(Vec::from), "shared");
 }
 
 // --- Keys and expiry. -----------------------------------------------------

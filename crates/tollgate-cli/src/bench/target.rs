@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use tonic::transport::{Channel, Endpoint};
 
 use super::report::{Report, TargetRun};
-use super::{show_progress, tick, Args, Deadline, HttpRequest, Shared, Tally, Until};
+use super::{join_workers, show_progress, Args, Deadline, HttpRequest, Shared, Tally, Until};
 use crate::UsageError;
 
 /// How long one request (or opening a connection) may take before it counts
@@ -456,13 +456,8 @@ pub(super) async fn bench(plan: Plan, progress: &ProgressBar) -> anyhow::Result<
         };
         tasks.spawn(worker.run());
     }
-    let ticker = tokio::spawn(tick(progress.clone(), Arc::clone(&shared), plan.until, started));
-    let mut tallies = Vec::with_capacity(tasks.len());
-    while let Some(tally) = tasks.join_next().await {
-        tallies.push(tally.context("a bench task panicked")?);
-    }
+    let tallies = join_workers(tasks, progress, &shared, plan.until, started).await?;
     let elapsed = started.elapsed();
-    ticker.abort();
 
     let run = TargetRun {
         target: plan.target.clone(),

@@ -571,7 +571,7 @@ impl Limit {
     }
 
     /// The parameters of a GCRA limit, whose whole state is one instant (the
-    /// memory store updates it with a compare-and-swap).
+    /// memory store keeps those instants in a table of small slots).
     pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
         match &self.kind {
             Kind::Gcra(gcra) => Some(gcra),

@@ -371,8 +371,8 @@ impl MemoryStore {
     ) -> Result<Outcome> {
         const INLINE_LIMITS: usize = 4;
         let count = policy.len();
-        // GCRA states are read out of their atomics into `tats`; the others
-        // are borrowed from their slots.
+        // GCRA states are copied out of their slots into `tats`; the others
+        // are borrowed.
         let mut inline_tats: [Option<State>; INLINE_LIMITS] = Default::default();
         let mut spilled_tats: Vec<Option<State>>;
         let tats: &mut [Option<State>] = if count <= INLINE_LIMITS {
