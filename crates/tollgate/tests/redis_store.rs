@@ -326,14 +326,18 @@ async fn keys_follow_the_documented_layout() {
     let keys = server.cli(&["--scan", "--pattern", "app:*"]);
     assert_eq!(keys, "app:{203.0.113.7:/login}:per_second");
     assert_eq!(redis.key(&subject, "per_second"), keys);
-    // One small hash per limit.
-    assert_eq!(server.cli(&["TYPE", &keys]), "hash");
+    // A GCRA state is one integer, the TAT, with an expiry.
+    assert_eq!(server.cli(&["TYPE", &keys]), "string");
+    assert!(server.cli(&["GET", &keys]).parse::<u64>().is_ok());
+    assert!(server.cli(&["PTTL", &keys]).parse::<u64>().is_ok());
 }
 
 // --- Faults and errors. ---------------------------------------------------
 
+/// A library or script the server lost (FUNCTION FLUSH on Redis 7+ and
+/// Valkey, SCRIPT FLUSH before) is loaded again and the decision repeated.
 #[tokio::test]
-async fn script_flush_is_survived() {
+async fn a_flushed_library_is_loaded_again() {
     let server = RedisServer::start();
     let limiter = tollgate::Limiter::new(
         store(&server).await,
@@ -342,9 +346,80 @@ async fn script_flush_is_survived() {
     let subject = Subject::new("flush");
     let at = Request::new(Op::Check, 1).at(Timestamp::from_micros(common::conformance::T0));
     assert!(limiter.decide(&subject, &at).await.unwrap().decision.allowed);
+    let functions = server.cli(&["FUNCTION", "LIST"]);
+    let has_functions = !functions.contains("unknown command");
+    if has_functions {
+        assert!(
+            functions.contains("tollgate_"),
+            "the library is a function library: {functions}"
+        );
+        assert_eq!(server.cli(&["FUNCTION", "FLUSH"]), "OK");
+    }
     assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
-    let outcome = limiter.decide(&subject, &at).await.expect("the script is loaded again");
+    let outcome = limiter
+        .decide(&subject, &at)
+        .await
+        .expect("the library is loaded again");
     assert_eq!(outcome.decision.remaining, 98);
+    if has_functions {
+        assert!(server.cli(&["FUNCTION", "LIST"]).contains("tollgate_"));
+    }
+}
+
+/// Calls of one command since the last CONFIG RESETSTAT: FCALL, or EVALSHA
+/// on servers without functions.
+fn library_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    ["cmdstat_fcall:", "cmdstat_evalsha:"]
+        .iter()
+        .filter_map(|prefix| stats.lines().find(|line| line.starts_with(prefix)))
+        .filter_map(|line| line.split([':', ',']).find_map(|part| part.strip_prefix("calls=")))
+        .map(|calls| calls.trim().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Decisions started together go to Redis in fewer calls than there are
+/// decisions, and each is still decided on its own, exactly: a log of 50 an
+/// hour admits 50 of 100, each seeing a different `remaining`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_share_calls_and_stay_exact() {
+    let server = RedisServer::start();
+    let limiter = tollgate::Limiter::new(
+        store(&server).await,
+        Limit::sliding_log(50, Duration::from_secs(3_600)).unwrap(),
+    );
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    let subject = Subject::new("batched");
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let (limiter, subject) = (limiter.clone(), subject.clone());
+            tokio::spawn(async move { limiter.check(&subject).await.unwrap() })
+        })
+        .collect();
+    let mut remaining = Vec::new();
+    for task in tasks {
+        let decision = task.await.unwrap();
+        if decision.allowed {
+            remaining.push(decision.remaining);
+        }
+    }
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..50).collect::<Vec<u64>>());
+    let calls = library_calls(&server);
+    assert!(calls < 100, "100 decisions took {calls} calls");
+}
+
+/// With batching off, every decision is a call of its own.
+#[tokio::test]
+async fn max_batch_one_sends_each_decision_alone() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url()).max_batch(1).connect().await.unwrap();
+    let limiter = tollgate::Limiter::new(redis, Limit::gcra(1_000, Duration::from_secs(1), 1_000).unwrap());
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    for key in 0..10 {
+        assert!(limiter.check(&Subject::new("alone").and(key)).await.unwrap().allowed);
+    }
+    assert_eq!(library_calls(&server), 10);
 }
 
 #[tokio::test]

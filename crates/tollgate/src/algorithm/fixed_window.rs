@@ -19,23 +19,25 @@ pub struct FixedWindow {
 }
 
 /// The count of the window that holds it.
+///
+/// The window is kept by its end, so a count says nothing once its own
+/// window has ended, whatever the limit's definition is by then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindowState {
-    /// Start of the counted window, µs since the epoch.
-    pub start: u64,
+    /// End of the counted window, µs since the epoch.
+    pub end: u64,
     /// Units admitted in that window.
     pub count: u64,
 }
 
 impl FixedWindow {
-    /// Start of the window holding `now` (or of a newer one already
-    /// counted), and its count so far.
+    /// End of the window holding `now` (or of a counted one that has not
+    /// ended), and its count so far.
     fn current(&self, state: Option<&FixedWindowState>, now: u64) -> (u64, u64) {
-        let start = now - now % self.window;
         match state {
             // A newer window than now's (the clock went back) still counts.
-            Some(state) if state.start >= start => (state.start, state.count),
-            _ => (start, 0),
+            Some(state) if state.end > now => (state.end, state.count),
+            _ => (now - now % self.window + self.window, 0),
         }
     }
 
@@ -47,8 +49,7 @@ impl FixedWindow {
 
     /// Admits `cost` units if the current window has room.
     pub(crate) fn check(&self, state: Option<&FixedWindowState>, now: u64, cost: u64) -> Step<FixedWindowState> {
-        let (start, count) = self.current(state, now);
-        let end = start + self.window;
+        let (end, count) = self.current(state, now);
         let reset_after = |count: u64| if count > 0 { end - now } else { 0 };
         let remaining = self.limit.saturating_sub(count);
         if cost > self.limit {
@@ -62,11 +63,13 @@ impl FixedWindow {
                 reset_after(count),
             ));
         }
+        // A count above this limit (one kept from a larger definition of it)
+        // leaves nothing, and only a peek gets here.
         let count = count + cost;
-        let decision = Decision::allow(self.limit, self.limit - count, reset_after(count), 0);
+        let decision = Decision::allow(self.limit, remaining - cost, reset_after(count), 0);
         if cost == 0 {
             return Step::unchanged(decision);
         }
-        Step::changed(decision, FixedWindowState { start, count })
+        Step::changed(decision, FixedWindowState { end, count })
     }
 }

@@ -1,15 +1,28 @@
 //! The Redis (or Valkey) store: state shared by every instance of a service.
 //!
-//! Every decision is one call of one Lua script ([`tollgate.lua`], loaded
-//! once and called with `EVALSHA`, reloaded on `NOSCRIPT`), so the read,
-//! the decision and the write happen atomically inside Redis: no locks, no
-//! read-then-write races. The script reads the server's `TIME` unless the
-//! request carries an explicit `now`, so clients with skewed clocks agree.
+//! Every decision runs inside Redis in one call of one Lua library, so the
+//! read, the decision and the write happen atomically: no locks, no
+//! read-then-write races. On Redis 7+ and Valkey the library is loaded once
+//! as a Redis Functions library (`FUNCTION LOAD`, called with `FCALL`); on
+//! older servers the same source runs through `EVALSHA`. A library or script
+//! that the server lost (`FUNCTION FLUSH`, `SCRIPT FLUSH`, a restart without
+//! persistence) is loaded again and the call repeated. The library reads the
+//! server's `TIME` unless the request carries an explicit `now`, so clients
+//! with skewed clocks agree.
+//!
+//! **Micro-batching.** Decisions that callers of one store start while a
+//! call is under way are sent together in the next call (at most
+//! [`RedisStoreBuilder::max_batch`] of them), which reads `TIME` once; each
+//! stays atomic and all-or-nothing on its own. Nothing waits for a timer: a
+//! decision alone goes out at once.
 //!
 //! Keys are `<prefix>:{<subject>}:<limit name>`: the braces make the subject a
 //! Redis Cluster hash tag, so all limits of one subject share a slot and a
-//! policy is one script call. Each key holds one hash and expires when its
-//! state no longer carries information. (With an explicit `now` — tests,
+//! policy is one call. Each key holds its algorithm's own encoding (a plain
+//! integer for GCRA; a short tagged string for the other one- and
+//! two-number states; a hash for the sliding window; a sorted set for the
+//! sliding log and the concurrency leases) and expires when its state no
+//! longer carries information. (With an explicit `now` — tests,
 //! replays — real time and the caller's time differ, so keys are kept at least
 //! an hour; decisions never depend on that, as each state records when it
 //! lapses in the caller's time.)
@@ -23,26 +36,95 @@
 //! so redis-rs was kept for `Script` (EVALSHA with NOSCRIPT reload),
 //! `ConnectionManager` and TLS with a private CA; see `BENCHMARKS.md`.
 //!
-//! [`tollgate.lua`]: https://docs.rs/tollgate (the script ships inside the crate)
+//! **Worst-case Redis time of one call**, per algorithm (n live entries of
+//! the key; every call also pays a few microseconds of call overhead):
+//! fixed window, GCRA, token bucket, reservation, leaky bucket: O(1);
+//! sliding window: O(buckets); sliding log: O(log n + entries that left the
+//! window since the last call); concurrency: O(log n + leases that ended
+//! since the last call + the leases a denial's `retry_after` walks, at most
+//! the units it needs). `BENCHMARKS.md` has the measured figures.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Value;
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::Store;
+use crate::algorithm::{Limit, LimitSpec};
 use crate::clock::micros;
 use crate::decision::{Decision, Outcome};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
-/// The script holding every algorithm.
-pub(crate) const SCRIPT: &str = include_str!("tollgate.lua");
+/// The library's source: the prelude, every algorithm's Lua twin, the entry point.
+pub(crate) const LIBRARY: &str = concat!(
+    include_str!("prelude.lua"),
+    include_str!("../../algorithm/fixed_window.lua"),
+    include_str!("../../algorithm/sliding_window.lua"),
+    include_str!("../../algorithm/sliding_log.lua"),
+    include_str!("../../algorithm/token_bucket.lua"),
+    include_str!("../../algorithm/reservation.lua"),
+    include_str!("../../algorithm/leaky_bucket.lua"),
+    include_str!("../../algorithm/gcra.lua"),
+    include_str!("../../algorithm/concurrency.lua"),
+    include_str!("tollgate.lua"),
+);
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tollgate";
+
+/// The most decisions one call carries, by default.
+const DEFAULT_MAX_BATCH: usize = 64;
+
+/// Calls under way at once from the batcher: one being decided while the
+/// next is on the wire.
+const CALLS_IN_FLIGHT: usize = 2;
+
+/// The op codes of `prelude.lua`.
+const RESET: i64 = 6;
+
+fn op_code(op: &Op) -> i64 {
+    match op {
+        Op::Check => 1,
+        Op::CheckAtMost => 2,
+        Op::Reserve { .. } => 3,
+        Op::Acquire { .. } => 4,
+        Op::Release { .. } => 5,
+    }
+}
+
+/// The name of the library (and of its one function) on the server: its
+/// content's hash, so that versions of Tollgate sharing a server coexist.
+fn library_name() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| {
+        let digest = Sha256::digest(LIBRARY.as_bytes());
+        let hex = u64::from_be_bytes(digest[..8].try_into().unwrap_or_default());
+        format!("tollgate_{hex:016x}")
+    })
+}
+
+/// The library as `FUNCTION LOAD` takes it.
+fn function_source() -> String {
+    let name = library_name();
+    format!("#!lua name={name}\n{LIBRARY}\nredis.register_function('{name}', run)\n")
+}
+
+/// The library as a script for `EVAL` (servers before Redis 7).
+fn script_source() -> String {
+    format!("{LIBRARY}\nreturn run(KEYS, ARGV)\n")
+}
+
+/// How the library is called on this server.
+enum Engine {
+    /// `FCALL` of the function library (Redis 7+, Valkey).
+    Function,
+    /// `EVALSHA` of the script, reloaded on `NOSCRIPT`.
+    Script(redis::Script),
+}
 
 /// A store in Redis; cheap to clone (clones share the connection).
 #[derive(Clone)]
@@ -51,13 +133,40 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    connection: ConnectionManager,
-    script: redis::Script,
+    client: Client,
     prefix: String,
     timeout: Duration,
+    /// Feeds the batcher; `None` when every decision is a call of its own.
+    batcher: Option<mpsc::UnboundedSender<Job>>,
 }
 
-/// Options for a [`RedisStore`]: URL, key prefix, timeouts.
+/// The connection and the library on it.
+#[derive(Clone)]
+struct Client {
+    connection: ConnectionManager,
+    engine: Arc<Engine>,
+}
+
+/// One decision, encoded for the library.
+struct Encoded {
+    keys: Vec<String>,
+    args: Vec<Arg>,
+    /// How many integers its reply holds.
+    reply_len: usize,
+}
+
+enum Arg {
+    Int(i64),
+    Text(String),
+}
+
+/// A decision waiting for the batcher, and where its reply goes.
+struct Job {
+    decision: Encoded,
+    reply: oneshot::Sender<Result<Vec<i64>>>,
+}
+
+/// Options for a [`RedisStore`]: URL, key prefix, timeouts, batching.
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
     url: String,
@@ -65,6 +174,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     root_certificate: Option<Vec<u8>>,
+    max_batch: usize,
 }
 
 impl RedisStoreBuilder {
@@ -98,7 +208,16 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects, checks the server answers, and loads the script.
+    /// The most decisions sent in one call (default 64). Decisions started
+    /// while a call is under way wait for the next one; `1` sends every
+    /// decision in a call of its own.
+    #[must_use]
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// Connects, checks the server answers, and loads the library.
     ///
     /// # Errors
     ///
@@ -140,22 +259,159 @@ impl RedisStoreBuilder {
             .await
             .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no connection within the connect timeout"))?
             .map_err(store_error)?;
-        let script = redis::Script::new(SCRIPT);
-        tokio::time::timeout(
-            self.connect_timeout,
-            script.prepare_invoke().load_async(&mut connection),
-        )
-        .await
-        .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no answer to SCRIPT LOAD"))?
-        .map_err(store_error)?;
+        let engine = tokio::time::timeout(self.connect_timeout, load_library(&mut connection))
+            .await
+            .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no answer while loading the library"))??;
+        let client = Client {
+            connection,
+            engine: Arc::new(engine),
+        };
+        let batcher = (self.max_batch > 1).then(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(batch(client.clone(), receiver, self.max_batch));
+            sender
+        });
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                connection,
-                script,
+                client,
                 prefix: self.prefix,
                 timeout: self.timeout,
+                batcher,
             }),
         })
+    }
+}
+
+/// Loads the function library, or on a server without functions the script.
+async fn load_library(connection: &mut ConnectionManager) -> Result<Engine> {
+    let loaded: redis::RedisResult<String> = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(function_source())
+        .query_async(connection)
+        .await;
+    match loaded {
+        Ok(_) => Ok(Engine::Function),
+        Err(error) if is_unknown_command(&error) => {
+            let script = redis::Script::new(&script_source());
+            script
+                .prepare_invoke()
+                .load_async(connection)
+                .await
+                .map_err(store_error)?;
+            Ok(Engine::Script(script))
+        }
+        Err(error) => Err(store_error(error)),
+    }
+}
+
+fn is_unknown_command(error: &redis::RedisError) -> bool {
+    let text = error.to_string().to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("unknown subcommand")
+}
+
+impl Client {
+    /// Runs `decisions` in one call; the library's reply, all integers.
+    async fn call(&self, decisions: &[&Encoded]) -> Result<Vec<i64>> {
+        let mut connection = self.connection.clone();
+        match &*self.engine {
+            Engine::Function => {
+                let command = fill(redis::cmd("FCALL").arg(library_name()).to_owned(), decisions);
+                match command.query_async(&mut connection).await {
+                    Err(error) if is_missing_function(&error) => {
+                        // The library was flushed (or the server restarted): load it again.
+                        load_library(&mut connection).await?;
+                        command.query_async(&mut connection).await.map_err(store_error)
+                    }
+                    result => result.map_err(store_error),
+                }
+            }
+            Engine::Script(script) => {
+                let mut invocation = script.prepare_invoke();
+                for decision in decisions {
+                    for key in &decision.keys {
+                        invocation.key(key);
+                    }
+                }
+                invocation.arg(decisions.len());
+                for decision in decisions {
+                    for arg in &decision.args {
+                        match arg {
+                            Arg::Int(value) => invocation.arg(value),
+                            Arg::Text(text) => invocation.arg(text),
+                        };
+                    }
+                }
+                invocation.invoke_async(&mut connection).await.map_err(store_error)
+            }
+        }
+    }
+}
+
+/// `FCALL <name>` plus the keys and arguments of `decisions`.
+fn fill(mut command: redis::Cmd, decisions: &[&Encoded]) -> redis::Cmd {
+    let keys: usize = decisions.iter().map(|decision| decision.keys.len()).sum();
+    command.arg(keys);
+    for decision in decisions {
+        for key in &decision.keys {
+            command.arg(key);
+        }
+    }
+    command.arg(decisions.len());
+    for decision in decisions {
+        for arg in &decision.args {
+            match arg {
+                Arg::Int(value) => command.arg(value),
+                Arg::Text(text) => command.arg(text),
+            };
+        }
+    }
+    command
+}
+
+fn is_missing_function(error: &redis::RedisError) -> bool {
+    error.to_string().contains("Function not found")
+}
+
+/// The batcher: takes the decisions waiting, up to `max_batch`, sends them in
+/// one call, and hands each its reply. While [`CALLS_IN_FLIGHT`] calls are
+/// under way, decisions queue for the next one.
+async fn batch(client: Client, mut jobs: mpsc::UnboundedReceiver<Job>, max_batch: usize) {
+    let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
+    while let Some(first) = jobs.recv().await {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let mut taken = vec![first];
+        while taken.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(job) => taken.push(job),
+                Err(_) => break,
+            }
+        }
+        let client = client.clone();
+        tokio::spawn(async move {
+            let decisions: Vec<&Encoded> = taken.iter().map(|job| &job.decision).collect();
+            let result = client.call(&decisions).await;
+            drop(slot);
+            match result {
+                Ok(reply) => {
+                    let mut rest = reply.as_slice();
+                    for job in taken {
+                        let len = job.decision.reply_len.min(rest.len());
+                        let (own, tail) = rest.split_at(len);
+                        rest = tail;
+                        let _ = job.reply.send(Ok(own.to_vec()));
+                    }
+                }
+                Err(error) => {
+                    // One fault, told to every decision of the call.
+                    for job in taken {
+                        let _ = job.reply.send(Err(Error::new(error.kind(), error.to_string())));
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -169,6 +425,7 @@ impl RedisStore {
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
             root_certificate: None,
+            max_batch: DEFAULT_MAX_BATCH,
         }
     }
 
@@ -191,30 +448,31 @@ impl RedisStore {
         &self.inner.prefix
     }
 
-    async fn call(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<Vec<Vec<Value>>> {
-        let mut connection = self.inner.connection.clone();
-        tokio::time::timeout(self.inner.timeout, invocation.invoke_async(&mut connection))
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Timeout,
-                    format!("redis: no answer within {:?}", self.inner.timeout),
-                )
-            })?
-            .map_err(store_error)
+    /// Sends one decision (through the batcher, when batching) and returns
+    /// its reply.
+    async fn run(&self, decision: Encoded) -> Result<Vec<i64>> {
+        let timeout = self.inner.timeout;
+        let timed_out = || Error::new(ErrorKind::Timeout, format!("redis: no answer within {timeout:?}"));
+        match &self.inner.batcher {
+            Some(batcher) => {
+                let (reply, answer) = oneshot::channel();
+                batcher
+                    .send(Job { decision, reply })
+                    .map_err(|_| Error::new(ErrorKind::Store, "redis: the store's connection task has stopped"))?;
+                tokio::time::timeout(timeout, answer)
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(|_| Error::new(ErrorKind::Store, "redis: the call was dropped"))?
+            }
+            None => tokio::time::timeout(timeout, self.inner.client.call(&[&decision]))
+                .await
+                .map_err(|_| timed_out())?,
+        }
     }
 
-    fn invocation<'a>(
-        &'a self,
-        subject: &Subject,
-        policy: &Policy,
-        request: &Request,
-        op: &str,
-    ) -> redis::ScriptInvocation<'a> {
-        let mut invocation = self.inner.script.prepare_invoke();
-        for (name, _) in policy.limits() {
-            invocation.key(self.key(subject, name));
-        }
+    /// Encodes one decision in the library's calling convention.
+    fn encode(&self, subject: &Subject, policy: &Policy, request: &Request, op: i64) -> Encoded {
+        let keys = policy.limits().map(|(name, _)| self.key(subject, name)).collect();
         let (max_wait, lease) = match &request.op {
             Op::Reserve { max_wait } => (*max_wait, ""),
             Op::Acquire { lease, max_wait } => (*max_wait, lease.as_str()),
@@ -222,24 +480,46 @@ impl RedisStore {
             Op::Check | Op::CheckAtMost => (None, ""),
         };
         let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(micros(max_wait)).unwrap_or(i64::MAX));
-        invocation
-            .arg(request.now.map(|now| now.as_micros().to_string()).unwrap_or_default())
-            .arg(1)
-            .arg(op)
-            .arg(request.cost)
-            .arg(max_wait)
-            .arg(lease)
-            .arg(0)
-            .arg(policy.len());
+        let mut args = Vec::with_capacity(6 + policy.len() * 9);
+        args.push(match request.now {
+            Some(now) => Arg::Int(i64::try_from(now.as_micros()).unwrap_or(i64::MAX)),
+            None => Arg::Text(String::new()),
+        });
+        args.push(Arg::Int(op));
+        args.push(Arg::Int(to_i64(request.cost)));
+        args.push(Arg::Int(i64::try_from(policy.len()).unwrap_or(i64::MAX)));
+        args.push(Arg::Int(max_wait));
+        args.push(Arg::Text(lease.to_owned()));
         for (index, (_, limit)) in policy.limits().enumerate() {
-            invocation.arg(limit.algorithm());
-            for param in limit.script_params() {
-                invocation.arg(param);
-            }
-            invocation.arg(request.cost_of(index));
+            let (id, params) = script_params(limit);
+            args.push(Arg::Int(id));
+            args.extend(params.into_iter().map(|param| Arg::Int(to_i64(param))));
+            args.push(Arg::Int(to_i64(request.cost_of(index))));
         }
-        invocation
+        let reply_len = if op == RESET { 2 } else { 2 + 6 * policy.len() };
+        Encoded { keys, args, reply_len }
     }
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A limit's id in the library and its parameters, in the order its Lua
+/// twin's `params` reads them.
+fn script_params(limit: &Limit) -> (i64, Vec<u64>) {
+    let p = limit.script_params();
+    let (id, used): (i64, &[usize]) = match limit.spec() {
+        LimitSpec::FixedWindow(_) => (1, &[0, 1]),
+        LimitSpec::SlidingWindow(_) => (2, &[0, 1, 2]),
+        LimitSpec::SlidingLog(_) => (3, &[0, 1]),
+        LimitSpec::TokenBucket(_) => (4, &[0, 1, 2, 3, 4, 5, 6]),
+        LimitSpec::Reservation(_) => (5, &[0, 1, 5, 6]),
+        LimitSpec::LeakyBucket(_) => (6, &[0, 5, 6]),
+        LimitSpec::Gcra(_) => (7, &[0, 5, 6]),
+        LimitSpec::Concurrency(_) => (8, &[0, 1]),
+    };
+    (id, used.iter().map(|&at| p[at]).collect())
 }
 
 fn store_error(error: redis::RedisError) -> Error {
@@ -252,7 +532,7 @@ fn store_error(error: redis::RedisError) -> Error {
     // wraps it in "Error running script": look at the text too.
     let wrong_type = error.code() == Some("WRONGTYPE") || error.to_string().contains("WRONGTYPE");
     let message = match (error.kind(), wrong_type) {
-        (_, true) => "redis: a key of this subject holds another type of value (not written by tollgate?)".to_owned(),
+        (_, true) => wrong_type_message().to_owned(),
         (redis::ErrorKind::AuthenticationFailed, _) => format!("redis: authentication failed: {error}"),
         _ if error.is_connection_refusal() => format!("redis: connection refused: {error}"),
         _ => format!("redis: {error}"),
@@ -260,71 +540,62 @@ fn store_error(error: redis::RedisError) -> Error {
     Error::new(kind, message).with_source(error)
 }
 
-fn number(value: &Value) -> Result<i64> {
-    let parsed = match value {
-        Value::Int(number) => Some(*number),
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().and_then(|text| text.parse().ok()),
-        Value::SimpleString(text) => text.parse().ok(),
-        _ => None,
-    };
-    parsed.ok_or_else(|| {
-        Error::new(
-            ErrorKind::Store,
-            format!("redis: unexpected reply {value:?} from the script"),
-        )
-    })
+fn wrong_type_message() -> &'static str {
+    "redis: a key of this subject holds another type of value (not written by tollgate?)"
 }
 
-fn unsigned(value: &Value) -> Result<u64> {
-    u64::try_from(number(value)?).map_err(|_| Error::new(ErrorKind::Store, "redis: negative number from the script"))
+fn malformed() -> Error {
+    Error::new(ErrorKind::Store, "redis: malformed reply from the library")
 }
 
-/// Reads one decision's reply: `{"ok", allowed, granted, n, 6 × n numbers}`.
-fn read_reply(policy: &Policy, op: &Op, reply: &[Value]) -> Result<Outcome> {
-    let malformed = || Error::new(ErrorKind::Store, "redis: malformed reply from the script");
-    let [_, allowed, granted, count, fields @ ..] = reply else {
+fn unsigned(value: i64) -> Result<u64> {
+    u64::try_from(value).map_err(|_| malformed())
+}
+
+/// Reads one decision's reply: `status, granted, 6 × n numbers`.
+fn read_reply(policy: &Policy, op: &Op, reply: &[i64]) -> Result<Outcome> {
+    let [status, granted, fields @ ..] = reply else {
         return Err(malformed());
     };
-    let allowed = number(allowed)? == 1;
-    let granted = unsigned(granted)?;
-    if usize::try_from(unsigned(count)?).ok() != Some(policy.len()) || fields.len() != 6 * policy.len() {
+    if *status == -1 {
+        return Err(Error::new(ErrorKind::Store, wrong_type_message()));
+    }
+    if fields.len() != 6 * policy.len() {
         return Err(malformed());
     }
     let mut decisions = Vec::with_capacity(policy.len());
     for chunk in fields.chunks_exact(6) {
-        let retry_after = number(&chunk[3])?;
         decisions.push(Decision {
-            allowed: number(&chunk[0])? == 1,
-            limit: unsigned(&chunk[1])?,
-            remaining: unsigned(&chunk[2])?,
-            retry_after: u64::try_from(retry_after).ok().map(Duration::from_micros),
-            reset_after: Duration::from_micros(unsigned(&chunk[4])?),
-            wait: Duration::from_micros(unsigned(&chunk[5])?),
+            allowed: chunk[0] == 1,
+            limit: unsigned(chunk[1])?,
+            remaining: unsigned(chunk[2])?,
+            retry_after: u64::try_from(chunk[3]).ok().map(Duration::from_micros),
+            reset_after: Duration::from_micros(unsigned(chunk[4])?),
+            wait: Duration::from_micros(unsigned(chunk[5])?),
         });
     }
-    Ok(policy.outcome(op, allowed, granted, decisions.into_iter()))
+    Ok(policy.outcome(op, *status == 1, unsigned(*granted)?, decisions.into_iter()))
 }
 
 impl Store for RedisStore {
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         policy.validate(request)?;
-        let op = match request.op {
-            Op::Check => "check",
-            Op::CheckAtMost => "check_at_most",
-            Op::Reserve { .. } => "reserve",
-            Op::Acquire { .. } => "acquire",
-            Op::Release { .. } => "release",
-        };
-        let replies = self.call(&self.invocation(subject, policy, request, op)).await?;
-        let reply = replies
-            .first()
-            .ok_or_else(|| Error::new(ErrorKind::Store, "redis: empty reply from the script"))?;
-        read_reply(policy, &request.op, reply)
+        if let Op::Acquire { lease, .. } | Op::Release { lease } = &request.op {
+            if lease.is_empty() || lease.starts_with('\0') {
+                return Err(Error::invalid_argument(
+                    "a lease name must not be empty or start with a NUL byte",
+                ));
+            }
+        }
+        let reply = self
+            .run(self.encode(subject, policy, request, op_code(&request.op)))
+            .await?;
+        read_reply(policy, &request.op, &reply)
     }
 
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         let request = Request::new(Op::Check, 0);
-        self.call(&self.invocation(subject, policy, &request, "reset")).await?;
+        self.run(self.encode(subject, policy, &request, RESET)).await?;
         Ok(())
     }
 }

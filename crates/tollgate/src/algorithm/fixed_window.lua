@@ -1,0 +1,67 @@
+-- fixed_window.rs: a counter per epoch-aligned window, "f<end>:<count>";
+-- it says nothing once its window has ended.
+
+local fixed_window = {}
+
+function fixed_window.params(argv, at)
+  return { limit = tonumber(argv[at]), window = tonumber(argv[at + 1]) }, at + 2
+end
+
+function fixed_window.load(key, p, now)
+  local value = get_string(key)
+  if not value then
+    return nil
+  end
+  local window_end, count = string.match(value, "^f(%d+):(%d+)$")
+  if not window_end then
+    return other_state(value)
+  end
+  window_end = tonumber(window_end)
+  if window_end <= now then
+    return nil
+  end
+  return { window_end = window_end, count = tonumber(count) }
+end
+
+-- The end of the window counted in at now, and its count.
+local function current(p, s, now)
+  -- A newer window than now's (the clock went back) still counts.
+  if s then
+    return s.window_end, s.count
+  end
+  return now - imod(now, p.window) + p.window, 0
+end
+
+function fixed_window.available(p, s, now)
+  local _, count = current(p, s, now)
+  return sat_sub(p.limit, count)
+end
+
+function fixed_window.decide(p, s, now, action, cost)
+  if action == RELEASE then
+    cost = 0
+  end
+  local window_end, count = current(p, s, now)
+  local reset_after = 0
+  if count > 0 then
+    reset_after = window_end - now
+  end
+  local remaining = sat_sub(p.limit, count)
+  if cost > p.limit then
+    return deny(p.limit, remaining, nil, reset_after)
+  end
+  if cost > remaining then
+    return deny(p.limit, remaining, window_end - now, reset_after)
+  end
+  if cost == 0 then
+    return allow(p.limit, remaining, reset_after, 0)
+  end
+  count = count + cost
+  return allow(p.limit, remaining - cost, window_end - now, 0), { window_end = window_end, count = count }
+end
+
+function fixed_window.store(key, _, _, change, _, ttl)
+  redis.call("SET", key, "f" .. fmt(change.window_end) .. ":" .. fmt(change.count), "PX", expire_ms(ttl))
+end
+
+ALGORITHMS[1] = fixed_window

@@ -1,0 +1,58 @@
+-- gcra.rs: one theoretical arrival time (TAT) per key, a bare integer
+-- ("<at>:<frac>" when the rate does not divide into whole microseconds).
+
+local gcra = { tag = "", pattern = "^(%d+):(%d+)$" }
+
+function gcra.params(argv, at)
+  return { burst = tonumber(argv[at]), unit = tonumber(argv[at + 1]), per_micro = tonumber(argv[at + 2]) }, at + 3
+end
+
+function gcra.load(key, _, now)
+  return load_tat(key, gcra.tag, gcra.pattern, now)
+end
+
+-- τ + T: how far ahead of now the TAT may run, in ticks.
+local function horizon(p)
+  local emission_interval = p.unit
+  local tolerance = (p.burst - 1) * emission_interval
+  return tolerance + emission_interval
+end
+
+function gcra.available(p, s, now)
+  local ahead = 0
+  if s then
+    ahead = backlog(p, s.at, s.frac, now)
+  end
+  return units(p, sat_sub(horizon(p), ahead))
+end
+
+function gcra.decide(p, s, now, action, cost)
+  if action == RELEASE then
+    cost = 0
+  end
+  local h = horizon(p)
+  local ahead = 0
+  if s then
+    ahead = math.min(backlog(p, s.at, s.frac, now), h)
+  end
+  local remaining = units(p, h - ahead)
+  if cost > p.burst then
+    return deny(p.burst, remaining, nil, micros(p, ahead))
+  end
+  local new_ahead = ahead + cost * p.unit
+  if new_ahead > h then
+    return deny(p.burst, remaining, micros(p, new_ahead - h), micros(p, ahead))
+  end
+  local decision = allow(p.burst, units(p, h - new_ahead), micros(p, new_ahead), 0)
+  if cost == 0 then
+    return decision
+  end
+  return decision, new_ahead
+end
+
+function gcra.store(key, p, _, new_ahead, now, ttl)
+  local at, frac = tat_after(p, now, new_ahead)
+  store_tat(key, gcra.tag, at, frac, ttl)
+end
+
+ALGORITHMS[7] = gcra

@@ -1,0 +1,68 @@
+-- leaky_bucket.rs: the instant the queue has drained, "l<at>[:<frac>]".
+
+local leaky_bucket = { tag = "l", pattern = "^l(%d+):?(%d*)$" }
+
+function leaky_bucket.params(argv, at)
+  return { capacity = tonumber(argv[at]), unit = tonumber(argv[at + 1]), per_micro = tonumber(argv[at + 2]) }, at + 3
+end
+
+function leaky_bucket.load(key, _, now)
+  return load_tat(key, leaky_bucket.tag, leaky_bucket.pattern, now)
+end
+
+function leaky_bucket.available(p, s, now)
+  local queued = 0
+  if s then
+    queued = backlog(p, s.at, s.frac, now)
+  end
+  return units(p, sat_sub(p.capacity * p.unit, queued))
+end
+
+local function reserve(p, s, now, cost, max_wait)
+  local capacity = p.capacity * p.unit
+  local queued = 0
+  if s then
+    queued = math.min(backlog(p, s.at, s.frac, now), capacity)
+  end
+  local remaining = units(p, capacity - queued)
+  if cost > p.capacity then
+    return deny(p.capacity, remaining, nil, micros(p, queued))
+  end
+  local departure = micros(p, queued)
+  local queued_after = queued + cost * p.unit
+  local overfull = sat_sub(queued_after, capacity)
+  local too_late = 0
+  if max_wait then
+    too_late = sat_sub(queued, max_wait * p.per_micro)
+  end
+  if overfull > 0 or too_late > 0 then
+    local retry_after = micros(p, math.max(overfull, too_late))
+    return deny(p.capacity, remaining, retry_after, micros(p, queued))
+  end
+  local decision = allow(p.capacity, units(p, capacity - queued_after), micros(p, queued_after), departure)
+  if cost == 0 then
+    return decision
+  end
+  return decision, queued_after
+end
+
+function leaky_bucket.decide(p, s, now, action, cost, max_wait)
+  if action == RELEASE then
+    -- A release only reports: it is never denied and never waits.
+    local decision = reserve(p, s, now, 0, nil)
+    decision[6] = 0
+    return decision
+  end
+  -- `check` on a shaping limit waits for anything.
+  if action == CHECK then
+    max_wait = nil
+  end
+  return reserve(p, s, now, cost, max_wait)
+end
+
+function leaky_bucket.store(key, p, _, queued_after, now, ttl)
+  local at, frac = tat_after(p, now, queued_after)
+  store_tat(key, leaky_bucket.tag, at, frac, ttl)
+end
+
+ALGORITHMS[6] = leaky_bucket

@@ -1,0 +1,89 @@
+-- reservation.rs: the instant the permit store is full again (past
+-- max_burst: debt), "r<at>[:<frac>]".
+
+local reservation = { tag = "r", pattern = "^r(%d+):?(%d*)$" }
+
+function reservation.params(argv, at)
+  local p = {
+    max_burst = tonumber(argv[at]),
+    initial = tonumber(argv[at + 1]),
+    unit = tonumber(argv[at + 2]),
+    per_micro = tonumber(argv[at + 3]),
+  }
+  return p, at + 4
+end
+
+function reservation.load(key, _, now)
+  return load_tat(key, reservation.tag, reservation.pattern, now)
+end
+
+local function missing(p, s, now)
+  if s then
+    return backlog(p, s.at, s.frac, now)
+  end
+  return (p.max_burst - p.initial) * p.unit
+end
+
+local function remaining_after(p, m)
+  local stored = p.max_burst * p.unit - m
+  if stored < 0 then
+    return 0
+  end
+  return units(p, stored) + 1
+end
+
+function reservation.available(p, s, now)
+  if missing(p, s, now) <= p.max_burst * p.unit then
+    return math.huge
+  end
+  return 0
+end
+
+local function reserve(p, s, now, cost, max_wait)
+  local limit = p.max_burst + 1
+  local full = p.max_burst * p.unit
+  local m = missing(p, s, now)
+  local remaining = remaining_after(p, m)
+  local cost_ticks = ticks(p, cost)
+  if cost_ticks == nil then
+    return deny(limit, remaining, nil, micros(p, m))
+  end
+  local debt = sat_sub(m, full)
+  local wait = micros(p, debt)
+  local too_late = 0
+  if max_wait then
+    too_late = sat_sub(debt, max_wait * p.per_micro)
+  end
+  local missing_after = m + cost_ticks
+  local over_cap = sat_sub(missing_after, full + MAX_TICKS)
+  if too_late > 0 or over_cap > 0 then
+    local retry_after = micros(p, math.max(too_late, over_cap))
+    return deny(limit, remaining, retry_after, micros(p, m))
+  end
+  local decision = allow(limit, remaining_after(p, missing_after), micros(p, missing_after), wait)
+  if cost == 0 then
+    return decision
+  end
+  return decision, missing_after
+end
+
+function reservation.decide(p, s, now, action, cost, max_wait)
+  if action == RELEASE then
+    -- A release only reports: it is never denied and never waits.
+    local decision = reserve(p, s, now, 0, nil)
+    decision[6] = 0
+    return decision
+  end
+  -- `check` on a borrowing limit waits for nothing.
+  if action == CHECK then
+    max_wait = 0
+  end
+  return reserve(p, s, now, cost, max_wait)
+end
+
+function reservation.store(key, p, _, missing_after, now, ttl)
+  local at, frac = tat_after(p, now, missing_after)
+  store_tat(key, reservation.tag, at, frac, ttl)
+end
+
+ALGORITHMS[5] = reservation

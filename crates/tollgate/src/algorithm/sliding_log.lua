@@ -1,0 +1,139 @@
+-- sliding_log.rs: a sorted set. Each member is an instant (µs, as text)
+-- whose score is the running total of units admitted up to and including
+-- it; the member "\0b" holds the base, the total before the oldest entry,
+-- and "\0x" minus the instant the log has no more to say (so it sorts first).
+-- Instants and totals rise together, so:
+--   the live units are newest total − base;
+--   the entry at which `needed` units have left is the first whose total is
+--   at least base + needed, one ZRANGEBYSCORE;
+--   entries that left the window are trimmed from the front, a few at a time.
+-- A decision costs O(log n + entries trimmed). Totals stay below 2^53 for
+-- as long as fewer than 2^53 units are admitted to one key without a pause
+-- of one window (at a million units a second, 285 years).
+
+local sliding_log = {}
+
+local BASE = "\0b"
+local EXPIRES = "\0x"
+-- Entries read per round when trimming.
+local TRIM_BATCH = 32
+
+function sliding_log.params(argv, at)
+  return { limit = tonumber(argv[at]), window = tonumber(argv[at + 1]) }, at + 2
+end
+
+-- s: { key, base, last_at, last_total, last_member }, or nil for an empty log.
+function sliding_log.load(key, p, now)
+  local head = redis.pcall("ZRANGE", key, 0, TRIM_BATCH + 1, "WITHSCORES")
+  if head.err then
+    return nil, true
+  end
+  if #head == 0 then
+    return nil, false
+  end
+  if head[1] ~= EXPIRES or head[3] ~= BASE then
+    -- Another algorithm's set.
+    return nil, true
+  end
+  if -tonumber(head[2]) <= now then
+    redis.call("DEL", key)
+    return nil, false
+  end
+  local base = tonumber(head[4])
+  -- Entries out of the window (at + window <= now) leave, oldest first.
+  local whole = #head < 2 * (TRIM_BATCH + 2)
+  local last = { head[#head - 1], head[#head] }
+  local page, trimmed, i = head, 0, 5
+  while true do
+    if i > #page then
+      if whole then
+        break
+      end
+      page = redis.call("ZRANGE", key, trimmed + 2, trimmed + TRIM_BATCH + 1, "WITHSCORES")
+      whole, i = #page < 2 * TRIM_BATCH, 1
+      if #page == 0 then
+        break
+      end
+    end
+    if tonumber(page[i]) + p.window > now then
+      break
+    end
+    base = tonumber(page[i + 1])
+    trimmed, i = trimmed + 1, i + 2
+  end
+  if #head >= 2 * (TRIM_BATCH + 2) then
+    last = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+  end
+  if last[1] == BASE or last[1] == EXPIRES or (trimmed > 0 and tonumber(last[2]) == base) then
+    -- Every entry left: the log says nothing.
+    redis.call("DEL", key)
+    return nil, false
+  end
+  if trimmed > 0 then
+    redis.call("ZREMRANGEBYRANK", key, 2, trimmed + 1)
+    redis.call("ZADD", key, base, BASE)
+  end
+  return { key = key, base = base, last_at = tonumber(last[1]), last_total = tonumber(last[2]), last_member = last[1] }
+end
+
+local function reset_after(p, s, now)
+  if s == nil then
+    return 0
+  end
+  return s.last_at + p.window - now
+end
+
+function sliding_log.available(p, s)
+  if s == nil then
+    return p.limit
+  end
+  return sat_sub(p.limit, s.last_total - s.base)
+end
+
+function sliding_log.decide(p, s, now, action, cost)
+  if action == RELEASE then
+    cost = 0
+  end
+  local total = 0
+  if s then
+    total = s.last_total - s.base
+  end
+  local remaining = sat_sub(p.limit, total)
+  if cost > p.limit then
+    return deny(p.limit, remaining, nil, reset_after(p, s, now))
+  end
+  if cost > remaining then
+    -- The oldest entries leave first: wait until enough units have left.
+    local needed = total + cost - p.limit
+    local entry = redis.call("ZRANGEBYSCORE", s.key, s.base + needed, "+inf", "LIMIT", 0, 1)
+    local retry_after = tonumber(entry[1]) + p.window - now
+    return deny(p.limit, remaining, retry_after, reset_after(p, s, now))
+  end
+  if cost == 0 then
+    return allow(p.limit, remaining, reset_after(p, s, now), 0)
+  end
+  -- Stamped no earlier than the newest entry, so the log stays in order
+  -- when the clock goes back (the entry then leaves a little late, never early).
+  local stamp = now
+  if s and s.last_at > now then
+    stamp = s.last_at
+  end
+  return allow(p.limit, remaining - cost, stamp + p.window - now, 0), { stamp = stamp, cost = cost }
+end
+
+function sliding_log.store(key, _, s, change, now, ttl, stale)
+  local expires = -(now + ttl)
+  if s == nil then
+    if stale then
+      redis.call("DEL", key)
+    end
+    redis.call("ZADD", key, expires, EXPIRES, 0, BASE, change.cost, fmt(change.stamp))
+  elseif change.stamp == s.last_at then
+    redis.call("ZADD", key, expires, EXPIRES, s.last_total + change.cost, s.last_member)
+  else
+    redis.call("ZADD", key, expires, EXPIRES, s.last_total + change.cost, fmt(change.stamp))
+  end
+  redis.call("PEXPIRE", key, expire_ms(ttl))
+end
+
+ALGORITHMS[3] = sliding_log

@@ -1,0 +1,124 @@
+-- sliding_window.rs: a hash of sub-interval index -> count, at most
+-- `buckets + 1` of them, and "x", when the state has no more to say. Counts
+-- that left the window are deleted when seen.
+
+local sliding_window = {}
+
+function sliding_window.params(argv, at)
+  return { limit = tonumber(argv[at]), window = tonumber(argv[at + 1]), buckets = tonumber(argv[at + 2]) }, at + 3
+end
+
+local function sub(p)
+  return idiv(p.window, p.buckets)
+end
+
+-- When the count of sub-interval `index` leaves the window.
+local function leaves(p, index)
+  return (index + p.buckets + 1) * sub(p)
+end
+
+-- The live counts, oldest first, and their sum (s: that list, or nil).
+function sliding_window.load(key, p, now)
+  local raw = redis.pcall("HGETALL", key)
+  if raw.err then
+    return nil, true
+  end
+  if #raw == 0 then
+    return nil, false
+  end
+  local oldest = sat_sub(idiv(now, sub(p)), p.buckets)
+  local counts, dead, expires = {}, {}, nil
+  for i = 1, #raw, 2 do
+    local index, count = tonumber(raw[i]), tonumber(raw[i + 1])
+    if raw[i] == "x" then
+      expires = count
+    elseif not index or not count then
+      -- Not a sliding window's hash.
+      return nil, true
+    elseif index >= oldest then
+      counts[#counts + 1] = { index, count }
+    else
+      dead[#dead + 1] = raw[i]
+    end
+  end
+  if #counts == 0 or not expires or expires <= now then
+    return nil, true
+  end
+  if #dead > 0 then
+    redis.call("HDEL", key, unpack(dead))
+  end
+  table.sort(counts, function(x, y)
+    return x[1] < y[1]
+  end)
+  return counts
+end
+
+local function total_of(counts)
+  local total = 0
+  if counts then
+    for _, entry in ipairs(counts) do
+      total = total + entry[2]
+    end
+  end
+  return total
+end
+
+local function reset_after(p, counts, now)
+  if counts == nil then
+    return 0
+  end
+  return leaves(p, counts[#counts][1]) - now
+end
+
+function sliding_window.available(p, s)
+  return sat_sub(p.limit, total_of(s))
+end
+
+function sliding_window.decide(p, s, now, action, cost)
+  if action == RELEASE then
+    cost = 0
+  end
+  local total = total_of(s)
+  local remaining = sat_sub(p.limit, total)
+  if cost > p.limit then
+    return deny(p.limit, remaining, nil, reset_after(p, s, now))
+  end
+  if cost > remaining then
+    local needed = total + cost - p.limit
+    local freed, retry_after = 0, nil
+    for _, entry in ipairs(s) do
+      freed = freed + entry[2]
+      if freed >= needed then
+        retry_after = leaves(p, entry[1]) - now
+        break
+      end
+    end
+    return deny(p.limit, remaining, retry_after, reset_after(p, s, now))
+  end
+  if cost == 0 then
+    return allow(p.limit, remaining, reset_after(p, s, now), 0)
+  end
+  -- The newest count may be of a later sub-interval than now's (the clock went back).
+  local index = idiv(now, sub(p))
+  local newest = index
+  if s and s[#s][1] > index then
+    newest = s[#s][1]
+  end
+  local count = cost
+  for _, entry in ipairs(s or {}) do
+    if entry[1] == index then
+      count = count + entry[2]
+    end
+  end
+  return allow(p.limit, remaining - cost, leaves(p, newest) - now, 0), { index = index, count = count }
+end
+
+function sliding_window.store(key, _, _, change, now, ttl, stale)
+  if stale then
+    redis.call("DEL", key)
+  end
+  redis.call("HSET", key, change.index, change.count, "x", now + ttl)
+  redis.call("PEXPIRE", key, expire_ms(ttl))
+end
+
+ALGORITHMS[2] = sliding_window

@@ -1,0 +1,146 @@
+-- token_bucket.rs: smooth mode keeps the instant the bucket is full again,
+-- "s<at>[:<frac>]"; interval mode the tokens counted at an interval
+-- boundary and when that level has no more to say,
+-- "i<tokens>:<boundary index>:<expires>".
+
+local token_bucket = { tag = "s", pattern = "^s(%d+):?(%d*)$" }
+
+function token_bucket.params(argv, at)
+  local p = {
+    capacity = tonumber(argv[at]),
+    refill = tonumber(argv[at + 1]),
+    interval = tonumber(argv[at + 2]),
+    smooth = argv[at + 3] == "0",
+    initial = tonumber(argv[at + 4]),
+    unit = tonumber(argv[at + 5]),
+    per_micro = tonumber(argv[at + 6]),
+  }
+  return p, at + 7
+end
+
+function token_bucket.load(key, p, now)
+  if p.smooth then
+    return load_tat(key, token_bucket.tag, token_bucket.pattern, now)
+  end
+  local value = get_string(key)
+  if not value then
+    return nil
+  end
+  local tokens, boundary, expires = string.match(value, "^i(%d+):(%d+):(%d+)$")
+  if not tokens then
+    return other_state(value)
+  end
+  if tonumber(expires) <= now then
+    return nil
+  end
+  tokens, boundary = tonumber(tokens), tonumber(boundary)
+  return { tokens = tokens, boundary = boundary }
+end
+
+-- Smooth mode: ticks missing from a full bucket at now.
+local function deficit(p, s, now)
+  if s then
+    return math.min(backlog(p, s.at, s.frac, now), p.capacity * p.unit)
+  end
+  return (p.capacity - p.initial) * p.unit
+end
+
+-- Interval mode: tokens at now, and the index of the interval they are
+-- counted in (now's, or a newer one already counted).
+local function tokens_at(p, s, now)
+  local boundary = idiv(now, p.interval)
+  if s and s.boundary <= boundary then
+    return math.min((boundary - s.boundary) * p.refill + s.tokens, p.capacity), boundary
+  elseif s then
+    -- Counted in a newer interval (the clock went back): no refill, keep its boundary.
+    return s.tokens, s.boundary
+  end
+  return p.initial, boundary
+end
+
+function token_bucket.available(p, s, now)
+  if p.smooth then
+    return units(p, p.capacity * p.unit - deficit(p, s, now))
+  end
+  local tokens = tokens_at(p, s, now)
+  return tokens
+end
+
+-- A bucket starting below capacity stores the level its first request saw,
+-- even on a denial or a peek, so that it has an instant to refill from.
+local function first_touch(p, s, decision, level)
+  if s == nil and p.initial < p.capacity then
+    return decision, level
+  end
+  return decision
+end
+
+local function check_smooth(p, s, now, cost)
+  local capacity = p.capacity * p.unit
+  local d = deficit(p, s, now)
+  local remaining = units(p, capacity - d)
+  if cost > p.capacity then
+    return first_touch(p, s, deny(p.capacity, remaining, nil, micros(p, d)), d)
+  end
+  local deficit_after = d + cost * p.unit
+  if deficit_after > capacity then
+    local retry_after = micros(p, deficit_after - capacity)
+    return first_touch(p, s, deny(p.capacity, remaining, retry_after, micros(p, d)), d)
+  end
+  local decision = allow(p.capacity, units(p, capacity - deficit_after), micros(p, deficit_after), 0)
+  if cost == 0 then
+    return first_touch(p, s, decision, d)
+  end
+  return decision, deficit_after
+end
+
+local function check_interval(p, s, now, cost)
+  local tokens, boundary = tokens_at(p, s, now)
+  local function after_refill(missing)
+    if missing == 0 then
+      return 0
+    end
+    return (boundary + div_ceil(missing, p.refill)) * p.interval - now
+  end
+  local function reset_after(t)
+    return after_refill(sat_sub(p.capacity, t))
+  end
+  local level = { tokens = tokens, boundary = boundary }
+  if cost > p.capacity then
+    return first_touch(p, s, deny(p.capacity, tokens, nil, reset_after(tokens)), level)
+  end
+  if cost > tokens then
+    local decision = deny(p.capacity, tokens, after_refill(cost - tokens), reset_after(tokens))
+    return first_touch(p, s, decision, level)
+  end
+  tokens = tokens - cost
+  local decision = allow(p.capacity, tokens, reset_after(tokens), 0)
+  if cost == 0 then
+    return first_touch(p, s, decision, level)
+  end
+  return decision, { tokens = tokens, boundary = boundary }
+end
+
+function token_bucket.decide(p, s, now, action, cost)
+  if action == RELEASE then
+    cost = 0
+  end
+  if p.smooth then
+    return check_smooth(p, s, now, cost)
+  end
+  return check_interval(p, s, now, cost)
+end
+
+function token_bucket.store(key, p, _, change, now, ttl)
+  if p.smooth then
+    local at, frac = tat_after(p, now, change)
+    store_tat(key, token_bucket.tag, at, frac, ttl)
+  elseif ttl == 0 then
+    redis.call("DEL", key)
+  else
+    local value = "i" .. fmt(change.tokens) .. ":" .. fmt(change.boundary) .. ":" .. fmt(now + ttl)
+    redis.call("SET", key, value, "PX", expire_ms(ttl))
+  end
+end
+
+ALGORITHMS[4] = token_bucket

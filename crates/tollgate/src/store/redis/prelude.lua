@@ -1,0 +1,199 @@
+-- Tollgate's Redis library: every algorithm of crates/tollgate/src/algorithm/,
+-- each in a Lua file beside its Rust twin, assembled in the order
+-- prelude.lua, the algorithms, tollgate.lua (store/redis/mod.rs).
+--
+-- On Redis 7+ and Valkey the library is loaded once with FUNCTION LOAD and
+-- called with FCALL, so nothing below is defined per call; on Redis 6.2 the
+-- same source runs through EVALSHA.
+--
+-- Lua numbers are doubles, exact for integers below 2^53; every quantity
+-- stays below that (limits are validated in Rust), and integer division goes
+-- through idiv, never a bare `/`. Numbers given to redis.call are written
+-- with 17 significant digits, so integers reach Redis exactly; numbers put
+-- into strings go through fmt.
+
+local MAX_TICKS = 4503599627370496 -- 2^52
+
+-- Integer arithmetic on doubles, exact below 2^53.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+local function imod(a, b)
+  return a - idiv(a, b) * b
+end
+
+local function div_ceil(a, b)
+  local q = idiv(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+local function sat_sub(a, b)
+  if a > b then
+    return a - b
+  end
+  return 0
+end
+
+local function fmt(n)
+  return string.format("%.0f", n)
+end
+
+-- Decisions, as Decision::allow and Decision::deny (-1 retry_after: never).
+local function allow(limit, remaining, reset_after, wait)
+  return { 1, limit, remaining, 0, reset_after, wait }
+end
+
+local function deny(limit, remaining, retry_after, reset_after)
+  return { 0, limit, remaining, retry_after or -1, reset_after, 0 }
+end
+
+-- What a request asks of each limit (the op codes of store/redis/mod.rs).
+local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET = 1, 2, 3, 4, 5, 6
+
+-- rate.rs: exact rates in ticks. A rate is p.unit (ticks per unit of cost)
+-- and p.per_micro (ticks per microsecond); an instant with sub-microsecond
+-- precision (a TAT) is two numbers, `at` (µs) and `frac` (ticks, < per_micro).
+
+local function ticks(p, units)
+  local t = units * p.unit
+  if t > MAX_TICKS then
+    return nil
+  end
+  return t
+end
+
+local function micros(p, t)
+  if p.per_micro == 1 then
+    return t
+  end
+  return div_ceil(t, p.per_micro)
+end
+
+local function units(p, t)
+  return idiv(t, p.unit)
+end
+
+-- Ticks between now and the instant (at, frac); zero once it has passed.
+local function backlog(p, at, frac, now)
+  if at < now then
+    return 0
+  end
+  return (at - now) * p.per_micro + frac
+end
+
+-- The instant `b` ticks after now.
+local function tat_after(p, now, b)
+  if p.per_micro == 1 then
+    return now + b, 0
+  end
+  return now + idiv(b, p.per_micro), imod(b, p.per_micro)
+end
+
+-- Storage ---------------------------------------------------------------
+--
+-- Each limit of each subject is one key, in the encoding of its algorithm:
+-- a string for states of one or two numbers (GCRA's TAT is a bare integer,
+-- the others carry a one-letter tag), a hash for the sliding window's
+-- buckets, a sorted set for the sliding log and the concurrency leases.
+-- A state whose information has run out counts as none: each state says
+-- when that is (a TAT by itself, the others by the instant they were
+-- written with, as the memory store records it), so a limit redefined with
+-- other parameters sees the same states in both stores. A key holding
+-- another algorithm's state counts as none too. A string that is no state of any algorithm
+-- was not written by Tollgate: the decision is refused (FOREIGN).
+
+local FOREIGN = {}
+
+-- With the server's time a key expires exactly when its state stops carrying
+-- information. With a caller's `now` (tests, replays) real time and the
+-- caller's time differ, so the key is kept at least EXPLICIT_NOW_TTL ms; the
+-- decision never depends on it, since each state says when it lapses in the
+-- caller's time.
+local EXPLICIT_NOW_TTL = 3600000
+local explicit_now = false
+
+local function expire_ms(ttl)
+  local ms = div_ceil(ttl, 1000)
+  if explicit_now and ms < EXPLICIT_NOW_TTL then
+    return EXPLICIT_NOW_TTL
+  end
+  return ms
+end
+
+-- The string at `key`: the value, nil when there is none, or false when
+-- the key holds another type (another algorithm's set or hash).
+local function get_string(key)
+  local value = redis.pcall("GET", key)
+  if type(value) == "table" then
+    return false
+  end
+  return value or nil
+end
+
+-- A string holding some algorithm's state (another one's, when the caller
+-- did not recognise it) counts as none; anything else is FOREIGN.
+local function other_state(value)
+  if string.find(value, "^[filrs]?%d+:?%d*:?%d*$") then
+    return nil
+  end
+  return FOREIGN
+end
+
+-- TAT states: "<tag><at>" or "<tag><at>:<frac>"; GCRA's tag is empty, so its
+-- usual state is a bare integer. A TAT that has passed says nothing.
+local function load_tat(key, tag, pattern, now)
+  local value = get_string(key)
+  if not value then
+    return nil
+  end
+  local at, frac = nil, 0
+  if tag == "" then
+    at = tonumber(value)
+  end
+  if not at then
+    local a, f = string.match(value, pattern)
+    if not a then
+      return other_state(value)
+    end
+    at, frac = tonumber(a), tonumber(f) or 0
+  end
+  if at + (frac > 0 and 1 or 0) <= now then
+    return nil
+  end
+  return { at = at, frac = frac }
+end
+
+local function store_tat(key, tag, at, frac, ttl)
+  if ttl == 0 then
+    redis.call("DEL", key)
+    return
+  end
+  local value = at
+  if tag ~= "" or frac ~= 0 then
+    value = tag .. fmt(at)
+    if frac ~= 0 then
+      value = value .. ":" .. fmt(frac)
+    end
+  end
+  redis.call("SET", key, value, "PX", expire_ms(ttl))
+end
+
+-- The algorithms, by the id store/redis/mod.rs sends. Each registers
+--   params(argv, at) -> p, next: its parameters from the arguments;
+--   load(key, p, now) -> state (nil: none; FOREIGN), stale: whether the key
+--     holds a set or hash of another algorithm that a write must clear;
+--   available(p, s, now) -> units a check would admit now;
+--   decide(p, s, now, action, cost, max_wait, lease) -> decision, change;
+--   store(key, p, s, change, now, ttl, stale): writes what changed.
+local ALGORITHMS = {}
