@@ -97,7 +97,7 @@ pub struct Args {
     /// Load a running `tollgate serve` instead of a store:
     /// grpc://HOST:PORT (Envoy's ShouldRateLimit) or http://HOST:PORT (see
     /// --request)
-    #[arg(long, value_name = "URL", conflicts_with_all = ["store", "limit", "tasks", "op", "hold_ms", "prefix"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["store", "limit", "tasks", "op", "hold_ms", "prefix", "batch"])]
     target: Option<String>,
     /// The limit or policy as JSON, as for simulate [default: GCRA at 1e9 per
     /// second, burst 1e9: nearly everything is allowed]
@@ -144,6 +144,11 @@ pub struct Args {
     /// Redis: the prefix of every key [default: tollgate-bench]
     #[arg(long, value_name = "PREFIX")]
     prefix: Option<String>,
+    /// Redis: the most decisions sent in one call (decisions started while a
+    /// call is under way go together in the next); 1 sends each in a call
+    /// of its own [default: 64]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    batch: Option<u32>,
     /// Print the summary as one JSON object on stdout
     #[arg(long)]
     json: bool,
@@ -228,6 +233,7 @@ struct Plan {
     op: BenchOp,
     hold: Duration,
     cost: u64,
+    batch: Option<u32>,
 }
 
 impl Plan {
@@ -235,6 +241,9 @@ impl Plan {
         let store = StoreUrl::parse(&args.store)?;
         if store == StoreUrl::Memory && args.prefix.is_some() {
             return Err(UsageError("--prefix applies only to a Redis store".to_owned()));
+        }
+        if store == StoreUrl::Memory && args.batch.is_some() {
+            return Err(UsageError("--batch applies only to a Redis store".to_owned()));
         }
         if args.hold_ms > 0 && args.op != BenchOp::Acquire {
             return Err(UsageError("--hold-ms applies only to --op acquire".to_owned()));
@@ -250,6 +259,7 @@ impl Plan {
             op: args.op,
             hold: Duration::from_millis(args.hold_ms),
             cost: args.cost,
+            batch: args.batch,
             until: Until::new(args),
         })
     }
@@ -384,7 +394,13 @@ impl StoreClock {
 async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
     let store = match &plan.store {
         StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
-        StoreUrl::Redis(url) => AnyStore::Redis(store::connect_redis(url, &plan.prefix).await?),
+        StoreUrl::Redis(url) => {
+            let mut builder = tollgate::RedisStore::builder(url.as_str()).prefix(plan.prefix.as_str());
+            if let Some(batch) = plan.batch {
+                builder = builder.max_batch(batch as usize);
+            }
+            AnyStore::Redis(store::connect_redis_with(builder, url).await?)
+        }
     };
     let mut clock = StoreClock::connect(&plan.store).await?;
     let limiter = Limiter::new(store, plan.policy.clone());

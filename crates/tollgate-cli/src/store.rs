@@ -71,8 +71,16 @@ pub fn redact(url: &str) -> String {
 /// An invalid URL or prefix ([`UsageError`]); a server that cannot be
 /// reached or refuses the credentials.
 pub async fn connect_redis(url: &str, prefix: &str) -> anyhow::Result<RedisStore> {
-    RedisStore::builder(url)
-        .prefix(prefix)
+    connect_redis_with(RedisStore::builder(url).prefix(prefix), url).await
+}
+
+/// Like [`connect_redis`], with the options of `builder` (for `url`).
+///
+/// # Errors
+///
+/// As [`connect_redis`].
+pub async fn connect_redis_with(builder: tollgate::RedisStoreBuilder, url: &str) -> anyhow::Result<RedisStore> {
+    builder
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await

@@ -1,0 +1,328 @@
+//! What a decision costs Redis, next to hand-written anchors on the same
+//! server in the same run (`scripts/bench-redis.sh` runs it):
+//!
+//! 1. Redis CPU per decision of each algorithm (`INFO commandstats`, one
+//!    decision per call), next to a 12-line GCRA script and an
+//!    `INCRBY` + `PEXPIRE` script called the same way;
+//! 2. the sliding log and the concurrency limiter on one key holding 10,
+//!    1 000, 20 000 and 100 000 live entries;
+//! 3. `MEMORY USAGE` of one key per algorithm, next to a plain string key of
+//!    a name as long holding a timestamp with a PX expiry.
+//!
+//! Usage: `cargo run --release -p tollgate --example redis_cost -- redis://127.0.0.1:6379 [decisions]`
+//! (a server of its own: it resets the server's statistics).
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::MultiplexedConnection;
+use tollgate::{Limit, Op, Policy, RedisStore, Request, Store, Subject, Timestamp};
+
+/// The anchor: GCRA in a dozen lines (TIME, GET, SET … PX), as one writes it by hand.
+const GCRA_ANCHOR: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local emission, horizon = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local new_tat = tat + emission
+if new_tat - now > horizon then
+  return {0, new_tat - now - horizon}
+end
+redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000))
+return {1, 0}
+";
+
+/// The anchor for a fixed window: count and expire.
+const FIXED_ANCHOR: &str = r"
+local count = redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return count
+";
+
+const KEYS: u64 = 1_000;
+const TASKS: u64 = 16;
+
+fn hour() -> Duration {
+    Duration::from_secs(3_600)
+}
+
+/// One limit per algorithm that allows everything the run sends.
+fn algorithms() -> Vec<(&'static str, Limit)> {
+    let big = 1_000_000_000;
+    vec![
+        ("fixed_window", Limit::fixed_window(big, hour()).unwrap()),
+        ("sliding_window", Limit::sliding_window(big, hour(), 10).unwrap()),
+        ("sliding_log", Limit::sliding_log(big, hour()).unwrap()),
+        ("token_bucket", Limit::token_bucket(big, big, hour()).unwrap()),
+        ("reservation", Limit::reservation(big, hour(), big).unwrap()),
+        ("leaky_bucket", Limit::leaky_bucket(big, hour(), big).unwrap()),
+        ("gcra", Limit::gcra(big, hour(), big).unwrap()),
+        ("concurrency", Limit::concurrency(big, hour()).unwrap()),
+    ]
+}
+
+/// `usec` and `calls` of one command in `INFO commandstats`.
+async fn command_stats(connection: &mut MultiplexedConnection, command: &str) -> (f64, f64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(connection)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find(|line| line.starts_with(&prefix)) else {
+        return (0.0, 0.0);
+    };
+    let field = |name: &str| -> f64 {
+        line.split(',')
+            .find_map(|part| part.split_once('=').filter(|(key, _)| key.ends_with(name)))
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (field("usec"), field("calls"))
+}
+
+async fn reset_stats(connection: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(connection)
+        .await
+        .unwrap();
+}
+
+/// Redis CPU per call of the library since the last reset (FCALL, or EVALSHA on Redis 6).
+async fn library_usec_per_call(connection: &mut MultiplexedConnection) -> f64 {
+    let (usec, calls) = command_stats(connection, "fcall").await;
+    let (usec, calls) = if calls > 0.0 {
+        (usec, calls)
+    } else {
+        command_stats(connection, "evalsha").await
+    };
+    usec / calls.max(1.0)
+}
+
+/// `decisions` decisions over `KEYS` subjects from `TASKS` tasks.
+async fn load(store: &RedisStore, policy: &Policy, decisions: u64, op: impl Fn(u64) -> Op + Clone + Send + 'static) {
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (store, policy, op) = (store.clone(), policy.clone(), op.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in (task..decisions).step_by(TASKS as usize) {
+                let subject = Subject::new("cost").and(i % KEYS);
+                store.decide(&subject, &policy, &Request::new(op(i), 1)).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// The anchor `sha` called `decisions` times the same way.
+async fn load_anchor(connection: &MultiplexedConnection, sha: &str, decisions: u64, args: [u64; 2]) {
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (mut connection, sha) = (connection.clone(), sha.to_owned());
+        tasks.push(tokio::spawn(async move {
+            for i in (task..decisions).step_by(TASKS as usize) {
+                let _: redis::Value = redis::cmd("EVALSHA")
+                    .arg(&sha)
+                    .arg(1)
+                    .arg(format!("anchor:{{cost:{}}}:gcra", i % KEYS))
+                    .arg(args[0])
+                    .arg(args[1])
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+fn system_micros() -> u64 {
+    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap()
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let url = args.next().expect("usage: redis_cost REDIS_URL [DECISIONS]");
+    let decisions: u64 = args
+        .next()
+        .map_or(20_000, |n| n.parse().expect("DECISIONS must be a number"));
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let store = RedisStore::builder(url.as_str()).max_batch(1).connect().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+    cpu_per_decision(&store, &mut raw, decisions).await;
+    many_entries(&store, &mut raw).await;
+    memory_per_key(&store, &mut raw).await;
+}
+
+/// 1. Redis CPU per decision, next to the anchors.
+async fn cpu_per_decision(store: &RedisStore, raw: &mut MultiplexedConnection, decisions: u64) {
+    let gcra_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(GCRA_ANCHOR)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let fixed_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(FIXED_ANCHOR)
+        .query_async(raw)
+        .await
+        .unwrap();
+    reset_stats(raw).await;
+    load_anchor(&*raw, &gcra_sha, decisions, [1, 1_000_000_000]).await;
+    let (usec, calls) = command_stats(raw, "evalsha").await;
+    let gcra_anchor = usec / calls;
+    reset_stats(raw).await;
+    load_anchor(&*raw, &fixed_sha, decisions, [1, 3_600_000]).await;
+    let (usec, calls) = command_stats(raw, "evalsha").await;
+    let fixed_anchor = usec / calls;
+    println!("## Redis CPU per decision (µs, INFO commandstats, one decision per call, {decisions} decisions over {KEYS} keys)\n");
+    println!("| what | µs per decision | ratio to its anchor |");
+    println!("|---|---:|---:|");
+    println!("| anchor: GCRA script (TIME, GET, SET … PX) | {gcra_anchor:.2} | |");
+    println!("| anchor: INCRBY + PEXPIRE script | {fixed_anchor:.2} | |");
+    for (name, limit) in algorithms() {
+        let policy = Policy::single(limit.clone());
+        reset_stats(raw).await;
+        if limit.is_concurrency() {
+            load(store, &policy, decisions, |i| Op::Acquire {
+                lease: format!("lease-{i}"),
+                max_wait: None,
+            })
+            .await;
+        } else {
+            load(store, &policy, decisions, |_| Op::Check).await;
+        }
+        let per_call = library_usec_per_call(raw).await;
+        let ratio = if name == "fixed_window" {
+            format!("{:.2} × INCRBY + PEXPIRE", per_call / fixed_anchor)
+        } else {
+            format!("{:.2} × the GCRA script", per_call / gcra_anchor)
+        };
+        println!("| tollgate {name} | {per_call:.2} | {ratio} |");
+    }
+}
+
+/// 2. Logs and leases of many entries.
+async fn many_entries(store: &RedisStore, raw: &mut MultiplexedConnection) {
+    println!("\n## One key holding many entries: Redis CPU per decision (µs)\n");
+    println!("| live entries | sliding_log check | concurrency acquire or release |");
+    println!("|---:|---:|---:|");
+    let measured = 2_000;
+    for entries in [10u64, 1_000, 20_000, 100_000] {
+        let mut row = format!("| {entries} |");
+        for (name, limit) in [
+            ("log", Limit::sliding_log(1_000_000_000, hour()).unwrap()),
+            ("lease", Limit::concurrency(1_000_000_000, hour()).unwrap()),
+        ] {
+            let policy = Policy::single(limit.clone());
+            let subject = Subject::new("entries").and(name).and(entries);
+            // Filled at distinct past instants, so each is an entry of its own.
+            let start = system_micros() - entries - 1_000;
+            let fill = (0..entries).map(|i| {
+                let op = if limit.is_concurrency() {
+                    Op::Acquire {
+                        lease: format!("fill-{i}"),
+                        max_wait: None,
+                    }
+                } else {
+                    Op::Check
+                };
+                let request = Request::new(op, 1).at(Timestamp::from_micros(start + i));
+                let (store, subject, policy) = (store.clone(), subject.clone(), policy.clone());
+                async move { store.decide(&subject, &policy, &request).await.unwrap() }
+            });
+            let mut pending = Vec::new();
+            for decision in fill {
+                pending.push(tokio::spawn(decision));
+                if pending.len() == 256 {
+                    for task in pending.drain(..) {
+                        task.await.unwrap();
+                    }
+                }
+            }
+            for task in pending {
+                task.await.unwrap();
+            }
+            reset_stats(raw).await;
+            for i in 0..measured {
+                if limit.is_concurrency() {
+                    let lease = format!("measured-{}", i / 2);
+                    let op = if i % 2 == 0 {
+                        Op::Acquire { lease, max_wait: None }
+                    } else {
+                        Op::Release { lease }
+                    };
+                    store.decide(&subject, &policy, &Request::new(op, 1)).await.unwrap();
+                } else {
+                    store
+                        .decide(&subject, &policy, &Request::new(Op::Check, 1))
+                        .await
+                        .unwrap();
+                }
+            }
+            let per_call = library_usec_per_call(raw).await;
+            let outcome = store
+                .decide(&subject, &policy, &Request::new(Op::Check, 0))
+                .await
+                .unwrap();
+            let held = 1_000_000_000 - outcome.decision.remaining;
+            write!(row, " {per_call:.2} ({held} held) |").unwrap();
+        }
+        println!("{row}");
+    }
+}
+
+/// 3. Memory per key.
+async fn memory_per_key(store: &RedisStore, raw: &mut MultiplexedConnection) {
+    println!("\n## MEMORY USAGE of one key after one decision (bytes)\n");
+    println!("| algorithm | tollgate key | plain string key, same name length, timestamp with PX | ratio |");
+    println!("|---|---:|---:|---:|");
+    for (name, limit) in algorithms() {
+        let policy = Policy::new([(name, limit.clone())]).unwrap();
+        let subject = Subject::new("203.0.113.7");
+        let op = if limit.is_concurrency() {
+            Op::Acquire {
+                lease: "0123456789abcdef".to_owned(),
+                max_wait: None,
+            }
+        } else {
+            Op::Check
+        };
+        store.decide(&subject, &policy, &Request::new(op, 1)).await.unwrap();
+        let key = store.key(&subject, name);
+        let used: u64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .query_async(raw)
+            .await
+            .unwrap();
+        let plain = format!("{}x", &key[..key.len() - 1]);
+        let _: () = redis::cmd("SET")
+            .arg(&plain)
+            .arg(system_micros())
+            .arg("PX")
+            .arg(3_600_000)
+            .query_async(raw)
+            .await
+            .unwrap();
+        let plain_used: u64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&plain)
+            .query_async(raw)
+            .await
+            .unwrap();
+        println!(
+            "| {name} | {used} | {plain_used} | {:.2} |",
+            used as f64 / plain_used as f64
+        );
+    }
+}
