@@ -7,10 +7,16 @@
 //! once the first burst is spent (the shares are printed before each run).
 //! The concurrency benchmark times an acquire and its release (two
 //! decisions). See BENCHMARKS.md for the command and the figures.
+//!
+//! The `live_entries` group times the two algorithms whose state grows with
+//! traffic on one key holding 10 to 100 000 live log entries or leases, under
+//! limits large enough that every decision is allowed: a sliding log check
+//! (one entry leaves the window and one enters at each decision), and an
+//! acquire and its release next to that many other leases held.
 
 use std::time::Duration;
 
-use criterion::{black_box, BenchmarkGroup, Criterion, Throughput};
+use criterion::{black_box, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use tollgate::{Limit, LimitSpec, MemoryStore, Op, Policy, Refill, Request, Subject, Timestamp, TokenBucketSpec};
 
 /// How far `now` moves between two decisions.
@@ -139,10 +145,104 @@ fn algorithms(c: &mut Criterion) {
     group.finish();
 }
 
+/// Live log entries or leases held on the key in the `live_entries` group.
+const LIVE: [u64; 4] = [10, 1_000, 20_000, 100_000];
+
+/// A sliding log check on a key holding `live` entries: the window spans
+/// `live` steps of 10 µs, so each decision drops the oldest entry and adds one.
+fn bench_log(group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, live: u64) {
+    const STEP: u64 = 10;
+    let window = Duration::from_micros(live * STEP);
+    let policy = Policy::single(Limit::sliding_log(live + 1, window).expect("valid limit"));
+    let subject = Subject::new("203.0.113.7");
+    let check = |store: &MemoryStore, now: u64| {
+        let request = Request::new(Op::Check, 1).at(Timestamp::from_micros(now));
+        store.decide_now(&subject, &policy, &request).expect("a check")
+    };
+    // Filled on the first run only (not at all when filtered out).
+    let mut filled = None;
+    group.bench_function(BenchmarkId::new("sliding_log", live), |b| {
+        let (store, now) = filled.get_or_insert_with(|| {
+            let store = MemoryStore::new();
+            let mut now = START;
+            for _ in 0..live {
+                now += STEP;
+                check(&store, now);
+            }
+            now += STEP;
+            let last = check(&store, now).decision;
+            assert!(last.allowed && last.remaining == 1, "{live} live entries: {last:?}");
+            (store, now)
+        });
+        b.iter(|| {
+            *now += STEP;
+            black_box(check(store, black_box(*now)))
+        });
+    });
+}
+
+/// An acquire and its release next to `live` other leases held for a day,
+/// `now` advancing by 1 µs.
+fn bench_leases(group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, live: u64) {
+    let policy = Policy::single(Limit::concurrency(live + 1, Duration::from_secs(86_400)).expect("valid limit"));
+    let subject = Subject::new("203.0.113.7");
+    let mut acquire = Request::new(
+        Op::Acquire {
+            lease: "0123456789abcdef".to_owned(),
+            max_wait: None,
+        },
+        1,
+    );
+    let mut release = Request::new(
+        Op::Release {
+            lease: "0123456789abcdef".to_owned(),
+        },
+        0,
+    );
+    // Filled on the first run only (not at all when filtered out).
+    let mut filled = None;
+    group.bench_function(BenchmarkId::new("concurrency_acquire+release", live), |b| {
+        let (store, now) = filled.get_or_insert_with(|| {
+            let store = MemoryStore::new();
+            let mut now = START;
+            for held in 0..live {
+                now += 1;
+                let lease = format!("held-{held}");
+                let request = Request::new(Op::Acquire { lease, max_wait: None }, 1).at(Timestamp::from_micros(now));
+                let outcome = store.decide_now(&subject, &policy, &request).expect("an acquire");
+                assert!(outcome.decision.allowed, "lease {held} of {live} denied");
+            }
+            (store, now)
+        });
+        b.iter(|| {
+            *now += 1;
+            acquire.now = Some(Timestamp::from_micros(*now));
+            release.now = Some(Timestamp::from_micros(*now));
+            let acquired = store.decide_now(black_box(&subject), black_box(&policy), black_box(&acquire));
+            let released = store.decide_now(black_box(&subject), black_box(&policy), black_box(&release));
+            black_box((acquired, released))
+        });
+    });
+}
+
+fn live_entries(c: &mut Criterion) {
+    let mut group = c.benchmark_group("live_entries");
+    group.throughput(Throughput::Elements(1));
+    for live in LIVE {
+        bench_log(&mut group, live);
+    }
+    group.throughput(Throughput::Elements(2));
+    for live in LIVE {
+        bench_leases(&mut group, live);
+    }
+    group.finish();
+}
+
 // What `criterion_group!` and `criterion_main!` expand to, without the
 // undocumented `pub fn` the first one generates.
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     algorithms(&mut criterion);
+    live_entries(&mut criterion);
     criterion.final_summary();
 }

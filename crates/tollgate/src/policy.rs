@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{Action, Limit, LimitSpec, State, Step};
+use crate::algorithm::{Action, Change, Limit, LimitSpec, State, Step};
 use crate::clock::{micros, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::{Error, Result};
@@ -257,17 +257,18 @@ impl Policy {
 
     /// Decides `request` over every limit, all-or-nothing.
     ///
-    /// `states[i]` is the stored state of limit `i`; `write(i, state, ttl)` is
-    /// called for each state that changed (`ttl`: µs until it carries no
-    /// information; zero to drop it). The Lua function `decide` in the Redis
-    /// store's script mirrors this one.
+    /// `states[i]` is the stored state of limit `i`; `write(i, change, ttl)`
+    /// is called for each state that changed, with the change to commit to
+    /// `states[i]` (`ttl`: µs until it carries no information; zero to drop
+    /// it). Nothing is committed here: the states are only read. The Lua
+    /// function `decide` in the Redis store's script mirrors this one.
     #[inline]
-    pub(crate) fn decide(
+    pub(crate) fn decide<'r>(
         &self,
         states: &[Option<&State>],
         now: u64,
-        request: &Request,
-        mut write: impl FnMut(usize, State, u64),
+        request: &'r Request,
+        mut write: impl FnMut(usize, Change<'r>, u64),
     ) -> Result<Outcome> {
         debug_assert_eq!(states.len(), self.limits.len());
         self.validate(request)?;
@@ -276,7 +277,7 @@ impl Policy {
                 request,
                 || limit.available(*state, now),
                 |action, cost| limit.decide(*state, now, action, cost),
-                |state, ttl| write(0, state, ttl),
+                |change, ttl| write(0, change, ttl),
             ));
         }
         let op = &request.op;
@@ -306,8 +307,8 @@ impl Policy {
         // What changed: everything when allowed; when denied, only levels
         // stored on first touch (they consume nothing).
         for (index, step) in steps.iter_mut().enumerate() {
-            if let Some(state) = step.state.take() {
-                write(index, state, micros(step.decision.reset_after));
+            if let Some(change) = step.change.take() {
+                write(index, change, micros(step.decision.reset_after));
             }
         }
         Ok(self.outcome(op, allowed, cost, steps.into_iter().map(|step| step.decision)))
@@ -315,22 +316,23 @@ impl Policy {
 
     /// A policy of one limit, whose decision is the policy's: `available()`
     /// and `decide(action, cost)` run that limit on its state, and
-    /// `write(state, ttl)` stores its new state (`ttl`: µs until it carries
-    /// no information) when it changed. The request is already validated.
+    /// `write(change, ttl)` commits the change to its state (`ttl`: µs until
+    /// it carries no information) when it changed. The request is already
+    /// validated.
     #[inline]
-    pub(crate) fn decide_single<S>(
+    pub(crate) fn decide_single<'r, C>(
         &self,
-        request: &Request,
+        request: &'r Request,
         available: impl FnOnce() -> u64,
-        decide: impl FnOnce(Action<'_>, u64) -> Step<S>,
-        write: impl FnOnce(S, u64),
+        decide: impl FnOnce(Action<'r>, u64) -> Step<C>,
+        write: impl FnOnce(C, u64),
     ) -> Outcome {
         let op = &request.op;
         let cost = resolved_cost(request, available);
         let step = decide(Self::action(op), request.costs.first().copied().unwrap_or(cost));
         let allowed = step.decision.allowed;
-        if let Some(state) = step.state {
-            write(state, micros(step.decision.reset_after));
+        if let Some(change) = step.change {
+            write(change, micros(step.decision.reset_after));
         }
         self.outcome(op, allowed, cost, std::iter::once(step.decision))
     }

@@ -3,8 +3,11 @@
 //! Each file holds one algorithm and mirrors one Lua function of the Redis
 //! store: same names, same steps, same integer units (microseconds, and ticks
 //! for exact rates — see [`rate`]). Nothing here reads a clock, allocates a
-//! key or touches a store; a store loads the state, calls `decide`, and writes
-//! back what changed, all in one atomic step.
+//! key or touches a store; a store loads the state, calls `decide`, and
+//! commits the [`Change`] it returns, all in one atomic step. Most states are
+//! a few numbers and a change is the whole new state; the sliding log and the
+//! leases of a concurrency limit grow with traffic, so their changes are
+//! small edits the store makes in place, and no decision copies them.
 //!
 //! Invalid parameters are refused when a [`Limit`] is built, with a message
 //! that names the field. A denied request returns its state unchanged.
@@ -33,13 +36,13 @@ use crate::decision::Decision;
 use crate::duration::{serde_text, MAX_MICROS};
 use crate::error::{Error, Result};
 
-use self::concurrency::{Concurrency, ConcurrencyState};
+use self::concurrency::{Concurrency, ConcurrencyState, LeaseChange};
 use self::fixed_window::{FixedWindow, FixedWindowState};
 use self::gcra::{Gcra, GcraState};
 use self::leaky_bucket::{LeakyBucket, LeakyBucketState};
 use self::rate::{Rate, MAX_TICKS};
 use self::reservation::{Reservation, ReservationState};
-use self::sliding_log::{SlidingLog, SlidingLogState};
+use self::sliding_log::{LogChange, SlidingLog, SlidingLogState};
 use self::sliding_window::{SlidingWindow, SlidingWindowState};
 pub use self::token_bucket::Refill;
 use self::token_bucket::{TokenBucket, TokenBucketState};
@@ -47,29 +50,30 @@ use self::token_bucket::{TokenBucket, TokenBucketState};
 /// The most sub-intervals a sliding window may have.
 pub const MAX_BUCKETS: u64 = 1_000;
 
-/// What an algorithm returns: its decision, and its new state when it changed.
+/// What an algorithm returns: its decision, and the change to its state when
+/// it changed (for most algorithms, the whole new state).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Step<S> {
+pub(crate) struct Step<C> {
     pub decision: Decision,
-    pub state: Option<S>,
+    pub change: Option<C>,
 }
 
-impl<S> Step<S> {
+impl<C> Step<C> {
     pub(crate) fn unchanged(decision: Decision) -> Self {
-        Self { decision, state: None }
+        Self { decision, change: None }
     }
 
-    pub(crate) fn changed(decision: Decision, state: S) -> Self {
+    pub(crate) fn changed(decision: Decision, change: C) -> Self {
         Self {
             decision,
-            state: Some(state),
+            change: Some(change),
         }
     }
 
-    fn map<T>(self, wrap: impl FnOnce(S) -> T) -> Step<T> {
+    fn map<T>(self, wrap: impl FnOnce(C) -> T) -> Step<T> {
         Step {
             decision: self.decision,
-            state: self.state.map(wrap),
+            change: self.change.map(wrap),
         }
     }
 }
@@ -109,12 +113,68 @@ impl Action<'_> {
 pub(crate) enum State {
     FixedWindow(FixedWindowState),
     SlidingWindow(SlidingWindowState),
-    SlidingLog(SlidingLogState),
+    SlidingLog(Box<SlidingLogState>),
     TokenBucket(TokenBucketState),
     Reservation(ReservationState),
     LeakyBucket(LeakyBucketState),
     Gcra(GcraState),
-    Concurrency(ConcurrencyState),
+    Concurrency(Box<ConcurrencyState>),
+}
+
+/// What a decision does to the state it was made on. `'a` is the request's
+/// lifetime (a lease's name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change<'a> {
+    /// The whole new state: for the states of a few numbers, and for a log
+    /// or leases started from no state.
+    Put(State),
+    /// An edit of the sliding log the decision was made on.
+    SlidingLog(LogChange),
+    /// An edit of the leases the decision was made on.
+    Concurrency(LeaseChange<'a>),
+}
+
+impl Change<'_> {
+    /// Commits the change to `state`, the state the decision was made on
+    /// (any state, when the change is a [`Change::Put`]).
+    pub(crate) fn apply(self, state: &mut State) {
+        match (self, state) {
+            (Change::Put(new), state) => *state = new,
+            (Change::SlidingLog(change), State::SlidingLog(log)) => log.apply(change),
+            (Change::Concurrency(change), State::Concurrency(leases)) => leases.apply(change),
+            // An edit is only made of a state of its own algorithm.
+            (change, state) => debug_assert!(false, "{change:?} does not apply to {state:?}"),
+        }
+    }
+
+    /// The new state of a limit that had none: only a [`Change::Put`] is
+    /// made of no state.
+    pub(crate) fn into_state(self) -> Option<State> {
+        match self {
+            Change::Put(state) => Some(state),
+            Change::SlidingLog(_) | Change::Concurrency(_) => None,
+        }
+    }
+}
+
+/// An edit made of `state` is committed in place, later; made of no state,
+/// it is committed at once to an empty state, which becomes the whole new one.
+fn edit<'a, S: Default, C>(
+    state: Option<&S>,
+    step: Step<C>,
+    apply: impl FnOnce(&mut S, C),
+    put: impl FnOnce(Box<S>) -> State,
+    edit: impl FnOnce(C) -> Change<'a>,
+) -> Step<Change<'a>> {
+    step.map(|change| {
+        if state.is_some() {
+            edit(change)
+        } else {
+            let mut new = Box::<S>::default();
+            apply(&mut new, change);
+            Change::Put(put(new))
+        }
+    })
 }
 
 /// Parameters of one limit, as written in JSON or YAML (DESIGN §3): the
@@ -591,7 +651,7 @@ impl Limit {
             (Kind::FixedWindow(p), _) => p.available(None, now),
             (Kind::SlidingWindow(p), Some(State::SlidingWindow(s))) => p.available(Some(s), now),
             (Kind::SlidingWindow(p), _) => p.available(None, now),
-            (Kind::SlidingLog(p), Some(State::SlidingLog(s))) => p.available(Some(s), now),
+            (Kind::SlidingLog(p), Some(State::SlidingLog(s))) => p.available(Some(&**s), now),
             (Kind::SlidingLog(p), _) => p.available(None, now),
             (Kind::TokenBucket(p), Some(State::TokenBucket(s))) => p.available(Some(s), now),
             (Kind::TokenBucket(p), _) => p.available(None, now),
@@ -601,7 +661,7 @@ impl Limit {
             (Kind::LeakyBucket(p), _) => p.available(None, now),
             (Kind::Gcra(p), Some(State::Gcra(s))) => p.available(Some(s), now),
             (Kind::Gcra(p), _) => p.available(None, now),
-            (Kind::Concurrency(p), Some(State::Concurrency(s))) => p.available(Some(s), now),
+            (Kind::Concurrency(p), Some(State::Concurrency(s))) => p.available(Some(&**s), now),
             (Kind::Concurrency(p), _) => p.available(None, now),
         }
     }
@@ -635,7 +695,13 @@ impl Limit {
     /// Callers check [`Limit::supports`] first (a policy does, once per
     /// request); an unsupported action is decided as the nearest supported one.
     #[inline]
-    pub(crate) fn decide(&self, state: Option<&State>, now: u64, action: Action<'_>, cost: u64) -> Step<State> {
+    pub(crate) fn decide<'a>(
+        &self,
+        state: Option<&State>,
+        now: u64,
+        action: Action<'a>,
+        cost: u64,
+    ) -> Step<Change<'a>> {
         macro_rules! state {
             ($variant:ident) => {
                 match state {
@@ -650,10 +716,22 @@ impl Limit {
             Action::Reserve(max_wait) => (max_wait, None),
             Action::Acquire { lease, max_wait } => (max_wait, lease),
         };
-        match &self.kind {
+        // The states of a few numbers are replaced whole; the log and the
+        // leases are edited.
+        let step = match &self.kind {
             Kind::FixedWindow(p) => p.check(state!(FixedWindow), now, cost).map(State::FixedWindow),
             Kind::SlidingWindow(p) => p.check(state!(SlidingWindow), now, cost).map(State::SlidingWindow),
-            Kind::SlidingLog(p) => p.check(state!(SlidingLog), now, cost).map(State::SlidingLog),
+            Kind::SlidingLog(p) => {
+                let state = state!(SlidingLog).map(|log| &**log);
+                let step = p.check(state, now, cost);
+                return edit(
+                    state,
+                    step,
+                    SlidingLogState::apply,
+                    State::SlidingLog,
+                    Change::SlidingLog,
+                );
+            }
             Kind::TokenBucket(p) => p.check(state!(TokenBucket), now, cost).map(State::TokenBucket),
             Kind::Gcra(p) => p.check(state!(Gcra), now, cost).map(State::Gcra),
             // A release only reports: it is never denied and never waits.
@@ -672,12 +750,22 @@ impl Limit {
             Kind::LeakyBucket(p) => p
                 .reserve(state!(LeakyBucket), now, cost, max_wait)
                 .map(State::LeakyBucket),
-            Kind::Concurrency(p) => match action {
-                Action::Release(lease) => p.release(state!(Concurrency), now, lease),
-                _ => p.acquire(state!(Concurrency), now, cost, lease),
+            Kind::Concurrency(p) => {
+                let state = state!(Concurrency).map(|leases| &**leases);
+                let step = match action {
+                    Action::Release(lease) => p.release(state, now, lease),
+                    _ => p.acquire(state, now, cost, lease),
+                };
+                return edit(
+                    state,
+                    step,
+                    ConcurrencyState::apply,
+                    State::Concurrency,
+                    Change::Concurrency,
+                );
             }
-            .map(State::Concurrency),
-        }
+        };
+        step.map(Change::Put)
     }
 
     /// The algorithm's numeric parameters as the Lua script reads them:
@@ -705,7 +793,7 @@ impl Limit {
 }
 
 /// A step that only reports: no wait asked of the caller.
-fn report<S>(mut step: Step<S>) -> Step<S> {
+fn report<C>(mut step: Step<C>) -> Step<C> {
     step.decision.wait = Duration::ZERO;
     step
 }

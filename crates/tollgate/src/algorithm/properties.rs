@@ -17,7 +17,7 @@
 
 use proptest::prelude::*;
 
-use super::{Action, Limit, State};
+use super::{Action, Change, Limit, State};
 use crate::decision::Decision;
 
 /// One admitted request: when, how much, and (shaping) when it departs.
@@ -80,23 +80,26 @@ impl<'a> Harness<'a> {
         }
     }
 
-    fn decide(&self, state: Option<&State>, now: u64, action: Action<'_>, cost: u64) -> super::Step<State> {
+    fn decide<'l>(&self, state: Option<&State>, now: u64, action: Action<'l>, cost: u64) -> super::Step<Change<'l>> {
         self.limit.supports(action, cost).expect("valid action");
         self.limit.decide(state, now, action, cost)
     }
 
     fn peek(&self, state: Option<&State>, now: u64) -> Decision {
         let step = self.decide(state, now, Action::Check, 0);
-        self.assert_unchanged(state, step.state.as_ref(), now, "(f) a peek changed the state");
+        self.assert_unchanged(state, step.change.as_ref(), now, "(f) a peek changed the state");
         step.decision
     }
 
-    /// Nothing changed: no new state, or (a token bucket starting below
+    /// Nothing changed: no change, or (a token bucket starting below
     /// capacity, on first touch) a stored state that decides exactly as the
     /// absent one did at that instant.
-    fn assert_unchanged(&self, before: Option<&State>, after: Option<&State>, now: u64, what: &str) {
+    fn assert_unchanged(&self, before: Option<&State>, after: Option<&Change<'_>>, now: u64, what: &str) {
         let Some(after) = after else { return };
         assert!(before.is_none(), "{what}");
+        let Change::Put(after) = after else {
+            panic!("{what}: {after:?}")
+        };
         let fresh = self.limit.decide(None, now, Action::Check, 0).decision;
         let stored = self.limit.decide(Some(after), now, Action::Check, 0).decision;
         assert_eq!(fresh, stored, "{what}");
@@ -114,7 +117,7 @@ impl<'a> Harness<'a> {
                 "(d) unit {taken} of remaining {} was denied",
                 decision.remaining
             );
-            state = step.state.or(state);
+            commit(&mut state, step.change);
         }
         let lease = "probe-last".to_owned();
         let step = self.decide(state.as_ref(), self.now, self.unit_action(&lease), 1);
@@ -175,7 +178,7 @@ impl<'a> Harness<'a> {
             // (c) a denial changes nothing.
             self.assert_unchanged(
                 self.state.as_ref(),
-                result.state.as_ref(),
+                result.change.as_ref(),
                 self.now,
                 "(c) a denied request changed the state",
             );
@@ -189,7 +192,8 @@ impl<'a> Harness<'a> {
                 Some(retry_after) => {
                     let retry_after = us(retry_after);
                     // What the store holds after the denial (a first touch may anchor a level).
-                    let basis = result.state.clone().or_else(|| self.state.clone());
+                    let mut basis = self.state.clone();
+                    commit(&mut basis, result.change.clone());
                     let later = self.decide(basis.as_ref(), self.now + retry_after, action, cost);
                     assert!(
                         later.decision.allowed,
@@ -208,7 +212,7 @@ impl<'a> Harness<'a> {
         if cost == 0 && !matches!(step.ask, Ask::Release(_)) {
             self.assert_unchanged(
                 self.state.as_ref(),
-                result.state.as_ref(),
+                result.change.as_ref(),
                 self.now,
                 "(f) a zero-cost request changed the state",
             );
@@ -216,9 +220,10 @@ impl<'a> Harness<'a> {
 
         let mut state = self.state.clone();
         let mut expires = self.expires;
-        if let Some(new_state) = result.state {
+        if let Some(change) = result.change {
             let ttl = us(decision.reset_after);
-            state = (ttl > 0).then_some(new_state);
+            commit(&mut state, Some(change));
+            state = state.filter(|_| ttl > 0);
             expires = self.now + ttl;
         }
         if decision.allowed && cost > 0 {
@@ -300,6 +305,15 @@ impl<'a> Harness<'a> {
                 );
             }
         }
+    }
+}
+
+/// Commits `change` to `state`, the state it was decided on, as a store does.
+fn commit(state: &mut Option<State>, change: Option<Change<'_>>) {
+    match (change, state.as_mut()) {
+        (None, _) => {}
+        (Some(change), Some(state)) => change.apply(state),
+        (Some(change), None) => *state = Some(change.into_state().expect("a change made of no state is a state")),
     }
 }
 
@@ -474,13 +488,15 @@ proptest! {
             let refs = [states[0].as_ref(), states[1].as_ref()];
             let before = [gcra.available(refs[0], now), window.available(refs[1], now)];
             let mut writes = Vec::new();
+            let request = crate::Request::new(Op::Check, step.cost);
             let outcome = policy
-                .decide(&refs, now, &crate::Request::new(Op::Check, step.cost), |index, state, ttl| writes.push((index, state, ttl)))
+                .decide(&refs, now, &request, |index, change, ttl| writes.push((index, change, ttl)))
                 .unwrap();
             let allowed = outcome.decision.allowed;
             prop_assert_eq!(allowed, outcome.limits.iter().all(|(_, d)| d.allowed));
-            for (index, state, ttl) in writes {
-                states[index] = (ttl > 0).then_some(state);
+            for (index, change, ttl) in writes {
+                commit(&mut states[index], Some(change));
+                states[index] = states[index].take().filter(|_| ttl > 0);
             }
             let refs = [states[0].as_ref(), states[1].as_ref()];
             let after = [gcra.available(refs[0], now), window.available(refs[1], now)];

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use super::Store;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
-use crate::algorithm::State;
+use crate::algorithm::{Change, State};
 use crate::clock::{micros, Clock, Sleep, SystemClock};
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -153,8 +153,10 @@ struct Slot {
 }
 
 impl Slot {
-    fn put(&mut self, state: State, expires: u64) {
-        self.state = state;
+    /// Commits `change`, decided on this slot's state (or on none, when it
+    /// had expired), until `expires`.
+    fn commit(&mut self, change: Change<'_>, expires: u64) {
+        change.apply(&mut self.state);
         self.expires = expires;
     }
 }
@@ -333,9 +335,9 @@ impl MemoryStore {
         };
         let state = (slot.expires > now).then_some(&slot.state);
         let mut write = None;
-        let outcome = policy.decide(&[state], now, request, |_, state, ttl| write = Some((state, ttl)))?;
+        let outcome = policy.decide(&[state], now, request, |_, change, ttl| write = Some((change, ttl)))?;
         match write {
-            Some((state, ttl)) if ttl > 0 => slot.put(state, now + ttl),
+            Some((change, ttl)) if ttl > 0 => slot.commit(change, now + ttl),
             // A state with nothing left to say is dropped at once.
             Some(_) => remove(&mut shard.slots, place.hash, |slot| place.holds(&slot.key)),
             None => {}
@@ -353,9 +355,9 @@ impl MemoryStore {
         now: u64,
     ) -> Result<Outcome> {
         let mut write = None;
-        let outcome = policy.decide(&[None], now, request, |_, state, ttl| write = Some((state, ttl)))?;
-        if let Some((state, ttl)) = write {
-            self.put_new(shard, place, state, ttl, now);
+        let outcome = policy.decide(&[None], now, request, |_, change, ttl| write = Some((change, ttl)))?;
+        if let Some((change, ttl)) = write {
+            self.put_new(shard, place, change, ttl, now);
         }
         Ok(outcome)
     }
@@ -413,20 +415,20 @@ impl MemoryStore {
             };
         }
         let mut writes = Vec::new();
-        let outcome = policy.decide(states, now, request, |index, state, ttl| {
-            writes.push((index, state, ttl));
+        let outcome = policy.decide(states, now, request, |index, change, ttl| {
+            writes.push((index, change, ttl));
         })?;
-        for (index, state, ttl) in writes {
+        for (index, change, ttl) in writes {
             let name = policy.limits().nth(index).map_or("", |(name, _)| name);
-            self.put(shard, self.place(key, name), state, ttl, now);
+            self.put(shard, self.place(key, name), change, ttl, now);
         }
         Ok(outcome)
     }
 
-    /// Stores `state` for `(key, name)` for `ttl` µs (none: drops it), in the
-    /// table of its algorithm.
-    fn put(&self, shard: &mut Shard, place: Place<'_>, state: State, ttl: u64, now: u64) {
-        if let State::Gcra(tat) = state {
+    /// Commits `change` to the state of `(key, name)` it was decided on, for
+    /// `ttl` µs (none: drops it), in the table of its algorithm.
+    fn put(&self, shard: &mut Shard, place: Place<'_>, change: Change<'_>, ttl: u64, now: u64) {
+        if let Change::Put(State::Gcra(tat)) = change {
             if let Ok(mut slot) = shard.tats.find_entry(place.hash, |slot| place.holds(&slot.key)) {
                 if ttl == 0 {
                     slot.remove();
@@ -439,17 +441,22 @@ impl MemoryStore {
             if ttl == 0 {
                 slot.remove();
             } else {
-                slot.get_mut().put(state, now + ttl);
+                slot.get_mut().commit(change, now + ttl);
             }
             return;
         }
-        self.put_new(shard, place, state, ttl, now);
+        self.put_new(shard, place, change, ttl, now);
     }
 
     /// [`MemoryStore::put`] for a key its table does not hold. A key lives in
     /// one table at most, so a state left in the other by an earlier
     /// definition of the limit is dropped.
-    fn put_new(&self, shard: &mut Shard, place: Place<'_>, state: State, ttl: u64, now: u64) {
+    fn put_new(&self, shard: &mut Shard, place: Place<'_>, change: Change<'_>, ttl: u64, now: u64) {
+        // A change decided on no state is a whole new state.
+        let Some(state) = change.into_state() else {
+            debug_assert!(false, "an edit of a state that is not stored");
+            return;
+        };
         let Place { hash, key, name } = place;
         let is = |slot_key: &Key| place.holds(slot_key);
         let rehash = |slot_key: &Key| self.key_hash(slot_key);
