@@ -62,7 +62,7 @@ rb() { # LABEL ARGS…: requests per second of redis-benchmark -c 50 -P 16
 }
 tg() { # ARGS…: decisions per second of tollgate bench, and its p50 latency in µs
   "$TOLLGATE" bench --store "$REDIS_URL" --keys "$KEYS" --duration "$DURATION" --json --quiet "$@" >"$BENCH_TMP/tg.json"
-  printf '%.0f %s' "$(json_field decisions_per_s "$BENCH_TMP/tg.json")" "$(json_field p50_us "$BENCH_TMP/tg.json")"
+  printf '%.0f %s\n' "$(json_field decisions_per_s "$BENCH_TMP/tg.json")" "$(json_field p50_us "$BENCH_TMP/tg.json")"
 }
 
 note "redis-benchmark: GCRA script and INCR"
