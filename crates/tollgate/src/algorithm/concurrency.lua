@@ -15,8 +15,8 @@ local TOTAL = "\0n"
 local COST = "\0c"
 local PAGE = 64
 
-function concurrency.params(argv, at)
-  return { limit = tonumber(argv[at]), ttl = tonumber(argv[at + 1]) }, at + 2
+function concurrency.params(n)
+  return { limit = n[2], ttl = n[3] }
 end
 
 -- The units of each lease of `names` (members at odd places when `scored`),

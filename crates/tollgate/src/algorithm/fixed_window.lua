@@ -3,8 +3,8 @@
 
 local fixed_window = {}
 
-function fixed_window.params(argv, at)
-  return { limit = tonumber(argv[at]), window = tonumber(argv[at + 1]) }, at + 2
+function fixed_window.params(n)
+  return { limit = n[2], window = n[3] }
 end
 
 function fixed_window.load(key, p, now)

@@ -3,12 +3,12 @@
 
 local gcra = { tag = "", pattern = "^(%d+):(%d+)$" }
 
-function gcra.params(argv, at)
-  return { burst = tonumber(argv[at]), unit = tonumber(argv[at + 1]), per_micro = tonumber(argv[at + 2]) }, at + 3
+function gcra.params(n)
+  return { burst = n[2], unit = n[3], per_micro = n[4] }
 end
 
-function gcra.load(key, _, now)
-  return load_tat(key, gcra.tag, gcra.pattern, now)
+function gcra.load(key, p, now)
+  return load_tat(key, p, gcra.tag, gcra.pattern, now)
 end
 
 -- τ + T: how far ahead of now the TAT may run, in ticks.
@@ -21,7 +21,7 @@ end
 function gcra.available(p, s, now)
   local ahead = 0
   if s then
-    ahead = backlog(p, s.at, s.frac, now)
+    ahead = s
   end
   return units(p, sat_sub(horizon(p), ahead))
 end
@@ -33,7 +33,7 @@ function gcra.decide(p, s, now, action, cost)
   local h = horizon(p)
   local ahead = 0
   if s then
-    ahead = math.min(backlog(p, s.at, s.frac, now), h)
+    ahead = math.min(s, h)
   end
   local remaining = units(p, h - ahead)
   if cost > p.burst then

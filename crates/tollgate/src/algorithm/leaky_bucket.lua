@@ -2,18 +2,18 @@
 
 local leaky_bucket = { tag = "l", pattern = "^l(%d+):?(%d*)$" }
 
-function leaky_bucket.params(argv, at)
-  return { capacity = tonumber(argv[at]), unit = tonumber(argv[at + 1]), per_micro = tonumber(argv[at + 2]) }, at + 3
+function leaky_bucket.params(n)
+  return { capacity = n[2], unit = n[3], per_micro = n[4] }
 end
 
-function leaky_bucket.load(key, _, now)
-  return load_tat(key, leaky_bucket.tag, leaky_bucket.pattern, now)
+function leaky_bucket.load(key, p, now)
+  return load_tat(key, p, leaky_bucket.tag, leaky_bucket.pattern, now)
 end
 
 function leaky_bucket.available(p, s, now)
   local queued = 0
   if s then
-    queued = backlog(p, s.at, s.frac, now)
+    queued = s
   end
   return units(p, sat_sub(p.capacity * p.unit, queued))
 end
@@ -22,7 +22,7 @@ local function reserve(p, s, now, cost, max_wait)
   local capacity = p.capacity * p.unit
   local queued = 0
   if s then
-    queued = math.min(backlog(p, s.at, s.frac, now), capacity)
+    queued = math.min(s, capacity)
   end
   local remaining = units(p, capacity - queued)
   if cost > p.capacity then

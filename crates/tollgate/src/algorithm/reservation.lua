@@ -3,23 +3,17 @@
 
 local reservation = { tag = "r", pattern = "^r(%d+):?(%d*)$" }
 
-function reservation.params(argv, at)
-  local p = {
-    max_burst = tonumber(argv[at]),
-    initial = tonumber(argv[at + 1]),
-    unit = tonumber(argv[at + 2]),
-    per_micro = tonumber(argv[at + 3]),
-  }
-  return p, at + 4
+function reservation.params(n)
+  return { max_burst = n[2], initial = n[3], unit = n[4], per_micro = n[5] }
 end
 
-function reservation.load(key, _, now)
-  return load_tat(key, reservation.tag, reservation.pattern, now)
+function reservation.load(key, p, now)
+  return load_tat(key, p, reservation.tag, reservation.pattern, now)
 end
 
 local function missing(p, s, now)
   if s then
-    return backlog(p, s.at, s.frac, now)
+    return s
   end
   return (p.max_burst - p.initial) * p.unit
 end

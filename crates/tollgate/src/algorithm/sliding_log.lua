@@ -18,8 +18,8 @@ local EXPIRES = "\0x"
 -- Entries read per round when trimming.
 local TRIM_BATCH = 32
 
-function sliding_log.params(argv, at)
-  return { limit = tonumber(argv[at]), window = tonumber(argv[at + 1]) }, at + 2
+function sliding_log.params(n)
+  return { limit = n[2], window = n[3] }
 end
 
 -- s: { key, base, last_at, last_total, last_member }, or nil for an empty log.

@@ -4,8 +4,8 @@
 
 local sliding_window = {}
 
-function sliding_window.params(argv, at)
-  return { limit = tonumber(argv[at]), window = tonumber(argv[at + 1]), buckets = tonumber(argv[at + 2]) }, at + 3
+function sliding_window.params(n)
+  return { limit = n[2], window = n[3], buckets = n[4] }
 end
 
 local function sub(p)

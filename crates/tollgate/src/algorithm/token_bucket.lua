@@ -5,22 +5,15 @@
 
 local token_bucket = { tag = "s", pattern = "^s(%d+):?(%d*)$" }
 
-function token_bucket.params(argv, at)
-  local p = {
-    capacity = tonumber(argv[at]),
-    refill = tonumber(argv[at + 1]),
-    interval = tonumber(argv[at + 2]),
-    smooth = argv[at + 3] == "0",
-    initial = tonumber(argv[at + 4]),
-    unit = tonumber(argv[at + 5]),
-    per_micro = tonumber(argv[at + 6]),
-  }
-  return p, at + 7
+function token_bucket.params(n)
+  local p = { capacity = n[2], refill = n[3], interval = n[4], smooth = n[5] == 0, initial = n[6] }
+  p.unit, p.per_micro = n[7], n[8]
+  return p
 end
 
 function token_bucket.load(key, p, now)
   if p.smooth then
-    return load_tat(key, token_bucket.tag, token_bucket.pattern, now)
+    return load_tat(key, p, token_bucket.tag, token_bucket.pattern, now)
   end
   local value = get_string(key)
   if not value then
@@ -40,7 +33,7 @@ end
 -- Smooth mode: ticks missing from a full bucket at now.
 local function deficit(p, s, now)
   if s then
-    return math.min(backlog(p, s.at, s.frac, now), p.capacity * p.unit)
+    return math.min(s, p.capacity * p.unit)
   end
   return (p.capacity - p.initial) * p.unit
 end

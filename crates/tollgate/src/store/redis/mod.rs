@@ -480,7 +480,7 @@ impl RedisStore {
             Op::Check | Op::CheckAtMost => (None, ""),
         };
         let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(micros(max_wait)).unwrap_or(i64::MAX));
-        let mut args = Vec::with_capacity(6 + policy.len() * 9);
+        let mut args = Vec::with_capacity(6 + policy.len() * 2);
         args.push(match request.now {
             Some(now) => Arg::Int(i64::try_from(now.as_micros()).unwrap_or(i64::MAX)),
             None => Arg::Text(String::new()),
@@ -491,9 +491,7 @@ impl RedisStore {
         args.push(Arg::Int(max_wait));
         args.push(Arg::Text(lease.to_owned()));
         for (index, (_, limit)) in policy.limits().enumerate() {
-            let (id, params) = script_params(limit);
-            args.push(Arg::Int(id));
-            args.extend(params.into_iter().map(|param| Arg::Int(to_i64(param))));
+            args.push(Arg::Text(script_params(limit)));
             args.push(Arg::Int(to_i64(request.cost_of(index))));
         }
         let reply_len = if op == RESET { 2 } else { 2 + 6 * policy.len() };
@@ -505,11 +503,11 @@ fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// A limit's id in the library and its parameters, in the order its Lua
-/// twin's `params` reads them.
-fn script_params(limit: &Limit) -> (i64, Vec<u64>) {
+/// A limit as the library reads it: its algorithm's id, then its
+/// parameters in the order its Lua twin's `params` reads them, joined by ':'.
+fn script_params(limit: &Limit) -> String {
     let p = limit.script_params();
-    let (id, used): (i64, &[usize]) = match limit.spec() {
+    let (id, used): (u8, &[usize]) = match limit.spec() {
         LimitSpec::FixedWindow(_) => (1, &[0, 1]),
         LimitSpec::SlidingWindow(_) => (2, &[0, 1, 2]),
         LimitSpec::SlidingLog(_) => (3, &[0, 1]),
@@ -519,7 +517,12 @@ fn script_params(limit: &Limit) -> (i64, Vec<u64>) {
         LimitSpec::Gcra(_) => (7, &[0, 5, 6]),
         LimitSpec::Concurrency(_) => (8, &[0, 1]),
     };
-    (id, used.iter().map(|&at| p[at]).collect())
+    let mut text = id.to_string();
+    for &at in used {
+        text.push(':');
+        text.push_str(&p[at].to_string());
+    }
+    text
 }
 
 fn store_error(error: redis::RedisError) -> Error {

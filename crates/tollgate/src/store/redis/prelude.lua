@@ -50,12 +50,29 @@ local function fmt(n)
 end
 
 -- Decisions, as Decision::allow and Decision::deny (-1 retry_after: never).
+-- A decision is written into the slot of the limit being decided (a table
+-- reused from call to call, chosen by use_slot), so that deciding allocates
+-- nothing: every table a call builds is garbage Redis must collect.
+local SLOTS = {}
+local slot
+
+local function use_slot(i)
+  slot = SLOTS[i]
+  if slot == nil then
+    slot = {}
+    SLOTS[i] = slot
+  end
+  return slot
+end
+
 local function allow(limit, remaining, reset_after, wait)
-  return { 1, limit, remaining, 0, reset_after, wait }
+  slot[1], slot[2], slot[3], slot[4], slot[5], slot[6] = 1, limit, remaining, 0, reset_after, wait
+  return slot
 end
 
 local function deny(limit, remaining, retry_after, reset_after)
-  return { 0, limit, remaining, retry_after or -1, reset_after, 0 }
+  slot[1], slot[2], slot[3], slot[4], slot[5], slot[6] = 0, limit, remaining, retry_after or -1, reset_after, 0
+  return slot
 end
 
 -- What a request asks of each limit (the op codes of store/redis/mod.rs).
@@ -151,8 +168,10 @@ local function other_state(value)
 end
 
 -- TAT states: "<tag><at>" or "<tag><at>:<frac>"; GCRA's tag is empty, so its
--- usual state is a bare integer. A TAT that has passed says nothing.
-local function load_tat(key, tag, pattern, now)
+-- usual state is a bare integer. A TAT that has passed says nothing. Every
+-- algorithm keeping one reads it only as its backlog (the ticks between now
+-- and the TAT), so that is what the state is once loaded: one number.
+local function load_tat(key, p, tag, pattern, now)
   local value = get_string(key)
   if not value then
     return nil
@@ -171,7 +190,7 @@ local function load_tat(key, tag, pattern, now)
   if at + (frac > 0 and 1 or 0) <= now then
     return nil
   end
-  return { at = at, frac = frac }
+  return backlog(p, at, frac, now)
 end
 
 local function store_tat(key, tag, at, frac, ttl)

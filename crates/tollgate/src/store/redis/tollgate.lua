@@ -6,69 +6,103 @@
 --   args[1]: the number of decisions; then per decision:
 --     now in µs ("": the server's TIME), op (CHECK … RESET), cost, n (limits),
 --     max_wait in µs (-1: none), lease ("": none),
---     then per limit: the algorithm's id, its parameters, the cost it sees.
+--     then per limit: "<algorithm id>:<its parameters>", joined by ':' (read
+--     once and kept: a server sees few distinct limits), and the cost it sees.
 -- Returns integers, per decision: status (1 allowed, 0 denied, -1 a key
 -- holds a value Tollgate did not write), granted, then per limit (none for
 -- a reset or a refusal): allowed, limit, remaining, retry_after (-1: never),
 -- reset_after, wait.
 
-local function decide(keys, first, limits, now, op, cost, max_wait, lease, reply)
-  local n = #limits
-  local states, stale = {}, {}
+-- Tables reused from call to call (cleared by overwriting the first n
+-- entries), so that a decision allocates nothing it can avoid.
+local LIMITS, COSTS, STATES, STALE, CHANGES = {}, {}, {}, {}, {}
+
+-- Parameters by their text, parsed once.
+local PARAMS, KNOWN, MAX_KNOWN = {}, 0, 1000
+
+local function params_of(text)
+  local p = PARAMS[text]
+  if p then
+    return p
+  end
+  local n = {}
+  for number in string.gmatch(text, "[^:]+") do
+    n[#n + 1] = tonumber(number)
+  end
+  local algorithm = ALGORITHMS[n[1]]
+  p = algorithm.params(n)
+  p.algorithm = algorithm
+  if KNOWN >= MAX_KNOWN then
+    PARAMS, KNOWN = {}, 0
+  end
+  PARAMS[text], KNOWN = p, KNOWN + 1
+  return p
+end
+
+local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
   for i = 1, n do
-    local p = limits[i]
-    local s, st = p.algorithm.load(keys[first + i], p, now)
+    local p = LIMITS[i]
+    local s, stale = p.algorithm.load(keys[first + i], p, now)
     if s == FOREIGN then
       reply[#reply + 1] = -1
       reply[#reply + 1] = 0
       return
     end
-    states[i], stale[i] = s, st
+    STATES[i], STALE[i] = s, stale
   end
   local action = op
   if op == CHECK_AT_MOST then
     -- One cost for every limit (Rust refuses per-limit costs here).
     action = CHECK
     local least = math.huge
-    for i, p in ipairs(limits) do
-      least = math.min(least, p.algorithm.available(p, states[i], now))
+    for i = 1, n do
+      least = math.min(least, LIMITS[i].algorithm.available(LIMITS[i], STATES[i], now))
     end
     if least == 0 and cost > 0 then
       cost = 1
     else
       cost = math.min(least, cost)
     end
-    for _, p in ipairs(limits) do
-      p.cost = cost
+    for i = 1, n do
+      COSTS[i] = cost
     end
   end
-  local decisions, changes = {}, {}
   local allowed = true
-  for i, p in ipairs(limits) do
-    decisions[i], changes[i] = p.algorithm.decide(p, states[i], now, action, p.cost, max_wait, lease)
-    if decisions[i][1] == 0 then
+  for i = 1, n do
+    local p = LIMITS[i]
+    use_slot(i)
+    local decision
+    decision, CHANGES[i] = p.algorithm.decide(p, STATES[i], now, action, COSTS[i], max_wait, lease)
+    if decision[1] == 0 then
       allowed = false
     end
   end
   if not allowed then
     -- Nothing is consumed: limits that would have admitted report as a peek.
-    for i, p in ipairs(limits) do
-      if decisions[i][1] == 1 then
-        decisions[i], changes[i] = p.algorithm.decide(p, states[i], now, action, 0, max_wait, lease)
+    for i = 1, n do
+      if SLOTS[i][1] == 1 then
+        local p = LIMITS[i]
+        use_slot(i)
+        local _
+        _, CHANGES[i] = p.algorithm.decide(p, STATES[i], now, action, 0, max_wait, lease)
       end
     end
   end
-  for i, p in ipairs(limits) do
-    if changes[i] ~= nil then
-      p.algorithm.store(keys[first + i], p, states[i], changes[i], now, decisions[i][5], stale[i])
+  for i = 1, n do
+    if CHANGES[i] ~= nil then
+      local p = LIMITS[i]
+      p.algorithm.store(keys[first + i], p, STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
     end
   end
-  reply[#reply + 1] = allowed and 1 or 0
-  reply[#reply + 1] = allowed and cost or 0
-  for _, d in ipairs(decisions) do
-    for j = 1, 6 do
-      reply[#reply + 1] = d[j]
-    end
+  local at = #reply
+  reply[at + 1] = allowed and 1 or 0
+  reply[at + 2] = allowed and cost or 0
+  at = at + 2
+  for i = 1, n do
+    local d = SLOTS[i]
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5], reply[at + 6] =
+      d[1], d[2], d[3], d[4], d[5], d[6]
+    at = at + 6
   end
 end
 
@@ -95,14 +129,9 @@ local function run(keys, args)
     if lease == "" then
       lease = nil
     end
-    local limits = {}
     for i = 1, n do
-      local algorithm = ALGORITHMS[tonumber(args[at])]
-      local p
-      p, at = algorithm.params(args, at + 1)
-      p.algorithm, p.cost = algorithm, tonumber(args[at])
-      limits[i] = p
-      at = at + 1
+      LIMITS[i], COSTS[i] = params_of(args[at]), tonumber(args[at + 1])
+      at = at + 2
     end
     if op == RESET then
       for i = 1, n do
@@ -111,7 +140,7 @@ local function run(keys, args)
       reply[#reply + 1] = 1
       reply[#reply + 1] = 0
     else
-      decide(keys, first, limits, now, op, cost, max_wait, lease, reply)
+      decide(keys, first, n, now, op, cost, max_wait, lease, reply)
     end
     first = first + n
   end
