@@ -6,7 +6,9 @@
 --   the live units are newest total − base;
 --   the entry at which `needed` units have left is the first whose total is
 --   at least base + needed, one ZRANGEBYSCORE;
---   entries that left the window are trimmed from the front, a few at a time.
+--   entries that left the window are found from the front, a few at a time,
+--   and trimmed when the log is next written (as its Rust twin drops them),
+--   never on a read: a redefined limit may count them again.
 -- A decision costs O(log n + entries trimmed). Totals stay below 2^53 for
 -- as long as fewer than 2^53 units are admitted to one key without a pause
 -- of one window (at a million units a second, 285 years).
@@ -65,15 +67,17 @@ function sliding_log.load(key, p, now)
     last = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
   end
   if last[1] == BASE or last[1] == EXPIRES or (trimmed > 0 and tonumber(last[2]) == base) then
-    -- Every entry left: the log says nothing.
-    redis.call("DEL", key)
-    return nil, false
+    -- Every entry left: the log says nothing (a write starts it afresh).
+    return nil, true
   end
-  if trimmed > 0 then
-    redis.call("ZREMRANGEBYRANK", key, 2, trimmed + 1)
-    redis.call("ZADD", key, base, BASE)
-  end
-  return { key = key, base = base, last_at = tonumber(last[1]), last_total = tonumber(last[2]), last_member = last[1] }
+  return {
+    key = key,
+    base = base,
+    trimmed = trimmed,
+    last_at = tonumber(last[1]),
+    last_total = tonumber(last[2]),
+    last_member = last[1],
+  }
 end
 
 local function reset_after(p, s, now)
@@ -128,10 +132,15 @@ function sliding_log.store(key, _, s, change, now, ttl, stale)
       redis.call("DEL", key)
     end
     redis.call("ZADD", key, expires, EXPIRES, 0, BASE, change.cost, fmt(change.stamp))
-  elseif change.stamp == s.last_at then
-    redis.call("ZADD", key, expires, EXPIRES, s.last_total + change.cost, s.last_member)
   else
-    redis.call("ZADD", key, expires, EXPIRES, s.last_total + change.cost, fmt(change.stamp))
+    if s.trimmed > 0 then
+      redis.call("ZREMRANGEBYRANK", key, 2, s.trimmed + 1)
+    end
+    local member = s.last_member
+    if change.stamp ~= s.last_at then
+      member = fmt(change.stamp)
+    end
+    redis.call("ZADD", key, expires, EXPIRES, s.base, BASE, s.last_total + change.cost, member)
   end
   redis.call("PEXPIRE", key, expire_ms(ttl))
 end

@@ -1,6 +1,8 @@
--- sliding_window.rs: a hash of sub-interval index -> count, at most
+-- sliding_window.rs: a hash of sub-interval start (µs) -> count, at most
 -- `buckets + 1` of them, and "x", when the state has no more to say. Counts
--- that left the window are deleted when seen.
+-- that left the window are deleted when the state is next written (as its
+-- Rust twin drops them), never on a read: a redefined limit may count them
+-- again.
 
 local sliding_window = {}
 
@@ -12,9 +14,9 @@ local function sub(p)
   return idiv(p.window, p.buckets)
 end
 
--- When the count of sub-interval `index` leaves the window.
-local function leaves(p, index)
-  return (index + p.buckets + 1) * sub(p)
+-- When the count of the sub-interval starting at `start` leaves the window.
+local function leaves(p, start)
+  return start + (p.buckets + 1) * sub(p)
 end
 
 -- The live counts, oldest first, and their sum (s: that list, or nil).
@@ -26,7 +28,6 @@ function sliding_window.load(key, p, now)
   if #raw == 0 then
     return nil, false
   end
-  local oldest = sat_sub(idiv(now, sub(p)), p.buckets)
   local counts, dead, expires = {}, {}, nil
   for i = 1, #raw, 2 do
     local index, count = tonumber(raw[i]), tonumber(raw[i + 1])
@@ -35,7 +36,7 @@ function sliding_window.load(key, p, now)
     elseif not index or not count then
       -- Not a sliding window's hash.
       return nil, true
-    elseif index >= oldest then
+    elseif leaves(p, index) > now then
       counts[#counts + 1] = { index, count }
     else
       dead[#dead + 1] = raw[i]
@@ -44,12 +45,10 @@ function sliding_window.load(key, p, now)
   if #counts == 0 or not expires or expires <= now then
     return nil, true
   end
-  if #dead > 0 then
-    redis.call("HDEL", key, unpack(dead))
-  end
   table.sort(counts, function(x, y)
     return x[1] < y[1]
   end)
+  counts.dead = dead
   return counts
 end
 
@@ -99,7 +98,7 @@ function sliding_window.decide(p, s, now, action, cost)
     return allow(p.limit, remaining, reset_after(p, s, now), 0)
   end
   -- The newest count may be of a later sub-interval than now's (the clock went back).
-  local index = idiv(now, sub(p))
+  local index = now - imod(now, sub(p))
   local newest = index
   if s and s[#s][1] > index then
     newest = s[#s][1]
@@ -113,9 +112,11 @@ function sliding_window.decide(p, s, now, action, cost)
   return allow(p.limit, remaining - cost, leaves(p, newest) - now, 0), { index = index, count = count }
 end
 
-function sliding_window.store(key, _, _, change, now, ttl, stale)
+function sliding_window.store(key, _, s, change, now, ttl, stale)
   if stale then
     redis.call("DEL", key)
+  elseif s and #s.dead > 0 then
+    redis.call("HDEL", key, unpack(s.dead))
   end
   redis.call("HSET", key, change.index, change.count, "x", now + ttl)
   redis.call("PEXPIRE", key, expire_ms(ttl))

@@ -25,8 +25,10 @@ pub struct SlidingWindow {
 /// Counts of the sub-intervals that still overlap the window.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SlidingWindowState {
-    /// `(sub-interval index since the epoch, units admitted in it)`, oldest
-    /// first, no zero counts.
+    /// `(start of the sub-interval in µs since the epoch, units admitted in
+    /// it)`, oldest first, no zero counts. Starts are instants, not indexes,
+    /// so that a limit redefined with other sub-intervals reads them as times
+    /// all the same.
     pub counts: Vec<(u64, u64)>,
 }
 
@@ -37,14 +39,13 @@ impl SlidingWindow {
 
     /// The live counts at `now`, oldest first, and their sum.
     fn live(&self, state: Option<&SlidingWindowState>, now: u64) -> (Vec<(u64, u64)>, u64) {
-        let oldest = (now / self.sub()).saturating_sub(self.buckets);
         let counts: Vec<(u64, u64)> = state
             .map(|state| {
                 state
                     .counts
                     .iter()
                     .copied()
-                    .filter(|&(index, _)| index >= oldest)
+                    .filter(|&(start, _)| self.leaves(start) > now)
                     .collect()
             })
             .unwrap_or_default();
@@ -52,9 +53,9 @@ impl SlidingWindow {
         (counts, total)
     }
 
-    /// When the units of sub-interval `index` stop counting.
-    fn leaves(&self, index: u64) -> u64 {
-        (index + self.buckets + 1) * self.sub()
+    /// When the units of the sub-interval starting at `start` stop counting.
+    fn leaves(&self, start: u64) -> u64 {
+        start.saturating_add((self.buckets + 1) * self.sub())
     }
 
     fn reset_after(&self, counts: &[(u64, u64)], now: u64) -> u64 {
@@ -105,7 +106,7 @@ impl SlidingWindow {
                 0,
             ));
         }
-        let index = now / self.sub();
+        let index = now - now % self.sub();
         // Kept in order of index, even when the clock went back.
         let at = counts.partition_point(|&(counted, _)| counted <= index);
         match at.checked_sub(1).map(|last| &mut counts[last]) {

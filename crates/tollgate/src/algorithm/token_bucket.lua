@@ -1,7 +1,7 @@
 -- token_bucket.rs: smooth mode keeps the instant the bucket is full again,
 -- "s<at>[:<frac>]"; interval mode the tokens counted at an interval
 -- boundary and when that level has no more to say,
--- "i<tokens>:<boundary index>:<expires>".
+-- "i<tokens>:<boundary>:<expires>" (instants in µs).
 
 local token_bucket = { tag = "s", pattern = "^s(%d+):?(%d*)$" }
 
@@ -11,39 +11,57 @@ function token_bucket.params(n)
   return p
 end
 
+-- A live state of the other mode (the limit was redefined): it counts as no
+-- level, but it is there, so a first touch does not store one (as in Rust).
+local OTHER_MODE = {}
+
+local function load_interval(value, now)
+  local tokens, boundary, expires = string.match(value, "^i(%d+):(%d+):(%d+)$")
+  if not tokens or tonumber(expires) <= now then
+    return nil
+  end
+  return { tokens = tonumber(tokens), boundary = tonumber(boundary) }
+end
+
 function token_bucket.load(key, p, now)
   if p.smooth then
+    local value = get_string(key)
+    if value and string.sub(value, 1, 1) == "i" then
+      return load_interval(value, now) and OTHER_MODE
+    end
     return load_tat(key, p, token_bucket.tag, token_bucket.pattern, now)
   end
   local value = get_string(key)
   if not value then
     return nil
   end
-  local tokens, boundary, expires = string.match(value, "^i(%d+):(%d+):(%d+)$")
-  if not tokens then
+  if string.sub(value, 1, 1) == "s" then
+    return load_tat(key, p, token_bucket.tag, token_bucket.pattern, now) and OTHER_MODE
+  end
+  local level = load_interval(value, now)
+  if level == nil and not string.find(value, "^i%d+:%d+:%d+$") then
     return other_state(value)
   end
-  if tonumber(expires) <= now then
-    return nil
-  end
-  tokens, boundary = tonumber(tokens), tonumber(boundary)
-  return { tokens = tokens, boundary = boundary }
+  return level
 end
 
 -- Smooth mode: ticks missing from a full bucket at now.
-local function deficit(p, s, now)
-  if s then
+local function deficit(p, s)
+  if s and s ~= OTHER_MODE then
     return math.min(s, p.capacity * p.unit)
   end
   return (p.capacity - p.initial) * p.unit
 end
 
--- Interval mode: tokens at now, and the index of the interval they are
+-- Interval mode: tokens at now, and the start of the interval they are
 -- counted in (now's, or a newer one already counted).
 local function tokens_at(p, s, now)
-  local boundary = idiv(now, p.interval)
-  if s and s.boundary <= boundary then
-    return math.min((boundary - s.boundary) * p.refill + s.tokens, p.capacity), boundary
+  local boundary = now - imod(now, p.interval)
+  if s == OTHER_MODE then
+    return p.initial, boundary
+  elseif s and s.boundary <= boundary then
+    local intervals = idiv(boundary - s.boundary, p.interval)
+    return math.min(intervals * p.refill + s.tokens, p.capacity), boundary
   elseif s then
     -- Counted in a newer interval (the clock went back): no refill, keep its boundary.
     return s.tokens, s.boundary
@@ -53,7 +71,7 @@ end
 
 function token_bucket.available(p, s, now)
   if p.smooth then
-    return units(p, p.capacity * p.unit - deficit(p, s, now))
+    return units(p, p.capacity * p.unit - deficit(p, s))
   end
   local tokens = tokens_at(p, s, now)
   return tokens
@@ -70,7 +88,7 @@ end
 
 local function check_smooth(p, s, now, cost)
   local capacity = p.capacity * p.unit
-  local d = deficit(p, s, now)
+  local d = deficit(p, s)
   local remaining = units(p, capacity - d)
   if cost > p.capacity then
     return first_touch(p, s, deny(p.capacity, remaining, nil, micros(p, d)), d)
@@ -93,7 +111,7 @@ local function check_interval(p, s, now, cost)
     if missing == 0 then
       return 0
     end
-    return (boundary + div_ceil(missing, p.refill)) * p.interval - now
+    return boundary + div_ceil(missing, p.refill) * p.interval - now
   end
   local function reset_after(t)
     return after_refill(sat_sub(p.capacity, t))

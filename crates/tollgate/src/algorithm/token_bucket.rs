@@ -49,12 +49,13 @@ pub struct TokenBucket {
 pub enum TokenBucketState {
     /// Smooth mode: the instant the bucket is full again.
     Smooth(Tat),
-    /// Interval mode: whole tokens as of the interval `boundary` (its index
-    /// since the epoch).
+    /// Interval mode: whole tokens as of the interval starting at `boundary`.
     Interval {
         /// Tokens in the bucket.
         tokens: u64,
-        /// Index of the interval those tokens were counted in.
+        /// When the interval those tokens were counted in began, µs since
+        /// the epoch (an instant, not an index, so that a limit redefined
+        /// with another interval reads it as a time all the same).
         boundary: u64,
     },
 }
@@ -69,13 +70,14 @@ impl TokenBucket {
         }
     }
 
-    /// Interval mode: tokens at `now`, and the index of the interval they
+    /// Interval mode: tokens at `now`, and the start of the interval they
     /// are counted in (`now`'s, or a newer one already counted).
     fn tokens(&self, state: Option<&TokenBucketState>, now: u64) -> (u64, u64) {
-        let boundary = now / self.interval;
+        let boundary = now - now % self.interval;
         match state {
             Some(&TokenBucketState::Interval { tokens, boundary: then }) if then <= boundary => {
-                let refilled = (boundary - then).saturating_mul(self.refill).saturating_add(tokens);
+                let intervals = (boundary - then) / self.interval;
+                let refilled = intervals.saturating_mul(self.refill).saturating_add(tokens);
                 (refilled.min(self.capacity), boundary)
             }
             // Counted in a newer interval (the clock went back): no refill, keep its boundary.
@@ -156,7 +158,7 @@ impl TokenBucket {
             if missing == 0 {
                 0
             } else {
-                (boundary + missing.div_ceil(self.refill)) * self.interval - now
+                boundary + missing.div_ceil(self.refill) * self.interval - now
             }
         };
         let reset_after = |tokens: u64| after_refill(self.capacity.saturating_sub(tokens));
