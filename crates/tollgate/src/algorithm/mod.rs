@@ -1,7 +1,8 @@
 //! The eight algorithms, as pure functions of `(params, state, now, cost)`.
 //!
-//! Each file holds one algorithm and mirrors one Lua function of the Redis
-//! store: same names, same steps, same integer units (microseconds, and ticks
+//! Each file holds one algorithm and mirrors the Lua file of the same name
+//! beside it, which the Redis store runs: same names, same steps, same
+//! integer units (microseconds, and ticks
 //! for exact rates — see [`rate`]). Nothing here reads a clock, allocates a
 //! key or touches a store; a store loads the state, calls `decide`, and
 //! commits the [`Change`] it returns, all in one atomic step. Most states are
@@ -769,7 +770,8 @@ impl Limit {
     }
 
     /// The algorithm's numeric parameters as the Lua script reads them:
-    /// seven integers, in the order of `parse_limit` in `tollgate.lua`.
+    /// seven integers, of which the Redis store sends each Lua twin's
+    /// `params` the ones it reads.
     pub(crate) fn script_params(&self) -> [u64; 7] {
         match self.kind {
             Kind::FixedWindow(p) => [p.limit, p.window, 0, 0, 0, 0, 0],
