@@ -47,17 +47,8 @@ local function reserve(p, s, now, cost, max_wait)
 end
 
 function leaky_bucket.decide(p, s, now, action, cost, max_wait)
-  if action == RELEASE then
-    -- A release only reports: it is never denied and never waits.
-    local decision = reserve(p, s, now, 0, nil)
-    decision[6] = 0
-    return decision
-  end
   -- `check` on a shaping limit waits for anything.
-  if action == CHECK then
-    max_wait = nil
-  end
-  return reserve(p, s, now, cost, max_wait)
+  return queue_action(reserve, p, s, now, action, cost, max_wait, nil)
 end
 
 function leaky_bucket.store(key, p, _, queued_after, now, ttl)

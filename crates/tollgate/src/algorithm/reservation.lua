@@ -62,17 +62,8 @@ local function reserve(p, s, now, cost, max_wait)
 end
 
 function reservation.decide(p, s, now, action, cost, max_wait)
-  if action == RELEASE then
-    -- A release only reports: it is never denied and never waits.
-    local decision = reserve(p, s, now, 0, nil)
-    decision[6] = 0
-    return decision
-  end
   -- `check` on a borrowing limit waits for nothing.
-  if action == CHECK then
-    max_wait = 0
-  end
-  return reserve(p, s, now, cost, max_wait)
+  return queue_action(reserve, p, s, now, action, cost, max_wait, 0)
 end
 
 function reservation.store(key, p, _, missing_after, now, ttl)

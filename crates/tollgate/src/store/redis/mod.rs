@@ -33,8 +33,8 @@
 //! Measured against fred on Tollgate's own workload (64 tasks on one client,
 //! EVALSHA of this script; `tools/client-choice`), the two were a tie within
 //! noise (51–56 k decisions/s each, Redis's script thread the bottleneck),
-//! so redis-rs was kept for `Script` (EVALSHA with NOSCRIPT reload),
-//! `ConnectionManager` and TLS with a private CA; see `BENCHMARKS.md`.
+//! so redis-rs was kept for `ConnectionManager` and TLS with a private CA;
+//! see `BENCHMARKS.md`.
 //!
 //! **Worst-case Redis time of one call**, per algorithm (n live entries of
 //! the key; every call also pays a few microseconds of call overhead):
@@ -122,8 +122,26 @@ fn script_source() -> String {
 enum Engine {
     /// `FCALL` of the function library (Redis 7+, Valkey).
     Function,
-    /// `EVALSHA` of the script, reloaded on `NOSCRIPT`.
-    Script(redis::Script),
+    /// `EVALSHA` of the script, by its SHA-1.
+    Script(String),
+}
+
+impl Engine {
+    /// The command that calls the library, before its keys and arguments.
+    fn command(&self) -> redis::Cmd {
+        match self {
+            Self::Function => redis::cmd("FCALL").arg(library_name()).to_owned(),
+            Self::Script(sha) => redis::cmd("EVALSHA").arg(sha).to_owned(),
+        }
+    }
+
+    /// True when the server no longer has the library (flushed, or restarted).
+    fn is_lost(&self, error: &redis::RedisError) -> bool {
+        match self {
+            Self::Function => error.to_string().contains("Function not found"),
+            Self::Script(_) => error.code() == Some("NOSCRIPT") || error.to_string().contains("NOSCRIPT"),
+        }
+    }
 }
 
 /// A store in Redis; cheap to clone (clones share the connection).
@@ -293,13 +311,13 @@ async fn load_library(connection: &mut ConnectionManager) -> Result<Engine> {
     match loaded {
         Ok(_) => Ok(Engine::Function),
         Err(error) if is_unknown_command(&error) => {
-            let script = redis::Script::new(&script_source());
-            script
-                .prepare_invoke()
-                .load_async(connection)
+            let sha: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(script_source())
+                .query_async(connection)
                 .await
                 .map_err(store_error)?;
-            Ok(Engine::Script(script))
+            Ok(Engine::Script(sha))
         }
         Err(error) => Err(store_error(error)),
     }
@@ -314,41 +332,20 @@ impl Client {
     /// Runs `decisions` in one call; the library's reply, all integers.
     async fn call(&self, decisions: &[&Encoded]) -> Result<Vec<i64>> {
         let mut connection = self.connection.clone();
-        match &*self.engine {
-            Engine::Function => {
-                let command = fill(redis::cmd("FCALL").arg(library_name()).to_owned(), decisions);
-                match command.query_async(&mut connection).await {
-                    Err(error) if is_missing_function(&error) => {
-                        // The library was flushed (or the server restarted): load it again.
-                        load_library(&mut connection).await?;
-                        command.query_async(&mut connection).await.map_err(store_error)
-                    }
-                    result => result.map_err(store_error),
-                }
+        let command = fill(self.engine.command(), decisions);
+        match command.query_async(&mut connection).await {
+            Err(error) if self.engine.is_lost(&error) => {
+                // The library was flushed (or the server restarted): load it again.
+                load_library(&mut connection).await?;
+                command.query_async(&mut connection).await.map_err(store_error)
             }
-            Engine::Script(script) => {
-                let mut invocation = script.prepare_invoke();
-                for decision in decisions {
-                    for key in &decision.keys {
-                        invocation.key(key);
-                    }
-                }
-                invocation.arg(decisions.len());
-                for decision in decisions {
-                    for arg in &decision.args {
-                        match arg {
-                            Arg::Int(value) => invocation.arg(value),
-                            Arg::Text(text) => invocation.arg(text),
-                        };
-                    }
-                }
-                invocation.invoke_async(&mut connection).await.map_err(store_error)
-            }
+            result => result.map_err(store_error),
         }
     }
 }
 
-/// `FCALL <name>` plus the keys and arguments of `decisions`.
+/// The library's call (`FCALL <name>` or `EVALSHA <sha>`) plus the keys
+/// and arguments of `decisions`.
 fn fill(mut command: redis::Cmd, decisions: &[&Encoded]) -> redis::Cmd {
     let keys: usize = decisions.iter().map(|decision| decision.keys.len()).sum();
     command.arg(keys);
@@ -367,10 +364,6 @@ fn fill(mut command: redis::Cmd, decisions: &[&Encoded]) -> redis::Cmd {
         }
     }
     command
-}
-
-fn is_missing_function(error: &redis::RedisError) -> bool {
-    error.to_string().contains("Function not found")
 }
 
 /// The batcher: takes the decisions waiting, up to `max_batch`, sends them in

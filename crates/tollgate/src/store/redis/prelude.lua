@@ -78,6 +78,21 @@ end
 -- What a request asks of each limit (the op codes of store/redis/mod.rs).
 local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET = 1, 2, 3, 4, 5, 6
 
+-- How a borrowing or shaping limit (reservation, leaky bucket) runs an
+-- action, as Limit::decide does: a release only reports (never denied, never
+-- waits); `check` accepts a wait of at most `check_wait` (nil: any).
+local function queue_action(reserve, p, s, now, action, cost, max_wait, check_wait)
+  if action == RELEASE then
+    local decision = reserve(p, s, now, 0, nil)
+    decision[6] = 0
+    return decision
+  end
+  if action == CHECK then
+    max_wait = check_wait
+  end
+  return reserve(p, s, now, cost, max_wait)
+end
+
 -- rate.rs: exact rates in ticks. A rate is p.unit (ticks per unit of cost)
 -- and p.per_micro (ticks per microsecond); an instant with sub-microsecond
 -- precision (a TAT) is two numbers, `at` (µs) and `frac` (ticks, < per_micro).
