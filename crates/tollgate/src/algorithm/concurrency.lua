@@ -27,7 +27,7 @@ local function costs_of(key, names, scored)
   for i = 1, #names, step do
     members[#members + 1] = COST .. names[i]
   end
-  local costs = redis.call("ZMSCORE", key, unpack(members))
+  local costs = rcall("ZMSCORE", key, unpack(members))
   for i, cost in ipairs(costs) do
     costs[i] = cost and -tonumber(cost) or 1
   end
@@ -39,18 +39,18 @@ end
 
 -- s: { key, total }, or nil when no lease is held.
 function concurrency.load(key, _, now)
-  local total = redis.pcall("ZSCORE", key, TOTAL)
+  local total = rpcall("ZSCORE", key, TOTAL)
   if type(total) == "table" then
     return nil, true
   end
   if not total then
     -- None, or another algorithm's set.
-    return nil, redis.call("EXISTS", key) == 1
+    return nil, rcall("EXISTS", key) == 1
   end
   total = -tonumber(total)
   local trimmed = false
   while true do
-    local ended = redis.call("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
+    local ended = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
     if #ended == 0 then
       break
     end
@@ -59,18 +59,18 @@ function concurrency.load(key, _, now)
       total = total - costs[i]
       members[#members + 1] = id
     end
-    redis.call("ZREM", key, unpack(members))
+    rcall("ZREM", key, unpack(members))
     trimmed = true
     if #ended < PAGE then
       break
     end
   end
   if total <= 0 then
-    redis.call("DEL", key)
+    rcall("DEL", key)
     return nil, false
   end
   if trimmed then
-    redis.call("ZADD", key, -total, TOTAL)
+    rcall("ZADD", key, -total, TOTAL)
   end
   return { key = key, total = total }
 end
@@ -80,7 +80,7 @@ local function held_by(s, id)
   if s == nil or id == nil then
     return 0, false
   end
-  local scores = redis.call("ZMSCORE", s.key, id, COST .. id)
+  local scores = rcall("ZMSCORE", s.key, id, COST .. id)
   if not scores[1] then
     return 0, false
   end
@@ -95,7 +95,7 @@ local function latest(s, except)
   if s == nil then
     return 0
   end
-  local top = redis.call("ZRANGE", s.key, -2, -1, "WITHSCORES")
+  local top = rcall("ZRANGE", s.key, -2, -1, "WITHSCORES")
   for i = #top - 1, 1, -2 do
     local ends = tonumber(top[i + 1])
     if ends > 0 and top[i] ~= except then
@@ -108,9 +108,9 @@ end
 -- Leases other than `except` end soonest-first: when `needed` units are free.
 local function freed_after(s, now, except, needed)
   local freed, offset = 0, 0
-  local size = math.min(needed + 1, PAGE)
+  local size = min(needed + 1, PAGE)
   while true do
-    local page = redis.call("ZRANGEBYSCORE", s.key, "(0", "+inf", "WITHSCORES", "LIMIT", offset, size)
+    local page = rcall("ZRANGEBYSCORE", s.key, "(0", "+inf", "WITHSCORES", "LIMIT", offset, size)
     if #page == 0 then
       return nil
     end
@@ -160,33 +160,33 @@ function concurrency.decide(p, s, now, action, cost, _, lease)
     return allow(p.limit, remaining, reset_after, 0)
   end
   local ends = now + p.ttl
-  local decision = allow(p.limit, p.limit - others - cost, math.max(latest(s, lease), ends) - now, 0)
+  local decision = allow(p.limit, p.limit - others - cost, max(latest(s, lease), ends) - now, 0)
   return decision, { lease = lease, ends = ends, cost = cost, total = others + cost, cost_member = own_cost_member }
 end
 
 function concurrency.store(key, _, _, change, _, ttl, stale)
   if ttl == 0 then
-    redis.call("DEL", key)
+    rcall("DEL", key)
     return
   end
   if stale then
-    redis.call("DEL", key)
+    rcall("DEL", key)
   end
   local lease = change.lease or change.release
   if change.release then
     if change.own > 0 then
-      redis.call("ZREM", key, lease, COST .. lease)
-      redis.call("ZADD", key, -change.total, TOTAL)
+      rcall("ZREM", key, lease, COST .. lease)
+      rcall("ZADD", key, -change.total, TOTAL)
     end
   elseif change.cost ~= 1 then
-    redis.call("ZADD", key, change.ends, lease, -change.cost, COST .. lease, -change.total, TOTAL)
+    rcall("ZADD", key, change.ends, lease, -change.cost, COST .. lease, -change.total, TOTAL)
   else
-    redis.call("ZADD", key, change.ends, lease, -change.total, TOTAL)
+    rcall("ZADD", key, change.ends, lease, -change.total, TOTAL)
     if change.cost_member then
-      redis.call("ZREM", key, COST .. lease)
+      rcall("ZREM", key, COST .. lease)
     end
   end
-  redis.call("PEXPIRE", key, expire_ms(ttl))
+  rcall("PEXPIRE", key, expire_ms(ttl))
 end
 
 ALGORITHMS[8] = concurrency

@@ -12,7 +12,7 @@ function fixed_window.load(key, p, now)
   if not value then
     return nil
   end
-  local window_end, count = string.match(value, "^f(%d+):(%d+)$")
+  local window_end, count = match(value, "^f(%d+):(%d+)$")
   if not window_end then
     return other_state(value)
   end
@@ -61,7 +61,7 @@ function fixed_window.decide(p, s, now, action, cost)
 end
 
 function fixed_window.store(key, _, _, change, _, ttl)
-  redis.call("SET", key, "f" .. fmt(change.window_end) .. ":" .. fmt(change.count), "PX", expire_ms(ttl))
+  rcall("SET", key, "f" .. fmt(change.window_end) .. ":" .. fmt(change.count), "PX", expire_ms(ttl))
 end
 
 ALGORITHMS[1] = fixed_window

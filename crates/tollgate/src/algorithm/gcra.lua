@@ -3,19 +3,14 @@
 
 local gcra = { tag = "", pattern = "^(%d+):(%d+)$" }
 
+-- τ + T: how far ahead of now the TAT may run, in ticks, is p.horizon.
 function gcra.params(n)
-  return { burst = n[2], unit = n[3], per_micro = n[4] }
+  local burst, unit = n[2], n[3]
+  return { burst = burst, unit = unit, per_micro = n[4], horizon = burst * unit }
 end
 
 function gcra.load(key, p, now)
   return load_tat(key, p, gcra.tag, gcra.pattern, now)
-end
-
--- τ + T: how far ahead of now the TAT may run, in ticks.
-local function horizon(p)
-  local emission_interval = p.unit
-  local tolerance = (p.burst - 1) * emission_interval
-  return tolerance + emission_interval
 end
 
 function gcra.available(p, s, now)
@@ -23,17 +18,17 @@ function gcra.available(p, s, now)
   if s then
     ahead = s
   end
-  return units(p, sat_sub(horizon(p), ahead))
+  return units(p, sat_sub(p.horizon, ahead))
 end
 
 function gcra.decide(p, s, now, action, cost)
   if action == RELEASE then
     cost = 0
   end
-  local h = horizon(p)
+  local h = p.horizon
   local ahead = 0
   if s then
-    ahead = math.min(s, h)
+    ahead = min(s, h)
   end
   local remaining = units(p, h - ahead)
   if cost > p.burst then

@@ -22,7 +22,7 @@ local function reserve(p, s, now, cost, max_wait)
   local capacity = p.capacity * p.unit
   local queued = 0
   if s then
-    queued = math.min(s, capacity)
+    queued = min(s, capacity)
   end
   local remaining = units(p, capacity - queued)
   if cost > p.capacity then
@@ -36,7 +36,7 @@ local function reserve(p, s, now, cost, max_wait)
     too_late = sat_sub(queued, max_wait * p.per_micro)
   end
   if overfull > 0 or too_late > 0 then
-    local retry_after = micros(p, math.max(overfull, too_late))
+    local retry_after = micros(p, max(overfull, too_late))
     return deny(p.capacity, remaining, retry_after, micros(p, queued))
   end
   local decision = allow(p.capacity, units(p, capacity - queued_after), micros(p, queued_after), departure)

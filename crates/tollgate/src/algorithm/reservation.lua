@@ -28,7 +28,7 @@ end
 
 function reservation.available(p, s, now)
   if missing(p, s, now) <= p.max_burst * p.unit then
-    return math.huge
+    return huge
   end
   return 0
 end
@@ -51,7 +51,7 @@ local function reserve(p, s, now, cost, max_wait)
   local missing_after = m + cost_ticks
   local over_cap = sat_sub(missing_after, full + MAX_TICKS)
   if too_late > 0 or over_cap > 0 then
-    local retry_after = micros(p, math.max(too_late, over_cap))
+    local retry_after = micros(p, max(too_late, over_cap))
     return deny(limit, remaining, retry_after, micros(p, m))
   end
   local decision = allow(limit, remaining_after(p, missing_after), micros(p, missing_after), wait)

@@ -26,7 +26,7 @@ end
 
 -- s: { key, base, last_at, last_total, last_member }, or nil for an empty log.
 function sliding_log.load(key, p, now)
-  local head = redis.pcall("ZRANGE", key, 0, TRIM_BATCH + 1, "WITHSCORES")
+  local head = rpcall("ZRANGE", key, 0, TRIM_BATCH + 1, "WITHSCORES")
   if head.err then
     return nil, true
   end
@@ -38,7 +38,7 @@ function sliding_log.load(key, p, now)
     return nil, true
   end
   if -tonumber(head[2]) <= now then
-    redis.call("DEL", key)
+    rcall("DEL", key)
     return nil, false
   end
   local base = tonumber(head[4])
@@ -51,7 +51,7 @@ function sliding_log.load(key, p, now)
       if whole then
         break
       end
-      page = redis.call("ZRANGE", key, trimmed + 2, trimmed + TRIM_BATCH + 1, "WITHSCORES")
+      page = rcall("ZRANGE", key, trimmed + 2, trimmed + TRIM_BATCH + 1, "WITHSCORES")
       whole, i = #page < 2 * TRIM_BATCH, 1
       if #page == 0 then
         break
@@ -64,7 +64,7 @@ function sliding_log.load(key, p, now)
     trimmed, i = trimmed + 1, i + 2
   end
   if #head >= 2 * (TRIM_BATCH + 2) then
-    last = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+    last = rcall("ZRANGE", key, -1, -1, "WITHSCORES")
   end
   if last[1] == BASE or last[1] == EXPIRES or (trimmed > 0 and tonumber(last[2]) == base) then
     -- Every entry left: the log says nothing (a write starts it afresh).
@@ -109,7 +109,7 @@ function sliding_log.decide(p, s, now, action, cost)
   if cost > remaining then
     -- The oldest entries leave first: wait until enough units have left.
     local needed = total + cost - p.limit
-    local entry = redis.call("ZRANGEBYSCORE", s.key, s.base + needed, "+inf", "LIMIT", 0, 1)
+    local entry = rcall("ZRANGEBYSCORE", s.key, s.base + needed, "+inf", "LIMIT", 0, 1)
     local retry_after = tonumber(entry[1]) + p.window - now
     return deny(p.limit, remaining, retry_after, reset_after(p, s, now))
   end
@@ -129,20 +129,20 @@ function sliding_log.store(key, _, s, change, now, ttl, stale)
   local expires = -(now + ttl)
   if s == nil then
     if stale then
-      redis.call("DEL", key)
+      rcall("DEL", key)
     end
-    redis.call("ZADD", key, expires, EXPIRES, 0, BASE, change.cost, fmt(change.stamp))
+    rcall("ZADD", key, expires, EXPIRES, 0, BASE, change.cost, fmt(change.stamp))
   else
     if s.trimmed > 0 then
-      redis.call("ZREMRANGEBYRANK", key, 2, s.trimmed + 1)
+      rcall("ZREMRANGEBYRANK", key, 2, s.trimmed + 1)
     end
     local member = s.last_member
     if change.stamp ~= s.last_at then
       member = fmt(change.stamp)
     end
-    redis.call("ZADD", key, expires, EXPIRES, s.base, BASE, s.last_total + change.cost, member)
+    rcall("ZADD", key, expires, EXPIRES, s.base, BASE, s.last_total + change.cost, member)
   end
-  redis.call("PEXPIRE", key, expire_ms(ttl))
+  rcall("PEXPIRE", key, expire_ms(ttl))
 end
 
 ALGORITHMS[3] = sliding_log

@@ -21,7 +21,7 @@ end
 
 -- The live counts, oldest first, and their sum (s: that list, or nil).
 function sliding_window.load(key, p, now)
-  local raw = redis.pcall("HGETALL", key)
+  local raw = rpcall("HGETALL", key)
   if raw.err then
     return nil, true
   end
@@ -45,7 +45,7 @@ function sliding_window.load(key, p, now)
   if #counts == 0 or not expires or expires <= now then
     return nil, true
   end
-  table.sort(counts, function(x, y)
+  sort(counts, function(x, y)
     return x[1] < y[1]
   end)
   counts.dead = dead
@@ -114,12 +114,12 @@ end
 
 function sliding_window.store(key, _, s, change, now, ttl, stale)
   if stale then
-    redis.call("DEL", key)
+    rcall("DEL", key)
   elseif s and #s.dead > 0 then
-    redis.call("HDEL", key, unpack(s.dead))
+    rcall("HDEL", key, unpack(s.dead))
   end
-  redis.call("HSET", key, change.index, change.count, "x", now + ttl)
-  redis.call("PEXPIRE", key, expire_ms(ttl))
+  rcall("HSET", key, fmt(change.index), fmt(change.count), "x", fmt(now + ttl))
+  rcall("PEXPIRE", key, expire_ms(ttl))
 end
 
 ALGORITHMS[2] = sliding_window

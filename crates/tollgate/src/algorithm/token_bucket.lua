@@ -16,7 +16,7 @@ end
 local OTHER_MODE = {}
 
 local function load_interval(value, now)
-  local tokens, boundary, expires = string.match(value, "^i(%d+):(%d+):(%d+)$")
+  local tokens, boundary, expires = match(value, "^i(%d+):(%d+):(%d+)$")
   if not tokens or tonumber(expires) <= now then
     return nil
   end
@@ -26,7 +26,7 @@ end
 function token_bucket.load(key, p, now)
   if p.smooth then
     local value = get_string(key)
-    if value and string.sub(value, 1, 1) == "i" then
+    if value and substring(value, 1, 1) == "i" then
       return load_interval(value, now) and OTHER_MODE
     end
     return load_tat(key, p, token_bucket.tag, token_bucket.pattern, now)
@@ -35,11 +35,11 @@ function token_bucket.load(key, p, now)
   if not value then
     return nil
   end
-  if string.sub(value, 1, 1) == "s" then
+  if substring(value, 1, 1) == "s" then
     return load_tat(key, p, token_bucket.tag, token_bucket.pattern, now) and OTHER_MODE
   end
   local level = load_interval(value, now)
-  if level == nil and not string.find(value, "^i%d+:%d+:%d+$") then
+  if level == nil and not find(value, "^i%d+:%d+:%d+$") then
     return other_state(value)
   end
   return level
@@ -48,7 +48,7 @@ end
 -- Smooth mode: ticks missing from a full bucket at now.
 local function deficit(p, s)
   if s and s ~= OTHER_MODE then
-    return math.min(s, p.capacity * p.unit)
+    return min(s, p.capacity * p.unit)
   end
   return (p.capacity - p.initial) * p.unit
 end
@@ -61,7 +61,7 @@ local function tokens_at(p, s, now)
     return p.initial, boundary
   elseif s and s.boundary <= boundary then
     local intervals = idiv(boundary - s.boundary, p.interval)
-    return math.min(intervals * p.refill + s.tokens, p.capacity), boundary
+    return min(intervals * p.refill + s.tokens, p.capacity), boundary
   elseif s then
     -- Counted in a newer interval (the clock went back): no refill, keep its boundary.
     return s.tokens, s.boundary
@@ -147,10 +147,10 @@ function token_bucket.store(key, p, _, change, now, ttl)
     local at, frac = tat_after(p, now, change)
     store_tat(key, token_bucket.tag, at, frac, ttl)
   elseif ttl == 0 then
-    redis.call("DEL", key)
+    rcall("DEL", key)
   else
     local value = "i" .. fmt(change.tokens) .. ":" .. fmt(change.boundary) .. ":" .. fmt(now + ttl)
-    redis.call("SET", key, value, "PX", expire_ms(ttl))
+    rcall("SET", key, value, "PX", expire_ms(ttl))
   end
 end
 

@@ -84,6 +84,8 @@ const DEFAULT_MAX_BATCH: usize = 64;
 const CALLS_IN_FLIGHT: usize = 2;
 
 /// The op codes of `prelude.lua`.
+const ACQUIRE: i64 = 4;
+const RELEASE: i64 = 5;
 const RESET: i64 = 6;
 
 fn op_code(op: &Op) -> i64 {
@@ -91,8 +93,8 @@ fn op_code(op: &Op) -> i64 {
         Op::Check => 1,
         Op::CheckAtMost => 2,
         Op::Reserve { .. } => 3,
-        Op::Acquire { .. } => 4,
-        Op::Release { .. } => 5,
+        Op::Acquire { .. } => ACQUIRE,
+        Op::Release { .. } => RELEASE,
     }
 }
 
@@ -168,14 +170,9 @@ struct Client {
 /// One decision, encoded for the library.
 struct Encoded {
     keys: Vec<String>,
-    args: Vec<Arg>,
+    args: Vec<String>,
     /// How many integers its reply holds.
     reply_len: usize,
-}
-
-enum Arg {
-    Int(i64),
-    Text(String),
 }
 
 /// A decision waiting for the batcher, and where its reply goes.
@@ -357,10 +354,7 @@ fn fill(mut command: redis::Cmd, decisions: &[&Encoded]) -> redis::Cmd {
     command.arg(decisions.len());
     for decision in decisions {
         for arg in &decision.args {
-            match arg {
-                Arg::Int(value) => command.arg(value),
-                Arg::Text(text) => command.arg(text),
-            };
+            command.arg(arg);
         }
     }
     command
@@ -473,27 +467,20 @@ impl RedisStore {
             Op::Check | Op::CheckAtMost => (None, ""),
         };
         let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(micros(max_wait)).unwrap_or(i64::MAX));
-        let mut args = Vec::with_capacity(6 + policy.len() * 2);
-        args.push(match request.now {
-            Some(now) => Arg::Int(i64::try_from(now.as_micros()).unwrap_or(i64::MAX)),
-            None => Arg::Text(String::new()),
+        let now = request.now.map_or_else(String::new, |now| {
+            i64::try_from(now.as_micros()).unwrap_or(i64::MAX).to_string()
         });
-        args.push(Arg::Int(op));
-        args.push(Arg::Int(to_i64(request.cost)));
-        args.push(Arg::Int(i64::try_from(policy.len()).unwrap_or(i64::MAX)));
-        args.push(Arg::Int(max_wait));
-        args.push(Arg::Text(lease.to_owned()));
+        let mut args = Vec::with_capacity(2 + policy.len());
+        args.push(format!("{op}:{}:{}:{max_wait}:{now}", request.cost, policy.len()));
+        if op == ACQUIRE || op == RELEASE {
+            args.push(lease.to_owned());
+        }
         for (index, (_, limit)) in policy.limits().enumerate() {
-            args.push(Arg::Text(script_params(limit)));
-            args.push(Arg::Int(to_i64(request.cost_of(index))));
+            args.push(format!("{}:{}", script_params(limit), request.cost_of(index)));
         }
         let reply_len = if op == RESET { 2 } else { 2 + 6 * policy.len() };
         Encoded { keys, args, reply_len }
     }
-}
-
-fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// A limit as the library reads it: its algorithm's id, then its

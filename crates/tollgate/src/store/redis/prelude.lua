@@ -8,15 +8,28 @@
 --
 -- Lua numbers are doubles, exact for integers below 2^53; every quantity
 -- stays below that (limits are validated in Rust), and integer division goes
--- through idiv, never a bare `/`. Numbers given to redis.call are written
--- with 17 significant digits, so integers reach Redis exactly; numbers put
--- into strings go through fmt.
+-- through idiv, never a bare `/`. Numbers reach Redis as strings written by
+-- fmt (an integer format: exact, and cheaper than the 17-digit float format
+-- Redis applies to a Lua number).
 
 local MAX_TICKS = 4503599627370496 -- 2^52
 
+-- The standard functions, read as upvalues. Redis runs a library's top level
+-- without them and serves every global read at call time through a lookup
+-- of its own, so they are bound once, by the entry point's first call.
+local tonumber, type, unpack, ipairs, floor, min, max, huge
+local format, match, find, gmatch, substring, sort, rcall, rpcall
+
+local function bind_standard_functions()
+  tonumber, type, unpack, ipairs = _G.tonumber, _G.type, _G.unpack, _G.ipairs
+  floor, min, max, huge = _G.math.floor, _G.math.min, _G.math.max, _G.math.huge
+  format, match, find, gmatch = _G.string.format, _G.string.match, _G.string.find, _G.string.gmatch
+  substring, sort, rcall, rpcall = _G.string.sub, _G.table.sort, _G.redis.call, _G.redis.pcall
+end
+
 -- Integer arithmetic on doubles, exact below 2^53.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   local r = a - q * b
   if r < 0 then
     q = q - 1
@@ -46,7 +59,7 @@ local function sat_sub(a, b)
 end
 
 local function fmt(n)
-  return string.format("%.0f", n)
+  return format("%d", n)
 end
 
 -- Decisions, as Decision::allow and Decision::deny (-1 retry_after: never).
@@ -113,6 +126,9 @@ local function micros(p, t)
 end
 
 local function units(p, t)
+  if p.unit == 1 then
+    return t
+  end
   return idiv(t, p.unit)
 end
 
@@ -155,18 +171,19 @@ local FOREIGN = {}
 local EXPLICIT_NOW_TTL = 3600000
 local explicit_now = false
 
+-- The expiry of a state that says something for `ttl` µs: in ms, as text.
 local function expire_ms(ttl)
   local ms = div_ceil(ttl, 1000)
   if explicit_now and ms < EXPLICIT_NOW_TTL then
-    return EXPLICIT_NOW_TTL
+    ms = EXPLICIT_NOW_TTL
   end
-  return ms
+  return fmt(ms)
 end
 
 -- The string at `key`: the value, nil when there is none, or false when
 -- the key holds another type (another algorithm's set or hash).
 local function get_string(key)
-  local value = redis.pcall("GET", key)
+  local value = rpcall("GET", key)
   if type(value) == "table" then
     return false
   end
@@ -176,7 +193,7 @@ end
 -- A string holding some algorithm's state (another one's, when the caller
 -- did not recognise it) counts as none; anything else is FOREIGN.
 local function other_state(value)
-  if string.find(value, "^[filrs]?%d+:?%d*:?%d*$") then
+  if find(value, "^[filrs]?%d+:?%d*:?%d*$") then
     return nil
   end
   return FOREIGN
@@ -196,7 +213,7 @@ local function load_tat(key, p, tag, pattern, now)
     at = tonumber(value)
   end
   if not at then
-    local a, f = string.match(value, pattern)
+    local a, f = match(value, pattern)
     if not a then
       return other_state(value)
     end
@@ -210,17 +227,17 @@ end
 
 local function store_tat(key, tag, at, frac, ttl)
   if ttl == 0 then
-    redis.call("DEL", key)
+    rcall("DEL", key)
     return
   end
-  local value = at
-  if tag ~= "" or frac ~= 0 then
-    value = tag .. fmt(at)
-    if frac ~= 0 then
-      value = value .. ":" .. fmt(frac)
-    end
+  local value = fmt(at)
+  if tag ~= "" then
+    value = tag .. value
   end
-  redis.call("SET", key, value, "PX", expire_ms(ttl))
+  if frac ~= 0 then
+    value = value .. ":" .. fmt(frac)
+  end
+  rcall("SET", key, value, "PX", expire_ms(ttl))
 end
 
 -- The algorithms, by the id store/redis/mod.rs sends. Each registers

@@ -1,13 +1,16 @@
 -- policy.rs: all-or-nothing over the limits of one decision, and the entry
 -- point, which takes a batch of decisions (one TIME read per call).
 --
--- Calling convention:
+-- Calling convention (few arguments: Redis turns each into a Lua string):
 --   KEYS: the keys of every limit of every decision, in order.
 --   args[1]: the number of decisions; then per decision:
---     now in µs ("": the server's TIME), op (CHECK … RESET), cost, n (limits),
---     max_wait in µs (-1: none), lease ("": none),
---     then per limit: "<algorithm id>:<its parameters>", joined by ':' (read
---     once and kept: a server sees few distinct limits), and the cost it sees.
+--     "<op>:<cost>:<n>:<max_wait>:<now>": op (CHECK … RESET), cost, n
+--     limits, max_wait in µs (-1: none), now in µs (empty: the server's
+--     TIME);
+--     the lease name, for ACQUIRE and RELEASE only;
+--     per limit: "<algorithm id>:<its parameters>:<cost it sees>".
+--   Texts are parsed once and kept (a server sees few distinct limits and
+--   requests), except a head with an explicit now.
 -- Returns integers, per decision: status (1 allowed, 0 denied, -1 a key
 -- holds a value Tollgate did not write), granted, then per limit (none for
 -- a reset or a refusal): allowed, limit, remaining, retry_after (-1: never),
@@ -17,26 +20,51 @@
 -- entries), so that a decision allocates nothing it can avoid.
 local LIMITS, COSTS, STATES, STALE, CHANGES = {}, {}, {}, {}, {}
 
--- Parameters by their text, parsed once.
-local PARAMS, KNOWN, MAX_KNOWN = {}, 0, 1000
+-- The numbers of a text "a:b:…" (empty fields skipped).
+local function numbers(text)
+  local n = {}
+  for number in gmatch(text, "[^:]+") do
+    n[#n + 1] = tonumber(number)
+  end
+  return n
+end
 
-local function params_of(text)
-  local p = PARAMS[text]
+-- Parsed texts by their text, at most MAX_KNOWN of them.
+local PARSED, KNOWN, MAX_KNOWN = {}, 0, 1000
+
+local function keep(text, parsed)
+  if KNOWN >= MAX_KNOWN then
+    PARSED, KNOWN = {}, 0
+  end
+  PARSED[text], KNOWN = parsed, KNOWN + 1
+  return parsed
+end
+
+-- A limit's parameters, with its algorithm and the cost it sees.
+local function limit_of(text)
+  local p = PARSED[text]
   if p then
     return p
   end
-  local n = {}
-  for number in string.gmatch(text, "[^:]+") do
-    n[#n + 1] = tonumber(number)
-  end
+  local n = numbers(text)
   local algorithm = ALGORITHMS[n[1]]
   p = algorithm.params(n)
-  p.algorithm = algorithm
-  if KNOWN >= MAX_KNOWN then
-    PARAMS, KNOWN = {}, 0
+  p.algorithm, p.cost = algorithm, n[#n]
+  return keep(text, p)
+end
+
+-- A decision's head: { op, cost, n, max_wait (nil: none), now (nil: TIME) }.
+local function head_of(text)
+  local head = PARSED[text]
+  if head then
+    return head
   end
-  PARAMS[text], KNOWN = p, KNOWN + 1
-  return p
+  local n = numbers(text)
+  head = { n[1], n[2], n[3], n[4] >= 0 and n[4] or nil, n[5] }
+  if n[5] ~= nil then
+    return head
+  end
+  return keep(text, head)
 end
 
 local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
@@ -54,14 +82,14 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
   if op == CHECK_AT_MOST then
     -- One cost for every limit (Rust refuses per-limit costs here).
     action = CHECK
-    local least = math.huge
+    local least = huge
     for i = 1, n do
-      least = math.min(least, LIMITS[i].algorithm.available(LIMITS[i], STATES[i], now))
+      least = min(least, LIMITS[i].algorithm.available(LIMITS[i], STATES[i], now))
     end
     if least == 0 and cost > 0 then
       cost = 1
     else
-      cost = math.min(least, cost)
+      cost = min(least, cost)
     end
     for i = 1, n do
       COSTS[i] = cost
@@ -107,35 +135,37 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
 end
 
 local function run(keys, args)
+  if not rcall then
+    bind_standard_functions()
+  end
   local reply = {}
   local server_now
   local at, first = 2, 0
   for _ = 1, tonumber(args[1]) do
-    local now = tonumber(args[at])
+    local head = head_of(args[at])
+    local op, cost, n, max_wait, now = head[1], head[2], head[3], head[4], head[5]
+    at = at + 1
     explicit_now = now ~= nil
     if now == nil then
       if server_now == nil then
-        local time = redis.call("TIME")
+        local time = rcall("TIME")
         server_now = tonumber(time[1]) * 1000000 + tonumber(time[2])
       end
       now = server_now
     end
-    local op, cost, n = tonumber(args[at + 1]), tonumber(args[at + 2]), tonumber(args[at + 3])
-    local max_wait, lease = tonumber(args[at + 4]), args[at + 5]
-    at = at + 6
-    if max_wait < 0 then
-      max_wait = nil
-    end
-    if lease == "" then
-      lease = nil
+    local lease = nil
+    if op == ACQUIRE or op == RELEASE then
+      lease = args[at]
+      at = at + 1
     end
     for i = 1, n do
-      LIMITS[i], COSTS[i] = params_of(args[at]), tonumber(args[at + 1])
-      at = at + 2
+      local p = limit_of(args[at])
+      LIMITS[i], COSTS[i] = p, p.cost
+      at = at + 1
     end
     if op == RESET then
       for i = 1, n do
-        redis.call("DEL", keys[first + i])
+        rcall("DEL", keys[first + i])
       end
       reply[#reply + 1] = 1
       reply[#reply + 1] = 0
