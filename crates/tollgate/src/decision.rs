@@ -77,4 +77,37 @@ pub struct Outcome {
     pub lease: Option<String>,
     /// Each limit's own decision, in the policy's order.
     pub limits: Vec<(String, Decision)>,
+    /// What decided: the store, or, behind a
+    /// [`ResilientStore`](crate::ResilientStore), its fallbacks.
+    pub path: Path,
+}
+
+/// What decided an [`Outcome`].
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Path {
+    /// The store (Redis, or the memory store).
+    #[default]
+    Store,
+    /// The in-process memory store that takes over while the store fails
+    /// (failure policy `local`).
+    Local,
+    /// The failure policy itself, while the store fails: `open` admits,
+    /// `closed` denies.
+    Policy,
+    /// A denial remembered from the store and answered again until its
+    /// `retry_after` has passed.
+    DenyCache,
+}
+
+impl Path {
+    /// The name used in metrics and JSON: `store`, `local`, `policy`, `deny_cache`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Store => "store",
+            Self::Local => "local",
+            Self::Policy => "policy",
+            Self::DenyCache => "deny_cache",
+        }
+    }
 }

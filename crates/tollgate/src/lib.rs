@@ -46,9 +46,12 @@ pub use algorithm::{
     TokenBucketSpec, WindowSpec,
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
-pub use decision::{Decision, Outcome};
+pub use decision::{Decision, Outcome, Path};
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};
-pub use store::{AnyStore, MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store, DEFAULT_PREFIX};
+pub use store::{
+    AnyStore, MemoryStore, MemoryStoreBuilder, OnStoreError, RedisStore, RedisStoreBuilder, ResilienceStats,
+    ResilientStore, ResilientStoreBuilder, Store, DEFAULT_PREFIX,
+};
 pub use subject::{Subject, MAX_KEY_LEN};

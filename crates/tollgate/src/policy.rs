@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::algorithm::{Action, Change, Limit, LimitSpec, State, Step};
 use crate::clock::{micros, Timestamp};
-use crate::decision::{Decision, Outcome};
+use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, Result};
 
 /// The longest limit name.
@@ -359,6 +359,7 @@ impl Policy {
                     granted,
                     lease,
                     limits: Vec::new(),
+                    path: Path::Store,
                 };
             }
         }
@@ -373,6 +374,7 @@ impl Policy {
             granted,
             lease,
             limits: if self.named { limits } else { Vec::new() },
+            path: Path::Store,
         }
     }
 }

@@ -7,6 +7,7 @@
 mod any;
 mod memory;
 mod redis;
+mod resilient;
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use std::time::Duration;
 pub use self::any::AnyStore;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;

@@ -1,0 +1,613 @@
+//! A store that survives its backend: a deadline on every call, a circuit
+//! breaker, a policy for faults, and a deny cache.
+//!
+//! [`ResilientStore`] wraps any [`Store`] (in practice a [`RedisStore`]):
+//!
+//! - every call has a deadline (default 100 ms);
+//! - after `failures` consecutive faults (default 5) the breaker opens: the
+//!   store is not called for a back-off (100 ms, doubling up to 1 s), then
+//!   one call probes it; a success closes the breaker, a failure opens it
+//!   again. A dead store costs microseconds per decision, not the deadline;
+//! - a fault (an error, a missed deadline, an open breaker) is answered by
+//!   the [`OnStoreError`] policy: the error itself, admit, deny, or decide on
+//!   an in-process [`MemoryStore`] that enforces each limit until the store
+//!   answers again;
+//! - a denial with a finite `retry_after` is remembered (the deny cache, off
+//!   unless asked for) and answered again, without calling the store, until
+//!   `retry_after` has passed.
+//!
+//! Every [`Outcome`] says which [`Path`] decided it; [`ResilientStore::stats`]
+//! counts them. Invalid arguments are errors whatever the policy.
+//!
+//! [`RedisStore`]: crate::RedisStore
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::{MemoryStore, Store};
+use crate::clock::Sleep;
+use crate::decision::{Decision, Outcome, Path};
+use crate::error::{Error, ErrorKind, Result};
+use crate::policy::{Op, Policy, Request};
+use crate::subject::Subject;
+
+/// What a decision is when the store fails (an error, a missed deadline, an
+/// open breaker).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnStoreError {
+    /// The caller sees the error (`serve` answers UNAVAILABLE / 503).
+    #[default]
+    Error,
+    /// Admit: availability over enforcement.
+    Open,
+    /// Deny: enforcement over availability.
+    Closed,
+    /// Decide on an in-process memory store, which enforces each limit per
+    /// process until the store answers again.
+    Local,
+}
+
+impl OnStoreError {
+    /// The policy's name: `error`, `open`, `closed` or `local`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Open => "open",
+            Self::Closed => "closed",
+            Self::Local => "local",
+        }
+    }
+}
+
+impl fmt::Display for OnStoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OnStoreError {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "error" => Ok(Self::Error),
+            "open" => Ok(Self::Open),
+            "closed" => Ok(Self::Closed),
+            "local" => Ok(Self::Local),
+            other => Err(Error::invalid_argument(format!(
+                "on_store_error \"{other}\" is not one of error, open, closed, local"
+            ))),
+        }
+    }
+}
+
+/// Decisions by path, and faults, since the store was built.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResilienceStats {
+    /// Decided by the store.
+    pub store: u64,
+    /// Decided by the local memory store (policy `local`).
+    pub local: u64,
+    /// Decided by the policy (`open` admitted, `closed` denied).
+    pub policy: u64,
+    /// Answered from the deny cache.
+    pub deny_cache: u64,
+    /// Faults: errors and missed deadlines of the store, and decisions made
+    /// while the breaker was open.
+    pub faults: u64,
+    /// Times the breaker opened.
+    pub breaker_opened: u64,
+    /// True while the breaker is open (the store is not called).
+    pub breaker_open: bool,
+}
+
+/// Options for a [`ResilientStore`].
+#[derive(Debug, Clone)]
+pub struct ResilientStoreBuilder<S> {
+    store: S,
+    on_error: OnStoreError,
+    timeout: Duration,
+    failures: u64,
+    backoff: Duration,
+    max_backoff: Duration,
+    deny_cache: usize,
+}
+
+impl<S: Store> ResilientStoreBuilder<S> {
+    /// What a decision is when the store fails (default
+    /// [`OnStoreError::Error`]).
+    #[must_use]
+    pub fn on_error(mut self, on_error: OnStoreError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// The deadline of every call to the store (default 100 ms).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Consecutive faults that open the breaker (default 5; at least 1).
+    #[must_use]
+    pub fn failures(mut self, failures: u64) -> Self {
+        self.failures = failures.max(1);
+        self
+    }
+
+    /// How long the breaker stays open before it probes the store, at first
+    /// and at most: each failed probe doubles it (default 100 ms and 1 s).
+    #[must_use]
+    pub fn backoff(mut self, first: Duration, most: Duration) -> Self {
+        self.backoff = first;
+        self.max_backoff = most.max(first);
+        self
+    }
+
+    /// Remember up to `entries` denials (one per subject) and answer them
+    /// again until their `retry_after` has passed; 0 (the default) turns the
+    /// cache off.
+    ///
+    /// Denials are remembered for policies without a concurrency limit (a
+    /// release frees a lease before its `retry_after`) and for requests at
+    /// the store's time. The store would answer the same until then, as long
+    /// as nothing gives capacity back early: a reset through this store
+    /// forgets the subject's denial, a reset by another process does not.
+    #[must_use]
+    pub fn deny_cache(mut self, entries: usize) -> Self {
+        self.deny_cache = entries;
+        self
+    }
+
+    /// The store.
+    pub fn build(self) -> ResilientStore<S> {
+        ResilientStore {
+            inner: Arc::new(Inner {
+                store: self.store,
+                on_error: self.on_error,
+                timeout: self.timeout,
+                breaker: Breaker::new(self.failures, self.backoff, self.max_backoff),
+                local: MemoryStore::new(),
+                denials: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                counts: Counts::default(),
+                log: FaultLog::default(),
+            }),
+        }
+    }
+}
+
+/// A [`Store`] with a deadline, a circuit breaker, a failure policy and a
+/// deny cache in front of another; see the module docs. Cheap to clone.
+pub struct ResilientStore<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for ResilientStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S> fmt::Debug for ResilientStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilientStore")
+            .field("on_error", &self.inner.on_error)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<S> {
+    store: S,
+    on_error: OnStoreError,
+    timeout: Duration,
+    breaker: Breaker,
+    local: MemoryStore,
+    denials: Option<DenyCache>,
+    counts: Counts,
+    log: FaultLog,
+}
+
+#[derive(Default)]
+struct Counts {
+    store: AtomicU64,
+    local: AtomicU64,
+    policy: AtomicU64,
+    deny_cache: AtomicU64,
+    faults: AtomicU64,
+}
+
+impl<S: Store> ResilientStore<S> {
+    /// Options for a resilient store in front of `store`.
+    pub fn builder(store: S) -> ResilientStoreBuilder<S> {
+        ResilientStoreBuilder {
+            store,
+            on_error: OnStoreError::default(),
+            timeout: Duration::from_millis(100),
+            failures: 5,
+            backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            deny_cache: 0,
+        }
+    }
+
+    /// The store behind.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The failure policy.
+    pub fn on_error(&self) -> OnStoreError {
+        self.inner.on_error
+    }
+
+    /// Decisions by path and faults so far.
+    pub fn stats(&self) -> ResilienceStats {
+        let counts = &self.inner.counts;
+        ResilienceStats {
+            store: counts.store.load(Ordering::Relaxed),
+            local: counts.local.load(Ordering::Relaxed),
+            policy: counts.policy.load(Ordering::Relaxed),
+            deny_cache: counts.deny_cache.load(Ordering::Relaxed),
+            faults: counts.faults.load(Ordering::Relaxed),
+            breaker_opened: self.inner.breaker.opened.load(Ordering::Relaxed),
+            breaker_open: self.inner.breaker.is_open(),
+        }
+    }
+
+    /// Calls the store within the deadline, unless the breaker is open.
+    async fn call(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
+        let inner = &self.inner;
+        if !inner.breaker.admits() {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "store unavailable: the circuit breaker is open after consecutive faults",
+            ));
+        }
+        let result = match tokio::time::timeout(inner.timeout, inner.store.decide(subject, policy, request)).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!("store: no answer within the deadline ({:?})", inner.timeout),
+            )),
+        };
+        match &result {
+            Ok(_) => {
+                if inner.breaker.succeeded() {
+                    tracing::info!("store answers again: the circuit breaker is closed");
+                }
+            }
+            Err(error) if error.is_invalid() => {}
+            Err(_) => {
+                if let Some(backoff) = inner.breaker.failed() {
+                    tracing::warn!(
+                        ?backoff,
+                        "circuit breaker open: the store is skipped until a probe succeeds"
+                    );
+                }
+            }
+        }
+        result
+    }
+
+    /// The failure policy's decision after `fault`.
+    fn fallback(&self, subject: &Subject, policy: &Policy, request: &Request, fault: Error) -> Result<Outcome> {
+        let inner = &self.inner;
+        inner.counts.faults.fetch_add(1, Ordering::Relaxed);
+        inner.log.fault(&fault, inner.on_error);
+        match inner.on_error {
+            OnStoreError::Error => Err(fault),
+            OnStoreError::Local => {
+                let mut outcome = inner.local.decide_now(subject, policy, request)?;
+                outcome.path = Path::Local;
+                inner.counts.local.fetch_add(1, Ordering::Relaxed);
+                Ok(outcome)
+            }
+            OnStoreError::Open | OnStoreError::Closed => {
+                let allowed = inner.on_error == OnStoreError::Open;
+                let retry_after = inner.breaker.until_probe().max(Duration::from_millis(1));
+                let decisions = policy.limits().enumerate().map(|(index, (_, limit))| {
+                    let capacity = limit.capacity();
+                    if allowed {
+                        let remaining = capacity.saturating_sub(request.cost_of(index));
+                        Decision::allow(capacity, remaining, 0, 0)
+                    } else {
+                        let mut decision = Decision::deny(capacity, 0, None, 0);
+                        decision.retry_after = Some(retry_after);
+                        decision
+                    }
+                });
+                let decisions: Vec<Decision> = decisions.collect();
+                let mut outcome = policy.outcome(&request.op, allowed, request.cost, decisions.into_iter());
+                outcome.path = Path::Policy;
+                inner.counts.policy.fetch_add(1, Ordering::Relaxed);
+                Ok(outcome)
+            }
+        }
+    }
+}
+
+impl<S: Store> Store for ResilientStore<S> {
+    async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
+        policy.validate(request)?;
+        let inner = &self.inner;
+        if let Some(denials) = &inner.denials {
+            if let Some(outcome) = denials.answer(subject, policy, request) {
+                inner.counts.deny_cache.fetch_add(1, Ordering::Relaxed);
+                return Ok(outcome);
+            }
+        }
+        match self.call(subject, policy, request).await {
+            Ok(outcome) => {
+                inner.counts.store.fetch_add(1, Ordering::Relaxed);
+                if let Some(denials) = &inner.denials {
+                    denials.remember(subject, policy, request, &outcome);
+                }
+                Ok(outcome)
+            }
+            Err(error) if error.is_invalid() => Err(error),
+            Err(fault) => self.fallback(subject, policy, request, fault),
+        }
+    }
+
+    async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
+        if let Some(denials) = &self.inner.denials {
+            denials.forget(subject);
+        }
+        self.inner.local.reset_now(subject, policy);
+        match tokio::time::timeout(self.inner.timeout, self.inner.store.reset(subject, policy)).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!("store: no answer within the deadline ({:?})", self.inner.timeout),
+            )),
+        }
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        self.inner.store.sleep(duration)
+    }
+}
+
+/// The circuit breaker. Closed, it counts consecutive faults; open, it
+/// refuses calls until `open_until`, when the first caller to claim the
+/// instant probes the store (and moves `open_until` one back-off on, so that
+/// a probe that never returns cannot keep the store skipped for good).
+struct Breaker {
+    epoch: Instant,
+    threshold: u64,
+    first_backoff: u64,
+    max_backoff: u64,
+    /// Consecutive faults while closed.
+    failures: AtomicU64,
+    /// µs since `epoch` until which calls are refused; 0: closed.
+    open_until: AtomicU64,
+    /// The current back-off, µs.
+    backoff: AtomicU64,
+    opened: AtomicU64,
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl Breaker {
+    fn new(threshold: u64, backoff: Duration, max_backoff: Duration) -> Self {
+        Self {
+            epoch: Instant::now(),
+            threshold,
+            first_backoff: micros(backoff).max(1),
+            max_backoff: micros(max_backoff).max(1),
+            failures: AtomicU64::new(0),
+            open_until: AtomicU64::new(0),
+            backoff: AtomicU64::new(micros(backoff).max(1)),
+            opened: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        micros(self.epoch.elapsed()).max(1)
+    }
+
+    fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    /// Whether a call may go to the store now (closed, or the probe).
+    fn admits(&self) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        let now = self.now();
+        if now < until {
+            return false;
+        }
+        let next = now + self.backoff.load(Ordering::Relaxed);
+        self.open_until
+            .compare_exchange(until, next, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// A call succeeded; true when that closed an open breaker.
+    fn succeeded(&self) -> bool {
+        self.failures.store(0, Ordering::Relaxed);
+        if self.open_until.swap(0, Ordering::AcqRel) == 0 {
+            return false;
+        }
+        self.backoff.store(self.first_backoff, Ordering::Relaxed);
+        true
+    }
+
+    /// A call failed; the back-off when that opened the breaker.
+    fn failed(&self) -> Option<Duration> {
+        if self.is_open() {
+            // A failed probe: wait twice as long before the next.
+            let backoff = (self.backoff.load(Ordering::Relaxed) * 2).min(self.max_backoff);
+            self.backoff.store(backoff, Ordering::Relaxed);
+            self.open_until.store(self.now() + backoff, Ordering::Release);
+            return None;
+        }
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < self.threshold {
+            return None;
+        }
+        self.failures.store(0, Ordering::Relaxed);
+        let backoff = self.backoff.load(Ordering::Relaxed);
+        self.open_until.store(self.now() + backoff, Ordering::Release);
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        Some(Duration::from_micros(backoff))
+    }
+
+    /// How long until the store is called again (zero while closed).
+    fn until_probe(&self) -> Duration {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Duration::from_micros(self.first_backoff);
+        }
+        Duration::from_micros(until.saturating_sub(self.now()))
+    }
+}
+
+/// Faults are logged at most once a second, with how many were not.
+#[derive(Default)]
+struct FaultLog {
+    /// When the last line was written, and the faults not logged since.
+    state: Mutex<Option<(Instant, u64)>>,
+}
+
+impl FaultLog {
+    fn fault(&self, fault: &Error, on_error: OnStoreError) {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        match &mut *state {
+            Some((last, unlogged)) if now.duration_since(*last) < Duration::from_secs(1) => *unlogged += 1,
+            _ => {
+                let unlogged = (*state).map_or(0, |(_, unlogged)| unlogged);
+                *state = Some((now, 0));
+                drop(state);
+                tracing::warn!(error = %fault, on_store_error = %on_error, unlogged, "store fault");
+            }
+        }
+    }
+}
+
+/// Denials by subject, answered again until their `retry_after`.
+struct DenyCache {
+    capacity: usize,
+    entries: Mutex<HashMap<String, Denial>>,
+}
+
+struct Denial {
+    policy: Policy,
+    op: Op,
+    cost: u64,
+    costs: Vec<u64>,
+    outcome: Outcome,
+    at: Instant,
+    until: Instant,
+}
+
+impl DenyCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cacheable(policy: &Policy, request: &Request) -> bool {
+        request.now.is_none()
+            && !policy.has_concurrency()
+            && matches!(request.op, Op::Check | Op::CheckAtMost | Op::Reserve { .. })
+    }
+
+    /// The remembered denial of this very request, its times brought to now.
+    fn answer(&self, subject: &Subject, policy: &Policy, request: &Request) -> Option<Outcome> {
+        if !Self::cacheable(policy, request) {
+            return None;
+        }
+        let mut entries = self.entries.lock();
+        let denial = entries.get(subject.as_key())?;
+        let now = Instant::now();
+        if now >= denial.until {
+            entries.remove(subject.as_key());
+            return None;
+        }
+        let same = denial.op == request.op
+            && denial.cost == request.cost
+            && denial.costs == request.costs
+            && denial.policy == *policy;
+        if !same {
+            return None;
+        }
+        let elapsed = now.duration_since(denial.at);
+        let mut outcome = denial.outcome.clone();
+        drop(entries);
+        age(&mut outcome.decision, elapsed);
+        for (_, decision) in &mut outcome.limits {
+            age(decision, elapsed);
+        }
+        outcome.path = Path::DenyCache;
+        Some(outcome)
+    }
+
+    fn remember(&self, subject: &Subject, policy: &Policy, request: &Request, outcome: &Outcome) {
+        let retry_after = match outcome.decision.retry_after {
+            Some(retry_after) if !outcome.decision.allowed && !retry_after.is_zero() => retry_after,
+            _ => return,
+        };
+        if !Self::cacheable(policy, request) {
+            return;
+        }
+        let at = Instant::now();
+        let Some(until) = at.checked_add(retry_after) else {
+            return;
+        };
+        let mut entries = self.entries.lock();
+        if entries.len() >= self.capacity && !entries.contains_key(subject.as_key()) {
+            entries.retain(|_, denial| denial.until > at);
+            if entries.len() >= self.capacity {
+                // Still full of live denials: start again rather than grow.
+                entries.clear();
+            }
+        }
+        entries.insert(
+            subject.as_key().to_owned(),
+            Denial {
+                policy: policy.clone(),
+                op: request.op.clone(),
+                cost: request.cost,
+                costs: request.costs.clone(),
+                outcome: outcome.clone(),
+                at,
+                until,
+            },
+        );
+    }
+
+    fn forget(&self, subject: &Subject) {
+        self.entries.lock().remove(subject.as_key());
+    }
+}
+
+/// A decision as it reads `elapsed` later: its waits that much shorter.
+fn age(decision: &mut Decision, elapsed: Duration) {
+    if let Some(retry_after) = &mut decision.retry_after {
+        if !decision.allowed {
+            *retry_after = retry_after.saturating_sub(elapsed);
+        }
+    }
+    decision.reset_after = decision.reset_after.saturating_sub(elapsed);
+}
