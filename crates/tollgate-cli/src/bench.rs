@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tollgate::{Limiter, MemoryStore, Op, Policy, Request, Subject};
+use tollgate::{Limiter, MemoryStore, OnStoreError, Op, Path, Policy, Request, ResilientStore, Subject};
 
 use self::report::Report;
 use crate::store::{self, AnyStore, StoreUrl};
@@ -149,6 +149,18 @@ pub struct Args {
     /// of its own [default: 64]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     batch: Option<u32>,
+    /// Redis: what a decision is when Redis fails (error, open, closed,
+    /// local); with it the store gets a deadline and a circuit breaker, and
+    /// the summary counts decisions by path
+    #[arg(long, value_name = "POLICY", value_parser = parse_on_store_error)]
+    on_store_error: Option<OnStoreError>,
+    /// Redis, with --on-store-error: the deadline of each call [default: 100ms]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "on_store_error")]
+    store_timeout: Option<Duration>,
+    /// Redis, with --on-store-error: denials remembered and answered again
+    /// until their retry_after, one per subject (0: off) [default: 0]
+    #[arg(long, value_name = "ENTRIES", requires = "on_store_error")]
+    deny_cache: Option<usize>,
     /// Print the summary as one JSON object on stdout
     #[arg(long)]
     json: bool,
@@ -187,7 +199,11 @@ impl BenchOp {
     }
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_on_store_error(text: &str) -> Result<OnStoreError, String> {
+    text.parse().map_err(|error: tollgate::Error| error.to_string())
+}
+
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = tollgate::duration::parse_duration(text).map_err(|error| error.to_string())?;
     if duration.is_zero() {
         return Err("the duration must be more than zero".to_owned());
@@ -234,6 +250,9 @@ struct Plan {
     hold: Duration,
     cost: u64,
     batch: Option<u32>,
+    on_store_error: Option<OnStoreError>,
+    store_timeout: Option<Duration>,
+    deny_cache: usize,
 }
 
 impl Plan {
@@ -244,6 +263,9 @@ impl Plan {
         }
         if store == StoreUrl::Memory && args.batch.is_some() {
             return Err(UsageError("--batch applies only to a Redis store".to_owned()));
+        }
+        if store == StoreUrl::Memory && args.on_store_error.is_some() {
+            return Err(UsageError("--on-store-error applies only to a Redis store".to_owned()));
         }
         if args.hold_ms > 0 && args.op != BenchOp::Acquire {
             return Err(UsageError("--hold-ms applies only to --op acquire".to_owned()));
@@ -260,6 +282,9 @@ impl Plan {
             hold: Duration::from_millis(args.hold_ms),
             cost: args.cost,
             batch: args.batch,
+            on_store_error: args.on_store_error,
+            store_timeout: args.store_timeout,
+            deny_cache: args.deny_cache.unwrap_or(0),
             until: Until::new(args),
         })
     }
@@ -332,6 +357,24 @@ struct Tally {
     first_error: Option<String>,
     /// Latency of each request, in ns.
     latency: Histogram<u64>,
+    /// Decisions by the path that decided them (`Path::as_str` order of
+    /// [`PATHS`]).
+    paths: [u64; 4],
+    /// Latency of the requests not decided by the store (a fault answered
+    /// by the failure policy, or the error itself), in ns.
+    fallback_latency: Histogram<u64>,
+    /// When this task last saw the store decide again after a fault (ms
+    /// since the Unix epoch).
+    recovered_at_ms: Option<u64>,
+}
+
+/// The paths a decision can take, in the order tallies count them.
+pub(crate) const PATHS: [Path; 4] = [Path::Store, Path::Local, Path::Policy, Path::DenyCache];
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Tally {
@@ -342,6 +385,9 @@ impl Tally {
             errors: 0,
             first_error: None,
             latency: histogram(),
+            paths: [0; 4],
+            fallback_latency: histogram(),
+            recovered_at_ms: None,
         }
     }
 }
@@ -399,7 +445,19 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
             if let Some(batch) = plan.batch {
                 builder = builder.max_batch(batch as usize);
             }
-            AnyStore::Redis(store::connect_redis_with(builder, url).await?)
+            let redis = store::connect_redis_with(builder, url).await?;
+            match plan.on_store_error {
+                None => AnyStore::Redis(redis),
+                Some(on_error) => {
+                    let mut builder = ResilientStore::builder(redis)
+                        .on_error(on_error)
+                        .deny_cache(plan.deny_cache);
+                    if let Some(timeout) = plan.store_timeout {
+                        builder = builder.timeout(timeout);
+                    }
+                    AnyStore::Resilient(builder.build())
+                }
+            }
         }
     };
     let mut clock = StoreClock::connect(&plan.store).await?;
@@ -426,7 +484,8 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
     }
     let tallies = join_workers(tasks, progress, &shared, plan.until, started).await?;
     let elapsed = started.elapsed();
-    let server_time_end_us = clock.now().await?;
+    // Redis may be down at the end of a run that tests its failures.
+    let server_time_end_us = clock.now().await.unwrap_or(0);
 
     if let Some(message) = shared.invalid.lock().expect("no panic while holding the lock").take() {
         return Err(UsageError(message).into());
@@ -547,6 +606,7 @@ impl Worker {
         let mut tally = Tally::new();
         let keys = self.subjects.len();
         let mut key = usize::try_from(self.first_key).unwrap_or(0);
+        let mut in_fault = false;
         while !self.until.reached(&self.shared) {
             let subject = &self.subjects[key];
             key = (key + 1) % keys;
@@ -556,6 +616,24 @@ impl Worker {
             let latency = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
             tally.latency.saturating_record(latency);
             self.shared.answered.fetch_add(1, Ordering::Relaxed);
+            match &result {
+                Ok(outcome) => {
+                    let path = PATHS.iter().position(|path| *path == outcome.path).unwrap_or(0);
+                    tally.paths[path] += 1;
+                    if outcome.path == Path::Store && in_fault {
+                        in_fault = false;
+                        tally.recovered_at_ms = Some(unix_ms());
+                    } else if matches!(outcome.path, Path::Local | Path::Policy) {
+                        in_fault = true;
+                        tally.fallback_latency.saturating_record(latency);
+                    }
+                }
+                Err(error) if !error.is_invalid() => {
+                    in_fault = true;
+                    tally.fallback_latency.saturating_record(latency);
+                }
+                Err(_) => {}
+            }
             match result {
                 Ok(outcome) if outcome.decision.allowed => {
                     tally.allowed += 1;

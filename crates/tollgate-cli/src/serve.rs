@@ -3,12 +3,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
-use tollgate::{AnyStore, MemoryStore};
+use tollgate::{AnyStore, MemoryStore, OnStoreError, ResilientStore};
 use tollgate_server::{Config, Options, Server};
 
+use crate::bench::{parse_duration, parse_on_store_error};
 use crate::store::{connect_redis, StoreUrl};
 use crate::UsageError;
 
@@ -33,6 +35,20 @@ pub struct Args {
     /// Where to answer Envoy's gRPC rate limit protocol.
     #[arg(long, default_value = "127.0.0.1:8081")]
     grpc: SocketAddr,
+    /// With --redis: what a decision is when Redis fails: `error` (answer
+    /// UNAVAILABLE / 503), `open` (admit), `closed` (deny), `local` (an
+    /// in-process store enforces each limit until Redis answers again).
+    #[arg(long, value_name = "POLICY", default_value = "error", value_parser = parse_on_store_error)]
+    on_store_error: OnStoreError,
+    /// With --redis: the deadline of every Redis call; after consecutive
+    /// faults a circuit breaker skips Redis for a back-off, then probes it.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    store_timeout: Duration,
+    /// With --redis: denials remembered (one per subject and rule set) and answered
+    /// without calling Redis until their retry_after has passed; 0 turns
+    /// the deny cache off.
+    #[arg(long, value_name = "ENTRIES", default_value_t = 100_000)]
+    deny_cache: usize,
     /// Decide and count, but always answer OK.
     #[arg(long)]
     shadow_mode: bool,
@@ -75,7 +91,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let store = match &args.redis {
             None => AnyStore::Memory(MemoryStore::new()),
             Some(url) => match StoreUrl::parse(url)? {
-                StoreUrl::Redis(url) => AnyStore::Redis(connect_redis(&url, &args.prefix).await?),
+                StoreUrl::Redis(url) => AnyStore::Resilient(
+                    ResilientStore::builder(connect_redis(&url, &args.prefix).await?)
+                        .on_error(args.on_store_error)
+                        .timeout(args.store_timeout)
+                        .deny_cache(args.deny_cache)
+                        .build(),
+                ),
                 StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
             },
         };

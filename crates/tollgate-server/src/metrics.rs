@@ -1,6 +1,8 @@
 //! Prometheus metrics, per domain and rule, as envoyproxy/ratelimit counts
 //! them: total hits, over limit, near limit (80 % used), within limit, shadow
-//! mode; plus store errors, decision latency and configuration reloads.
+//! mode; plus store errors, decisions by the path that made them (the
+//! store, or its fallbacks when it fails), decision latency and
+//! configuration reloads.
 
 use std::hash::BuildHasher as _;
 use std::sync::RwLock;
@@ -13,13 +15,21 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tollgate::Decision;
+use tollgate::{Decision, Path};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
     domain: String,
     rule: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: String,
+}
+
+/// The paths a decision can take, with a counter each.
+const PATHS: [Path; 4] = [Path::Store, Path::Local, Path::Policy, Path::DenyCache];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DomainLabels {
@@ -56,6 +66,8 @@ pub struct Metrics {
     within_limit: Family<RuleLabels, Counter>,
     shadow_mode: Family<RuleLabels, Counter>,
     store_errors: Family<DomainLabels, Counter>,
+    /// Decisions by path, in the order of [`PATHS`].
+    paths: [Counter; 4],
     latency: HistogramFamily,
     config_reloads: Counter,
     config_errors: Counter,
@@ -80,6 +92,7 @@ impl Metrics {
             within_limit: Family::default(),
             shadow_mode: Family::default(),
             store_errors: Family::default(),
+            paths: Default::default(),
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
@@ -113,6 +126,21 @@ impl Metrics {
             "store_errors",
             "Requests that failed because the store failed",
             metrics.store_errors.clone(),
+        );
+        let paths = Family::<PathLabels, Counter>::default();
+        for (path, counter) in PATHS.iter().zip(&mut metrics.paths) {
+            *counter = paths
+                .get_or_create(&PathLabels {
+                    path: path.as_str().to_owned(),
+                })
+                .clone();
+        }
+        metrics.registry.register(
+            "decisions_by_path",
+            "Store calls by what decided them: store (Redis or memory), local (the \
+             in-process fallback while Redis fails), policy (--on-store-error open or \
+             closed), deny_cache (a denial answered again until its retry_after)",
+            paths,
         );
         metrics.registry.register(
             "decision_seconds",
@@ -205,6 +233,13 @@ impl Metrics {
                 domain: domain.to_owned(),
             })
             .inc();
+    }
+
+    /// Counts a decision of the store by the path that made it.
+    pub fn path(&self, path: Path) {
+        if let Some(index) = PATHS.iter().position(|each| *each == path) {
+            self.paths[index].inc();
+        }
     }
 
     /// Records how long a request took to decide.

@@ -441,6 +441,7 @@ impl Service {
                 error.to_string()
             }
         })?;
+        self.metrics.path(outcome.path);
         Ok(slot_of.into_iter().map(|slot| outcome.limits[slot].1.clone()).collect())
     }
 }

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::{histogram, Plan, Tally};
+use super::{histogram, Plan, Tally, PATHS};
 
 /// What was loaded, and what only that kind of run reports.
 #[derive(Debug)]
@@ -47,6 +47,18 @@ pub struct Report {
     p50_ns: u64,
     p99_ns: u64,
     max_ns: u64,
+    /// With a failure policy: decisions by path (as [`PATHS`]), the p99 of
+    /// those the store did not decide, and when the store decided again
+    /// after a fault (ms since the Unix epoch; the earliest of the tasks'
+    /// last recoveries).
+    resilience: Option<Resilience>,
+}
+
+#[derive(Debug)]
+struct Resilience {
+    paths: [u64; 4],
+    fallback_p99_ns: u64,
+    recovered_at_ms: Option<u64>,
 }
 
 /// `ns` in microseconds, to the nanosecond.
@@ -89,7 +101,28 @@ impl Report {
             server_time_start_us,
             server_time_end_us,
         };
-        Self::new(kind, plan.keys, tallies, elapsed)
+        let resilience = plan.on_store_error.map(|_| {
+            let mut fallback = histogram();
+            let mut paths = [0; 4];
+            for tally in &tallies {
+                let _ = fallback.add(&tally.fallback_latency);
+                for (sum, count) in paths.iter_mut().zip(tally.paths) {
+                    *sum += count;
+                }
+            }
+            Resilience {
+                paths,
+                fallback_p99_ns: if fallback.is_empty() {
+                    0
+                } else {
+                    fallback.value_at_quantile(0.99)
+                },
+                recovered_at_ms: tallies.iter().filter_map(|tally| tally.recovered_at_ms).min(),
+            }
+        });
+        let mut report = Self::new(kind, plan.keys, tallies, elapsed);
+        report.resilience = resilience;
+        report
     }
 
     /// Adds up the connections' tallies of a run against a server.
@@ -119,6 +152,7 @@ impl Report {
             p50_ns: 0,
             p99_ns: 0,
             max_ns: 0,
+            resilience: None,
         };
         for tally in tallies {
             report.allowed += tally.allowed;
@@ -227,6 +261,13 @@ impl Report {
                 put("limit_applied", (*limit_applied).into());
             }
         }
+        if let Some(resilience) = &self.resilience {
+            for (path, count) in PATHS.iter().zip(resilience.paths) {
+                object.insert(format!("path_{}", path.as_str()), count.into());
+            }
+            object.insert("fallback_p99_us".to_owned(), micros(resilience.fallback_p99_ns).into());
+            object.insert("recovered_at_unix_ms".to_owned(), resilience.recovered_at_ms.into());
+        }
         serde_json::Value::Object(object).to_string()
     }
 
@@ -275,6 +316,22 @@ impl Report {
             micros(self.p99_ns),
             micros(self.max_ns)
         );
+        if let Some(resilience) = &self.resilience {
+            let paths: Vec<String> = PATHS
+                .iter()
+                .zip(resilience.paths)
+                .map(|(path, count)| format!("{} {count}", path.as_str()))
+                .collect();
+            let _ = writeln!(out, "paths        {}", paths.join(", "));
+            let _ = writeln!(
+                out,
+                "fallback     p99 {} us (decisions the store did not make)",
+                micros(resilience.fallback_p99_ns)
+            );
+            if let Some(at) = resilience.recovered_at_ms {
+                let _ = writeln!(out, "recovered    at {at} ms since the Unix epoch");
+            }
+        }
         match &self.kind {
             Kind::Store {
                 server_time_start_us,

@@ -1,6 +1,6 @@
 //! A store chosen at run time (by a command-line flag or a config file).
 
-use super::{MemoryStore, RedisStore, Store};
+use super::{MemoryStore, RedisStore, ResilientStore, Store};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -15,6 +15,9 @@ pub enum AnyStore {
     Memory(MemoryStore),
     /// Redis (or Valkey).
     Redis(RedisStore),
+    /// Redis behind a deadline, a circuit breaker, a failure policy and a
+    /// deny cache.
+    Resilient(ResilientStore<RedisStore>),
 }
 
 impl Store for AnyStore {
@@ -22,6 +25,7 @@ impl Store for AnyStore {
         match self {
             Self::Memory(store) => store.decide_now(subject, policy, request),
             Self::Redis(store) => store.decide(subject, policy, request).await,
+            Self::Resilient(store) => store.decide(subject, policy, request).await,
         }
     }
 
@@ -29,6 +33,7 @@ impl Store for AnyStore {
         match self {
             Self::Memory(store) => store.reset(subject, policy).await,
             Self::Redis(store) => store.reset(subject, policy).await,
+            Self::Resilient(store) => store.reset(subject, policy).await,
         }
     }
 
@@ -36,6 +41,7 @@ impl Store for AnyStore {
         match self {
             Self::Memory(store) => store.sleep(duration),
             Self::Redis(store) => store.sleep(duration),
+            Self::Resilient(store) => store.sleep(duration),
         }
     }
 }
@@ -49,5 +55,11 @@ impl From<MemoryStore> for AnyStore {
 impl From<RedisStore> for AnyStore {
     fn from(store: RedisStore) -> Self {
         Self::Redis(store)
+    }
+}
+
+impl From<ResilientStore<RedisStore>> for AnyStore {
+    fn from(store: ResilientStore<RedisStore>) -> Self {
+        Self::Resilient(store)
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! - every call has a deadline (default 100 ms);
 //! - after `failures` consecutive faults (default 5) the breaker opens: the
-//!   store is not called for a back-off (100 ms, doubling up to 1 s), then
+//!   store is not called for a back-off (100 ms, doubling up to 500 ms), then
 //!   one call probes it; a success closes the breaker, a failure opens it
 //!   again. A dead store costs microseconds per decision, not the deadline;
 //! - a fault (an error, a missed deadline, an open breaker) is answered by
@@ -145,7 +145,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
     }
 
     /// How long the breaker stays open before it probes the store, at first
-    /// and at most: each failed probe doubles it (default 100 ms and 1 s).
+    /// and at most: each failed probe doubles it (default 100 ms and 500 ms).
     #[must_use]
     pub fn backoff(mut self, first: Duration, most: Duration) -> Self {
         self.backoff = first;
@@ -153,7 +153,7 @@ impl<S: Store> ResilientStoreBuilder<S> {
         self
     }
 
-    /// Remember up to `entries` denials (one per subject) and answer them
+    /// Remember up to `entries` denials (one per subject and policy) and answer them
     /// again until their `retry_after` has passed; 0 (the default) turns the
     /// cache off.
     ///
@@ -237,7 +237,7 @@ impl<S: Store> ResilientStore<S> {
             timeout: Duration::from_millis(100),
             failures: 5,
             backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_millis(500),
             deny_cache: 0,
         }
     }
@@ -363,7 +363,7 @@ impl<S: Store> Store for ResilientStore<S> {
 
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         if let Some(denials) = &self.inner.denials {
-            denials.forget(subject);
+            denials.forget(subject, policy);
         }
         self.inner.local.reset_now(subject, policy);
         match tokio::time::timeout(self.inner.timeout, self.inner.store.reset(subject, policy)).await {
@@ -533,16 +533,29 @@ impl DenyCache {
             && matches!(request.op, Op::Check | Op::CheckAtMost | Op::Reserve { .. })
     }
 
+    /// Where the denials of `policy` for `subject` are kept: the subject and
+    /// the names of the policy's limits (a server decides many policies for
+    /// one subject).
+    fn key(subject: &Subject, policy: &Policy) -> String {
+        let mut key = subject.as_key().to_owned();
+        for (name, _) in policy.limits() {
+            key.push('\0');
+            key.push_str(name);
+        }
+        key
+    }
+
     /// The remembered denial of this very request, its times brought to now.
     fn answer(&self, subject: &Subject, policy: &Policy, request: &Request) -> Option<Outcome> {
         if !Self::cacheable(policy, request) {
             return None;
         }
+        let key = Self::key(subject, policy);
         let mut entries = self.entries.lock();
-        let denial = entries.get(subject.as_key())?;
+        let denial = entries.get(&key)?;
         let now = Instant::now();
         if now >= denial.until {
-            entries.remove(subject.as_key());
+            entries.remove(&key);
             return None;
         }
         let same = denial.op == request.op
@@ -575,8 +588,9 @@ impl DenyCache {
         let Some(until) = at.checked_add(retry_after) else {
             return;
         };
+        let key = Self::key(subject, policy);
         let mut entries = self.entries.lock();
-        if entries.len() >= self.capacity && !entries.contains_key(subject.as_key()) {
+        if entries.len() >= self.capacity && !entries.contains_key(&key) {
             entries.retain(|_, denial| denial.until > at);
             if entries.len() >= self.capacity {
                 // Still full of live denials: start again rather than grow.
@@ -584,7 +598,7 @@ impl DenyCache {
             }
         }
         entries.insert(
-            subject.as_key().to_owned(),
+            key,
             Denial {
                 policy: policy.clone(),
                 op: request.op.clone(),
@@ -597,8 +611,8 @@ impl DenyCache {
         );
     }
 
-    fn forget(&self, subject: &Subject) {
-        self.entries.lock().remove(subject.as_key());
+    fn forget(&self, subject: &Subject, policy: &Policy) {
+        self.entries.lock().remove(&Self::key(subject, policy));
     }
 }
 
