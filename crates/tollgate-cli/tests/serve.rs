@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::redis_server::RedisServer;
 use common::tollgate;
 
 fn examples() -> std::path::PathBuf {
@@ -57,4 +58,64 @@ async fn serves_and_stops_gracefully_on_sigterm() {
     let (exited_cleanly, logs) = server.terminate();
     assert!(exited_cleanly, "{logs:?}");
     assert!(logs.iter().any(|line| line.contains("stopped")), "{logs:?}");
+}
+
+/// The example's limit of 5 requests, with Redis stopped, under each failure
+/// policy: `open` admits all, `closed` denies all, `local` enforces the 5 in
+/// the process, `error` answers 503; `/metrics` counts the path.
+#[tokio::test]
+async fn a_stopped_redis_is_answered_by_the_failure_policy() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let servers: Vec<(&str, common::Serve)> = ["open", "closed", "local", "error"]
+        .into_iter()
+        .map(|policy| {
+            let args = [
+                "--redis",
+                url.as_str(),
+                "--on-store-error",
+                policy,
+                "--store-timeout",
+                "50ms",
+            ];
+            (policy, common::Serve::start_with(&examples(), &args))
+        })
+        .collect();
+    redis.stop();
+    let body = r#"{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"198.51.100.9"}]}]}"#;
+    let client = reqwest::Client::new();
+    for (policy, server) in &servers {
+        let expected: &[u16] = match *policy {
+            "open" => &[200; 7],
+            "closed" => &[429; 7],
+            "local" => &[200, 200, 200, 200, 200, 429, 429],
+            _ => &[503; 7],
+        };
+        for (index, status) in expected.iter().enumerate() {
+            let response = client
+                .post(format!("http://{}/v1/check", server.http))
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), *status, "{policy}: request {index}");
+        }
+        let metrics = client
+            .get(format!("http://{}/metrics", server.http))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let path = match *policy {
+            "open" | "closed" => Some("policy"),
+            "local" => Some("local"),
+            _ => None,
+        };
+        if let Some(path) = path {
+            let line = format!("tollgate_decisions_by_path_total{{path=\"{path}\"}} 7");
+            assert!(metrics.contains(&line), "{policy}: no {line} in\n{metrics}");
+        }
+    }
 }

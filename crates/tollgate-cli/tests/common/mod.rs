@@ -72,8 +72,14 @@ impl Serve {
     /// Starts `tollgate serve --config <config>` on port 0 and returns once it
     /// says it is ready, with the addresses it bound (no polling).
     pub fn start(config: &Path) -> Self {
+        Self::start_with(config, &[])
+    }
+
+    /// As [`Serve::start`], with more arguments.
+    pub fn start_with(config: &Path, extra: &[&str]) -> Self {
         let mut child = tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--config"])
             .arg(config)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
