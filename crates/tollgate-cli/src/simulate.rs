@@ -16,7 +16,7 @@
 mod output;
 mod step;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::{self, BufRead, Write};
 
 use anyhow::Context as _;
@@ -175,6 +175,19 @@ pub fn replay(
     }
 }
 
+/// `outcome` as one line of JSON, as a `check` step would be answered.
+pub fn outcome_json(outcome: &Outcome) -> String {
+    output::json(&Answer {
+        echo: None,
+        result: Ok(Decided {
+            decision: outcome.decision.clone(),
+            granted: None,
+            lease: outcome.lease.clone(),
+            limits: outcome.limits.clone(),
+        }),
+    })
+}
+
 /// The answer to one step.
 #[derive(Debug)]
 pub struct Answer {
@@ -228,8 +241,10 @@ enum Backend {
 struct RedisBackend {
     store: RedisStore,
     runtime: tokio::runtime::Runtime,
-    /// The subjects written to, reset at the end unless `keep_keys`.
-    touched: BTreeSet<String>,
+    /// The subjects written to, by encoded key, reset at the end unless
+    /// `keep_keys`. The subjects themselves are kept: a key is already
+    /// encoded, and encoding it again would name another subject.
+    touched: BTreeMap<String, Subject>,
     keep_keys: bool,
 }
 
@@ -301,7 +316,7 @@ impl Simulation {
         self.backend = Backend::Redis(RedisBackend {
             store,
             runtime,
-            touched: BTreeSet::new(),
+            touched: BTreeMap::new(),
             keep_keys,
         });
         Ok(())
@@ -326,9 +341,9 @@ impl Simulation {
             ..
         } = redis;
         runtime.block_on(async {
-            for key in &touched {
+            for subject in touched.values() {
                 store
-                    .reset(&Subject::new(key), &self.policy)
+                    .reset(subject, &self.policy)
                     .await
                     .with_context(|| format!("simulate: cannot reset the keys under {}", store.prefix()))?;
             }
@@ -346,7 +361,9 @@ impl Simulation {
                 store.decide_now(subject, &self.policy, request)
             }
             Backend::Redis(redis) => {
-                redis.touched.insert(subject.as_key().to_owned());
+                if !redis.touched.contains_key(subject.as_key()) {
+                    redis.touched.insert(subject.as_key().to_owned(), subject.clone());
+                }
                 redis
                     .runtime
                     .block_on(redis.store.decide(subject, &self.policy, request))
