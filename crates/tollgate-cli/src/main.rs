@@ -2,11 +2,13 @@
 //!
 //! Thin on purpose: parse the arguments, hand them to the subcommand's module,
 //! turn its result into an exit code. Exit codes: 0 on success, 2 for invalid
-//! arguments (clap's own usage errors included), 1 for anything else.
+//! arguments (clap's own usage errors included), 3 for a `check` that was
+//! denied, 1 for anything else.
 
 mod bench;
 mod serve;
 mod simulate;
+mod state;
 mod store;
 
 use std::fmt;
@@ -33,6 +35,15 @@ enum Command {
     /// Serve Envoy's rate limit gRPC protocol and an HTTP JSON API, with
     /// limits from envoyproxy/ratelimit configuration files.
     Serve(serve::Args),
+    /// Decide one request for a subject and print the decision as a JSON
+    /// line; exit code 0 when admitted, 3 when denied.
+    Check(state::CheckArgs),
+    /// Print a subject's state as a peek reports it (a JSON line); consumes
+    /// nothing.
+    Inspect(state::Args),
+    /// Forget a subject's state under each limit, then print a peek (a JSON
+    /// line).
+    Reset(state::Args),
 }
 
 /// An argument the command cannot work with (exit code 2).
@@ -50,12 +61,16 @@ impl std::error::Error for UsageError {}
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Simulate(args) => simulate::run(&args),
-        Command::Bench(args) => bench::run(&args),
-        Command::Serve(args) => serve::run(&args),
+        Command::Simulate(args) => simulate::run(&args).map(|()| true),
+        Command::Bench(args) => bench::run(&args).map(|()| true),
+        Command::Serve(args) => serve::run(&args).map(|()| true),
+        Command::Check(args) => state::check(&args),
+        Command::Inspect(args) => state::inspect(&args).map(|()| true),
+        Command::Reset(args) => state::reset(&args).map(|()| true),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(state::DENIED),
         Err(error) => {
             eprintln!("error: {error:#}");
             if error.is::<UsageError>() {

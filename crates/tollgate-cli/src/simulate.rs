@@ -12,12 +12,17 @@
 //! `--store redis://…` every step is one script call carrying its instant
 //! (`Request::at`), run on a single-threaded runtime, so both stores answer
 //! the same trace line for line; the keys it wrote are reset at the end.
+//!
+//! `--limit` may be repeated to replay one trace against several limits side
+//! by side (each on its own store); `--plot` draws the replay.
 
 mod output;
+mod plot;
 mod step;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::{self, BufRead, Write};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use tollgate::{
@@ -64,6 +69,15 @@ touched when the trace ends, unless --keep-keys: Redis keeps keys written
 with an explicit time for at least an hour. A store that cannot be reached
 or fails mid-replay ends the replay with exit code 1.
 
+Several --limit options replay the same trace against each limit, each on
+its own store (in Redis, under <prefix>-1, <prefix>-2, ...): each step is
+then answered by a JSON array holding one answer per --limit, in order (the
+table has one row per limit).
+
+--plot FILE.svg or --plot FILE.png also draws the replay when the trace
+ends: one panel per limit (per named limit of a policy), remaining over
+time, admitted requests as green dots and denied ones as red crosses.
+
 Example:
   tollgate simulate --limit '{\"algorithm\":\"gcra\",\"rate\":5,\"period\":\"1s\",\"burst\":3}' \\
       --format table < examples/burst.jsonl";
@@ -73,9 +87,10 @@ Example:
 #[command(after_long_help = TRACE_HELP)]
 pub struct Args {
     /// The limit as JSON, e.g. '{"algorithm":"gcra","rate":10,"period":"1s","burst":5}',
-    /// or a policy of named limits '{"per_second":{...},"per_hour":{...}}'
-    #[arg(long, value_name = "JSON")]
-    limit: String,
+    /// or a policy of named limits '{"per_second":{...},"per_hour":{...}}';
+    /// repeat to compare several limits over one trace
+    #[arg(long, value_name = "JSON", required = true)]
+    limit: Vec<String>,
     /// Unix time in seconds at t_ms = 0 (places epoch-aligned windows)
     #[arg(long, value_name = "UNIX_SECONDS", default_value_t = 0)]
     start: u64,
@@ -92,6 +107,10 @@ pub struct Args {
     /// Redis: keep the keys when the trace ends (default: reset them)
     #[arg(long)]
     keep_keys: bool,
+    /// Also draw the replay into FILE.svg or FILE.png (by the extension):
+    /// remaining over time, admitted and denied requests, a panel per limit
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 }
 
 /// How decisions are written.
@@ -114,21 +133,50 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if url == StoreUrl::Memory && (args.prefix.is_some() || args.keep_keys) {
         return Err(UsageError("--prefix and --keep-keys apply only to a Redis store".to_owned()).into());
     }
-    let mut simulation = Simulation::new(&args.limit, args.start)?;
+    if let Some(path) = &args.plot {
+        plot::Kind::of(path).map_err(UsageError)?;
+    }
+    let mut simulations = args
+        .limit
+        .iter()
+        .map(|limit| Simulation::new(limit, args.start))
+        .collect::<Result<Vec<_>, _>>()?;
     if let StoreUrl::Redis(url) = &url {
         let prefix = args
             .prefix
             .clone()
             .unwrap_or_else(|| format!("tollgate-sim-{:016x}", fastrand::u64(..)));
-        simulation.use_redis(url, &prefix, args.keep_keys)?;
+        let several = simulations.len() > 1;
+        for (at, simulation) in simulations.iter_mut().enumerate() {
+            let prefix = if several {
+                format!("{prefix}-{}", at + 1)
+            } else {
+                prefix.clone()
+            };
+            simulation.use_redis(url, &prefix, args.keep_keys)?;
+        }
     }
-    let result = replay(&mut simulation, io::stdin().lock(), io::stdout().lock(), args.format);
-    let cleanup = simulation.finish();
+    if args.plot.is_some() {
+        for simulation in &mut simulations {
+            simulation.record();
+        }
+    }
+    let result = replay(&mut simulations, io::stdin().lock(), io::stdout().lock(), args.format);
+    let series: Vec<plot::Series> = simulations.iter_mut().filter_map(Simulation::take_series).collect();
+    let mut cleanup = Ok(());
+    for simulation in simulations {
+        cleanup = cleanup.and(simulation.finish());
+    }
     match result {
         // The reader went away: nobody is left to answer.
-        Err(error) if is_broken_pipe(&error) => cleanup,
-        Err(error) => Err(error.context("simulate")),
-        Ok(()) => cleanup,
+        Err(error) if is_broken_pipe(&error) => {}
+        Err(error) => return Err(error.context("simulate")),
+        Ok(()) => {}
+    }
+    cleanup?;
+    match &args.plot {
+        Some(path) => plot::draw(path, &series),
+        None => Ok(()),
     }
 }
 
@@ -139,14 +187,15 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 }
 
 /// Reads steps from `input` until it ends, writing and flushing one answer
-/// per step (a header first, for the table).
+/// per step (a header first, for the table): with several simulations, a
+/// JSON array of their answers (one table row each).
 ///
 /// # Errors
 ///
 /// When reading or writing fails, or the store fails; invalid steps are
 /// answered, not errors.
 pub fn replay(
-    simulation: &mut Simulation,
+    simulations: &mut [Simulation],
     mut input: impl BufRead,
     mut output: impl Write,
     format: Format,
@@ -161,18 +210,50 @@ pub fn replay(
         if input.read_until(b'\n', &mut line)? == 0 {
             return Ok(());
         }
-        let answer = match std::str::from_utf8(&line) {
+        let text = match std::str::from_utf8(&line) {
             Ok(text) if text.trim().is_empty() => continue,
-            Ok(text) => simulation.step(text)?,
-            Err(_) => Answer::invalid(None, "the step is not valid UTF-8".to_owned()),
+            Ok(text) => Some(text),
+            Err(_) => None,
         };
-        let text = match format {
-            Format::Json => output::json(&answer),
-            Format::Table => output::table_row(&answer),
+        let mut answers = Vec::with_capacity(simulations.len());
+        for simulation in simulations.iter_mut() {
+            answers.push(match text {
+                Some(text) => simulation.step(text)?,
+                None => Answer::invalid(None, "the step is not valid UTF-8".to_owned()),
+            });
+        }
+        let text = match (format, answers.as_slice()) {
+            (Format::Json, [answer]) => output::json(answer),
+            (Format::Json, answers) => {
+                let answers: Vec<String> = answers.iter().map(output::json).collect();
+                format!("[{}]", answers.join(","))
+            }
+            (Format::Table, [answer]) => output::table_row(answer, None),
+            (Format::Table, answers) => {
+                let rows: Vec<String> = answers
+                    .iter()
+                    .enumerate()
+                    .map(|(at, answer)| output::table_row(answer, Some(at + 1)))
+                    .collect();
+                rows.join("\n")
+            }
         };
         writeln!(output, "{text}")?;
         output.flush()?;
     }
+}
+
+/// `outcome` as one line of JSON, as a `check` step would be answered.
+pub fn outcome_json(outcome: &Outcome) -> String {
+    output::json(&Answer {
+        echo: None,
+        result: Ok(Decided {
+            decision: outcome.decision.clone(),
+            granted: None,
+            lease: outcome.lease.clone(),
+            limits: outcome.limits.clone(),
+        }),
+    })
 }
 
 /// The answer to one step.
@@ -215,6 +296,10 @@ pub struct Simulation {
     last: Option<u64>,
     /// The next lease name an `acquire` without `lease` gets.
     next_lease: u64,
+    /// The plot's panels, by title: one per limit of the policy.
+    titles: Vec<String>,
+    /// With `--plot`: every step decided.
+    recorded: Option<Vec<plot::Point>>,
 }
 
 /// Where a simulation decides.
@@ -228,8 +313,10 @@ enum Backend {
 struct RedisBackend {
     store: RedisStore,
     runtime: tokio::runtime::Runtime,
-    /// The subjects written to, reset at the end unless `keep_keys`.
-    touched: BTreeSet<String>,
+    /// The subjects written to, by encoded key, reset at the end unless
+    /// `keep_keys`. The subjects themselves are kept: a key is already
+    /// encoded, and encoding it again would name another subject.
+    touched: BTreeMap<String, Subject>,
     keep_keys: bool,
 }
 
@@ -269,6 +356,7 @@ impl Simulation {
     /// out of range.
     pub fn new(limit: &str, start: u64) -> Result<Self, UsageError> {
         let policy = Policy::from_json(limit).map_err(|error| UsageError(format!("invalid --limit: {error}")))?;
+        let titles = plot::titles(limit);
         let start = start
             .checked_mul(1_000_000)
             .filter(|&start| start <= MAX_NOW)
@@ -283,6 +371,23 @@ impl Simulation {
             start,
             last: None,
             next_lease: 1,
+            titles,
+            recorded: None,
+        })
+    }
+
+    /// Keeps every decided step from now on, for [`Simulation::take_series`].
+    pub fn record(&mut self) {
+        self.recorded.get_or_insert_with(Vec::new);
+    }
+
+    /// What was recorded, for the plot: a panel per limit of a policy of
+    /// several limits, else one.
+    fn take_series(&mut self) -> Option<plot::Series> {
+        let points = self.recorded.take()?;
+        Some(plot::Series {
+            panels: self.titles.clone(),
+            points,
         })
     }
 
@@ -301,7 +406,7 @@ impl Simulation {
         self.backend = Backend::Redis(RedisBackend {
             store,
             runtime,
-            touched: BTreeSet::new(),
+            touched: BTreeMap::new(),
             keep_keys,
         });
         Ok(())
@@ -326,9 +431,9 @@ impl Simulation {
             ..
         } = redis;
         runtime.block_on(async {
-            for key in &touched {
+            for subject in touched.values() {
                 store
-                    .reset(&Subject::new(key), &self.policy)
+                    .reset(subject, &self.policy)
                     .await
                     .with_context(|| format!("simulate: cannot reset the keys under {}", store.prefix()))?;
             }
@@ -346,7 +451,9 @@ impl Simulation {
                 store.decide_now(subject, &self.policy, request)
             }
             Backend::Redis(redis) => {
-                redis.touched.insert(subject.as_key().to_owned());
+                if !redis.touched.contains_key(subject.as_key()) {
+                    redis.touched.insert(subject.as_key().to_owned(), subject.clone());
+                }
                 redis
                     .runtime
                     .block_on(redis.store.decide(subject, &self.policy, request))
@@ -430,6 +537,23 @@ impl Simulation {
             self.next_lease += 1;
         }
         self.last = Some(step.t_us);
+        if let Some(recorded) = &mut self.recorded {
+            let values = if outcome.limits.len() > 1 {
+                outcome
+                    .limits
+                    .iter()
+                    .map(|(_, decision)| (decision.remaining, decision.limit))
+                    .collect()
+            } else {
+                vec![(outcome.decision.remaining, outcome.decision.limit)]
+            };
+            recorded.push(plot::Point {
+                t_us: step.t_us,
+                key: step.key.clone(),
+                allowed: outcome.decision.allowed,
+                values,
+            });
+        }
         Ok(Decided {
             decision: outcome.decision,
             granted: matches!(step.op, StepOp::CheckAtMost).then_some(outcome.granted),
@@ -446,7 +570,13 @@ mod tests {
     fn replay_text(limit: &str, trace: &str) -> String {
         let mut simulation = Simulation::new(limit, 0).unwrap();
         let mut out = Vec::new();
-        replay(&mut simulation, trace.as_bytes(), &mut out, Format::Json).unwrap();
+        replay(
+            std::slice::from_mut(&mut simulation),
+            trace.as_bytes(),
+            &mut out,
+            Format::Json,
+        )
+        .unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -456,7 +586,7 @@ mod tests {
         let mut simulation = Simulation::new(limit, 0).unwrap();
         let mut out = Vec::new();
         let trace: &[u8] = b"\n  \r\n\xff\n{\"t_ms\":0}\n";
-        replay(&mut simulation, trace, &mut out, Format::Json).unwrap();
+        replay(std::slice::from_mut(&mut simulation), trace, &mut out, Format::Json).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "{\"error\":\"the step is not valid UTF-8\"}\n\
@@ -469,7 +599,13 @@ mod tests {
         let limit = r#"{"algorithm":"fixed_window","limit":1,"window":"1m"}"#;
         let mut simulation = Simulation::new(limit, 90).unwrap();
         let mut out = Vec::new();
-        replay(&mut simulation, &b"{\"t_ms\":0}\n"[..], &mut out, Format::Json).unwrap();
+        replay(
+            std::slice::from_mut(&mut simulation),
+            &b"{\"t_ms\":0}\n"[..],
+            &mut out,
+            Format::Json,
+        )
+        .unwrap();
         // 90 s is halfway through the window [60 s, 120 s).
         assert!(String::from_utf8(out).unwrap().contains("\"reset_after_ms\":30000"));
         assert!(Simulation::new(limit, u64::MAX).is_err());

@@ -261,6 +261,43 @@ fn keys_live_under_the_prefix_and_are_kept_when_asked() {
 }
 
 #[test]
+fn subjects_that_need_encoding_leave_no_keys_behind() {
+    let server = RedisServer::start();
+    let limit = r#"{"per_second":{"algorithm":"gcra","rate":10,"period":"1s","burst":2},
+                    "per_minute":{"algorithm":"sliding_log","limit":100,"window":"1m"}}"#;
+    let long = "x".repeat(300);
+    let subjects = ["a:b", "{tag}", "50%", "with space", "ü", long.as_str()];
+    let steps: Vec<String> = subjects
+        .iter()
+        .map(|key| serde_json::json!({"t_ms": 0, "key": key}).to_string())
+        .collect();
+    let trace = lines(&steps.iter().map(String::as_str).collect::<Vec<_>>());
+    let kept = answers(simulate_with(
+        limit,
+        &["--store", &server.url(), "--prefix", "p", "--keep-keys"],
+        &trace,
+    ));
+    assert_eq!(kept.len(), subjects.len());
+    assert!(
+        kept.iter().all(|line| line.starts_with(r#"{"allowed":true"#)),
+        "{kept:?}"
+    );
+    let keys = server.cli(&["KEYS", "*"]);
+    assert_eq!(keys.lines().count(), 2 * subjects.len(), "{keys}");
+    assert!(keys.contains("p:{a%3Ab}:per_second"), "{keys}");
+    assert!(keys.contains("p:{#"), "the 300-byte subject is hashed: {keys}");
+
+    // The same trace without --keep-keys resets every key it wrote.
+    answers(simulate_with(
+        limit,
+        &["--store", &server.url(), "--prefix", "p"],
+        &trace,
+    ));
+    assert_eq!(server.cli(&["KEYS", "*"]), "");
+    assert_eq!(server.cli(&["DBSIZE"]), "0");
+}
+
+#[test]
 fn unreachable_redis_exits_1_with_a_clear_message() {
     let port = free_port();
     let url = format!("redis://default:hunter2@127.0.0.1:{port}");

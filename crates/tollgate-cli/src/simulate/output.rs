@@ -104,8 +104,14 @@ pub fn table_header() -> String {
     )
 }
 
-/// One answer as a table line.
-pub fn table_row(answer: &Answer) -> String {
+/// One answer as a table line; `limit`: which `--limit` of several
+/// answered (1-based), noted first.
+pub fn table_row(answer: &Answer, limit: Option<usize>) -> String {
+    let noted = |notes: String| match limit {
+        Some(limit) if notes.is_empty() => format!("limit {limit}"),
+        Some(limit) => format!("limit {limit}; {notes}"),
+        None => notes,
+    };
     let (t_ms, key, op, cost) = answer.echo.as_ref().map_or(("-", "", "-", "-"), |echo| {
         (
             echo.t_ms.as_str(),
@@ -120,7 +126,7 @@ pub fn table_row(answer: &Answer) -> String {
         Err(message) => {
             return columns(
                 [t_ms, key, op, cost, "-", "-", "-", "-", "-"],
-                &format!("error: {message}"),
+                &noted(format!("error: {message}")),
             )
         }
     };
@@ -138,7 +144,7 @@ pub fn table_row(answer: &Answer) -> String {
             &duration(decision.reset_after),
             &duration(decision.wait),
         ],
-        &notes(decided),
+        &noted(notes(decided)),
     )
 }
 
