@@ -40,6 +40,9 @@ mod limiter;
 mod policy;
 mod store;
 mod subject;
+#[cfg(feature = "tower")]
+pub mod tower;
+pub mod wire;
 
 pub use algorithm::{
     ConcurrencySpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Refill, ReservationSpec, SlidingWindowSpec,
@@ -50,5 +53,7 @@ pub use decision::{Decision, Outcome};
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};
-pub use store::{AnyStore, MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store, DEFAULT_PREFIX};
+pub use store::{AnyStore, MemoryStore, MemoryStoreBuilder, Store};
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use subject::{Subject, MAX_KEY_LEN};

@@ -1,6 +1,8 @@
 //! A store chosen at run time (by a command-line flag or a config file).
 
-use super::{MemoryStore, RedisStore, Store};
+#[cfg(feature = "redis")]
+use super::RedisStore;
+use super::{MemoryStore, Store};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -9,11 +11,16 @@ use crate::subject::Subject;
 
 /// Either store; decides like the store it holds. Code that knows its store
 /// at compile time should use that store's type instead.
+///
+/// Non-exhaustive: the `Redis` variant exists with the `redis` feature (on
+/// by default), and a crate elsewhere in the build may turn that on.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub enum AnyStore {
     /// The embedded store.
     Memory(MemoryStore),
     /// Redis (or Valkey).
+    #[cfg(feature = "redis")]
     Redis(RedisStore),
 }
 
@@ -21,6 +28,7 @@ impl Store for AnyStore {
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         match self {
             Self::Memory(store) => store.decide_now(subject, policy, request),
+            #[cfg(feature = "redis")]
             Self::Redis(store) => store.decide(subject, policy, request).await,
         }
     }
@@ -28,6 +36,7 @@ impl Store for AnyStore {
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         match self {
             Self::Memory(store) => store.reset(subject, policy).await,
+            #[cfg(feature = "redis")]
             Self::Redis(store) => store.reset(subject, policy).await,
         }
     }
@@ -35,6 +44,7 @@ impl Store for AnyStore {
     fn sleep(&self, duration: std::time::Duration) -> Sleep {
         match self {
             Self::Memory(store) => store.sleep(duration),
+            #[cfg(feature = "redis")]
             Self::Redis(store) => store.sleep(duration),
         }
     }
@@ -46,6 +56,7 @@ impl From<MemoryStore> for AnyStore {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<RedisStore> for AnyStore {
     fn from(store: RedisStore) -> Self {
         Self::Redis(store)

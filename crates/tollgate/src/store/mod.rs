@@ -6,6 +6,7 @@
 
 mod any;
 mod memory;
+#[cfg(feature = "redis")]
 mod redis;
 
 use std::future::Future;
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 pub use self::any::AnyStore;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
