@@ -21,6 +21,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tollgate::wire::DecisionJson;
 use tollgate::{Decision, Policy, Request, Store, Subject};
 
 use crate::config::Unit;
@@ -315,35 +316,6 @@ struct CheckDescriptor {
     entries: Vec<JsonEntry>,
     #[serde(default)]
     cost: Option<u64>,
-}
-
-/// A decision as JSON: DESIGN §2's fields, durations in milliseconds.
-#[derive(Serialize)]
-struct DecisionJson {
-    allowed: bool,
-    limit: u64,
-    remaining: u64,
-    retry_after_ms: Option<f64>,
-    reset_after_ms: f64,
-    wait_ms: f64,
-}
-
-/// Milliseconds, from whole microseconds (so 1.5 ms prints as 1.5).
-fn ms(duration: Duration) -> f64 {
-    duration.as_micros() as f64 / 1_000.0
-}
-
-impl From<&Decision> for DecisionJson {
-    fn from(decision: &Decision) -> Self {
-        Self {
-            allowed: decision.allowed,
-            limit: decision.limit,
-            remaining: decision.remaining,
-            retry_after_ms: decision.retry_after.map(ms),
-            reset_after_ms: ms(decision.reset_after),
-            wait_ms: ms(decision.wait),
-        }
-    }
 }
 
 async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use tollgate::wire::{rate_limit_headers as rate_limit_headers_of, HeaderLimit};
 use tollgate::{AnyStore, Decision, Limit, Op, Policy, Request, Store, Subject};
 
 use crate::config::{Config, Quota, Rule, Unit};
@@ -483,49 +484,24 @@ fn detailed_label(entries: &[(String, String)]) -> String {
         .join(".")
 }
 
-/// Whole seconds, rounded up (a client told 0 would retry at once).
-fn seconds(duration: Duration) -> u64 {
-    duration.as_micros().div_ceil(1_000_000) as u64
-}
-
 /// The IETF draft's `RateLimit-Policy` (every limit that applied) and
-/// `RateLimit` (the most restrictive), plus `Retry-After` when over.
+/// `RateLimit` (the most restrictive), plus `Retry-After` when over; written
+/// by the library, as its tower layer writes them.
 pub fn rate_limit_headers(statuses: &[DescriptorStatus], overall: Code) -> Vec<(&'static str, String)> {
-    let limited: Vec<&DescriptorStatus> = statuses.iter().filter(|status| status.decision.is_some()).collect();
-    if limited.is_empty() {
-        return Vec::new();
-    }
-    let policies: Vec<String> = limited
+    let limits: Vec<HeaderLimit<'_>> = statuses
         .iter()
+        .filter(|status| status.decision.is_some())
         .map(|status| {
             let limit = status.current_limit.as_ref();
-            let quota = limit.map_or(0, |limit| limit.requests_per_unit);
-            let window = limit
-                .and_then(|limit| limit.unit)
-                .map(|unit| format!(";w={}", unit.duration().as_secs()))
-                .unwrap_or_default();
-            format!("\"{}\";q={quota}{window}", status.rule.as_deref().unwrap_or("limit"))
+            HeaderLimit::from_parts(
+                status.rule.as_deref().unwrap_or("limit"),
+                limit.map_or(0, |limit| limit.requests_per_unit),
+                limit.and_then(|limit| limit.unit).map(Unit::duration),
+                status.limit_remaining,
+                status.duration_until_reset,
+                status.code == Code::OverLimit,
+            )
         })
         .collect();
-    let tightest = limited
-        .iter()
-        .min_by_key(|status| (status.code == Code::Ok, status.limit_remaining))
-        .copied()
-        .unwrap_or(limited[0]);
-    let mut headers = vec![
-        ("ratelimit-policy", policies.join(", ")),
-        (
-            "ratelimit",
-            format!(
-                "\"{}\";r={};t={}",
-                tightest.rule.as_deref().unwrap_or("limit"),
-                tightest.limit_remaining,
-                seconds(tightest.duration_until_reset)
-            ),
-        ),
-    ];
-    if overall == Code::OverLimit {
-        headers.push(("retry-after", seconds(tightest.duration_until_reset).to_string()));
-    }
-    headers
+    rate_limit_headers_of(&limits, overall == Code::OverLimit)
 }

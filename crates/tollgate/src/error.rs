@@ -50,6 +50,7 @@ impl Error {
     }
 
     /// Wraps a lower-level cause (kept as [`std::error::Error::source`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
         self

@@ -40,6 +40,9 @@ mod limiter;
 mod policy;
 mod store;
 mod subject;
+#[cfg(feature = "tower")]
+pub mod tower;
+pub mod wire;
 
 pub use algorithm::{
     ConcurrencySpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Refill, ReservationSpec, SlidingWindowSpec,
@@ -51,7 +54,9 @@ pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};
 pub use store::{
-    AnyStore, MemoryStore, MemoryStoreBuilder, OnStoreError, RedisStore, RedisStoreBuilder, ResilienceStats,
-    ResilientStore, ResilientStoreBuilder, Store, DEFAULT_PREFIX,
+    AnyStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder,
+    Store,
 };
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use subject::{Subject, MAX_KEY_LEN};

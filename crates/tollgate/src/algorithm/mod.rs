@@ -626,6 +626,23 @@ impl Limit {
         }
     }
 
+    /// True for the shaping and borrowing limits (reservation, leaky bucket),
+    /// which grant a request at a later moment (`Decision::wait`) rather
+    /// than refusing it.
+    pub fn is_shaping(&self) -> bool {
+        matches!(self.kind, Kind::Reservation(_) | Kind::LeakyBucket(_))
+    }
+
+    /// The window a count-per-window limit counts over (fixed window,
+    /// sliding window, sliding log); `None` for the others.
+    pub fn window(&self) -> Option<Duration> {
+        match &self.spec {
+            LimitSpec::FixedWindow(spec) | LimitSpec::SlidingLog(spec) => Some(spec.window),
+            LimitSpec::SlidingWindow(spec) => Some(spec.window),
+            _ => None,
+        }
+    }
+
     /// True for the concurrency limiter, which is taken with leases.
     pub fn is_concurrency(&self) -> bool {
         matches!(self.kind, Kind::Concurrency(_))
@@ -772,6 +789,7 @@ impl Limit {
     /// The algorithm's numeric parameters as the Lua script reads them:
     /// seven integers, of which the Redis store sends each Lua twin's
     /// `params` the ones it reads.
+    #[cfg(feature = "redis")]
     pub(crate) fn script_params(&self) -> [u64; 7] {
         match self.kind {
             Kind::FixedWindow(p) => [p.limit, p.window, 0, 0, 0, 0, 0],

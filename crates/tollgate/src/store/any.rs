@@ -1,6 +1,8 @@
 //! A store chosen at run time (by a command-line flag or a config file).
 
-use super::{MemoryStore, RedisStore, ResilientStore, Store};
+#[cfg(feature = "redis")]
+use super::{RedisStore, ResilientStore};
+use super::{MemoryStore, Store};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -9,14 +11,20 @@ use crate::subject::Subject;
 
 /// Either store; decides like the store it holds. Code that knows its store
 /// at compile time should use that store's type instead.
+///
+/// Non-exhaustive: the `Redis` variant exists with the `redis` feature (on
+/// by default), and a crate elsewhere in the build may turn that on.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub enum AnyStore {
     /// The embedded store.
     Memory(MemoryStore),
     /// Redis (or Valkey).
+    #[cfg(feature = "redis")]
     Redis(RedisStore),
     /// Redis behind a deadline, a circuit breaker, a failure policy and a
     /// deny cache.
+    #[cfg(feature = "redis")]
     Resilient(ResilientStore<RedisStore>),
 }
 
@@ -24,7 +32,9 @@ impl Store for AnyStore {
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         match self {
             Self::Memory(store) => store.decide_now(subject, policy, request),
+            #[cfg(feature = "redis")]
             Self::Redis(store) => store.decide(subject, policy, request).await,
+            #[cfg(feature = "redis")]
             Self::Resilient(store) => store.decide(subject, policy, request).await,
         }
     }
@@ -32,7 +42,9 @@ impl Store for AnyStore {
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         match self {
             Self::Memory(store) => store.reset(subject, policy).await,
+            #[cfg(feature = "redis")]
             Self::Redis(store) => store.reset(subject, policy).await,
+            #[cfg(feature = "redis")]
             Self::Resilient(store) => store.reset(subject, policy).await,
         }
     }
@@ -40,7 +52,9 @@ impl Store for AnyStore {
     fn sleep(&self, duration: std::time::Duration) -> Sleep {
         match self {
             Self::Memory(store) => store.sleep(duration),
+            #[cfg(feature = "redis")]
             Self::Redis(store) => store.sleep(duration),
+            #[cfg(feature = "redis")]
             Self::Resilient(store) => store.sleep(duration),
         }
     }
@@ -52,12 +66,14 @@ impl From<MemoryStore> for AnyStore {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<RedisStore> for AnyStore {
     fn from(store: RedisStore) -> Self {
         Self::Redis(store)
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<ResilientStore<RedisStore>> for AnyStore {
     fn from(store: ResilientStore<RedisStore>) -> Self {
         Self::Resilient(store)

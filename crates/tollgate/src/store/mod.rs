@@ -6,6 +6,7 @@
 
 mod any;
 mod memory;
+#[cfg(feature = "redis")]
 mod redis;
 mod resilient;
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 pub use self::any::AnyStore;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder};
 use crate::clock::Sleep;
