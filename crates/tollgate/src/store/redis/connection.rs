@@ -16,6 +16,7 @@
 //!   library and repeats the call. One task asks at a time; the others
 //!   use what it found.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -140,6 +141,8 @@ pub(super) struct Followed {
     /// Asks the Sentinels; locked by the one task asking.
     sentinels: tokio::sync::Mutex<SentinelClient>,
     master: RwLock<Master>,
+    /// The last call failed in a way that may mean a failover.
+    suspect: AtomicBool,
     config: ConnectionManagerConfig,
 }
 
@@ -179,6 +182,7 @@ impl Followed {
                 address,
                 generation: 0,
             }),
+            suspect: AtomicBool::new(false),
             config,
         })
     }
@@ -191,18 +195,31 @@ impl Followed {
 
     /// Runs `command` on the master; after a fault that may mean a
     /// failover, follows the Sentinels and repeats it on the new master.
+    /// While the master is suspect (the last call failed so), the Sentinels
+    /// are asked first, so that the first call after a promotion goes to
+    /// the new master without waiting for the old one to fail again.
     async fn run(&self, command: &redis::Cmd, engine: &Engine) -> redis::RedisResult<Vec<i64>> {
+        let asked = self.suspect.load(Ordering::Relaxed);
+        if asked {
+            // A fault here is the call's to report, below.
+            let _ = self.follow(self.current().1).await;
+        }
         let (mut connection, generation) = self.current();
-        match run(&mut connection, command, engine).await {
+        let result = match run(&mut connection, command, engine).await {
             Err(error) if master_may_have_moved(&error) => {
-                if self.follow(generation).await? {
+                self.suspect.store(true, Ordering::Relaxed);
+                if !asked && matches!(self.follow(generation).await, Ok(true)) {
                     run(&mut self.current().0, command, engine).await
                 } else {
                     Err(error)
                 }
             }
             result => result,
+        };
+        if result.is_ok() {
+            self.suspect.store(false, Ordering::Relaxed);
         }
+        result
     }
 
     /// Asks the Sentinels where the master is and connects to it if it
