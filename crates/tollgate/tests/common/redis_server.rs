@@ -12,6 +12,11 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// Text in `redis.conf` in its directory, read at start (Sentinels
+    /// need a configuration file they can rewrite).
+    config: Option<String>,
+    /// Runs as a Sentinel.
+    sentinel: bool,
 }
 
 /// The server binary: `TOLLGATE_REDIS_SERVER` when set (to run the suite
@@ -48,12 +53,30 @@ impl RedisServer {
     /// Starts a server with extra arguments; with TLS files among them it
     /// listens with TLS only (see [`RedisServer::start_tls`]).
     pub fn start_with(extra: &[String]) -> Self {
+        Self::start_full(extra, None, false)
+    }
+
+    /// Starts a Sentinel watching the master `name` at `master_port` on
+    /// 127.0.0.1, with `quorum`, declaring it down after `down_after_ms`.
+    pub fn start_sentinel(name: &str, master_port: u16, quorum: u32, down_after_ms: u64) -> Self {
+        let config = format!(
+            "sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
+             sentinel down-after-milliseconds {name} {down_after_ms}\n\
+             sentinel failover-timeout {name} 10000\n\
+             sentinel parallel-syncs {name} 1\n"
+        );
+        Self::start_full(&[], Some(config), true)
+    }
+
+    fn start_full(extra: &[String], config: Option<String>, sentinel: bool) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let mut server = Self {
             child: None,
             port: 0,
             dir,
             extra: extra.to_vec(),
+            config,
+            sentinel,
         };
         // Another process may take the port between our probe and the bind: try again.
         for _ in 0..5 {
@@ -69,7 +92,19 @@ impl RedisServer {
     fn launch(&mut self) -> bool {
         let tls = self.extra.iter().any(|arg| arg == "--tls-cert-file");
         let (plain, tls_port) = if tls { (0, self.port) } else { (self.port, 0) };
-        let mut child = Command::new(redis_server_binary())
+        let mut command = Command::new(redis_server_binary());
+        if let Some(config) = &self.config {
+            let path = self.dir.path().join("redis.conf");
+            // A Sentinel rewrites its file: write it only the first time.
+            if !path.exists() {
+                std::fs::write(&path, config).expect("write redis.conf");
+            }
+            command.arg(path);
+        }
+        if self.sentinel {
+            command.arg("--sentinel");
+        }
+        let mut child = command
             .args(if tls {
                 vec!["--tls-port".to_owned(), tls_port.to_string()]
             } else {
@@ -96,10 +131,12 @@ impl RedisServer {
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         // Readiness is announced on the log: no polling, no sleeping.
-        let ready = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .any(|line| line.contains("Ready to accept connections"));
+        let announce = if self.sentinel {
+            "+monitor master"
+        } else {
+            "Ready to accept connections"
+        };
+        let ready = lines.by_ref().map_while(Result::ok).any(|line| line.contains(announce));
         if !ready {
             let _ = child.kill();
             let _ = child.wait();
@@ -194,6 +231,11 @@ impl RedisServer {
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// True while its process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Stops the process (by its pid) and waits for it to exit.

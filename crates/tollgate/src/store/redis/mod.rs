@@ -27,6 +27,14 @@
 //! an hour; decisions never depend on that, as each state records when it
 //! lapses in the caller's time.)
 //!
+//! **Cluster and Sentinel.** On a Redis Cluster (`redis+cluster://`) each
+//! call goes to the master of its keys' slot, and redirections during a
+//! resharding or a failover are followed; the library is loaded on every
+//! master, and the batcher sends one call per slot. With Sentinels
+//! (`redis+sentinel://`) the store talks to the master they name and asks
+//! them again when that master fails or is demoted. See the `connection`
+//! module for the details.
+//!
 //! The client is redis-rs: one multiplexed connection
 //! ([`ConnectionManager`]) serves any number of concurrent tasks without a
 //! lock around each call, and reconnects by itself when Redis comes back.
@@ -48,9 +56,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_routing::Slot;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use self::connection::{Connection, Engine, Followed};
+use self::url::Target;
 use super::Store;
 use crate::algorithm::{Limit, LimitSpec};
 use crate::clock::micros;
@@ -58,6 +71,9 @@ use crate::decision::{Decision, Outcome};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
+
+mod connection;
+mod url;
 
 /// The library's source: the prelude, every algorithm's Lua twin, the entry point.
 pub(crate) const LIBRARY: &str = concat!(
@@ -120,32 +136,6 @@ fn script_source() -> String {
     format!("{LIBRARY}\nreturn run(KEYS, ARGV)\n")
 }
 
-/// How the library is called on this server.
-enum Engine {
-    /// `FCALL` of the function library (Redis 7+, Valkey).
-    Function,
-    /// `EVALSHA` of the script, by its SHA-1.
-    Script(String),
-}
-
-impl Engine {
-    /// The command that calls the library, before its keys and arguments.
-    fn command(&self) -> redis::Cmd {
-        match self {
-            Self::Function => redis::cmd("FCALL").arg(library_name()).to_owned(),
-            Self::Script(sha) => redis::cmd("EVALSHA").arg(sha).to_owned(),
-        }
-    }
-
-    /// True when the server no longer has the library (flushed, or restarted).
-    fn is_lost(&self, error: &redis::RedisError) -> bool {
-        match self {
-            Self::Function => error.to_string().contains("Function not found"),
-            Self::Script(_) => error.code() == Some("NOSCRIPT") || error.to_string().contains("NOSCRIPT"),
-        }
-    }
-}
-
 /// A store in Redis; cheap to clone (clones share the connection).
 #[derive(Clone)]
 pub struct RedisStore {
@@ -163,7 +153,7 @@ struct Inner {
 /// The connection and the library on it.
 #[derive(Clone)]
 struct Client {
-    connection: ConnectionManager,
+    connection: Connection,
     engine: Arc<Engine>,
 }
 
@@ -251,30 +241,10 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        let client = match self.root_certificate {
-            Some(root_cert) => redis::Client::build_with_tls(
-                self.url.as_str(),
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                },
-            ),
-            None => redis::Client::open(self.url.as_str()),
-        }
-        .map_err(|error| {
-            Error::invalid_argument(format!("invalid redis url: {}", error.detail().unwrap_or("unreadable")))
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let connect = ConnectionManager::new_with_config(client, config);
-        let mut connection = tokio::time::timeout(self.connect_timeout, connect)
+        let connection = tokio::time::timeout(self.connect_timeout, self.open())
             .await
-            .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no connection within the connect timeout"))?
-            .map_err(store_error)?;
-        let engine = tokio::time::timeout(self.connect_timeout, load_library(&mut connection))
+            .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no connection within the connect timeout"))??;
+        let engine = tokio::time::timeout(self.connect_timeout, connection.load_library())
             .await
             .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no answer while loading the library"))??;
         let client = Client {
@@ -297,47 +267,76 @@ impl RedisStoreBuilder {
     }
 }
 
-/// Loads the function library, or on a server without functions the script.
-async fn load_library(connection: &mut ConnectionManager) -> Result<Engine> {
-    let loaded: redis::RedisResult<String> = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(function_source())
-        .query_async(connection)
-        .await;
-    match loaded {
-        Ok(_) => Ok(Engine::Function),
-        Err(error) if is_unknown_command(&error) => {
-            let sha: String = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(script_source())
-                .query_async(connection)
-                .await
-                .map_err(store_error)?;
-            Ok(Engine::Script(sha))
+impl RedisStoreBuilder {
+    /// Opens the connection the URL names.
+    async fn open(&self) -> Result<Connection> {
+        let tls = || {
+            self.root_certificate.clone().map(|root_cert| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            })
+        };
+        let invalid = |error: redis::RedisError| {
+            Error::invalid_argument(format!("invalid redis url: {}", error.detail().unwrap_or("unreadable")))
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        match url::parse(&self.url)? {
+            Target::Single(url) => {
+                let client = match tls() {
+                    Some(certificates) => redis::Client::build_with_tls(url.as_str(), certificates),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(invalid)?;
+                let connection = ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(store_error)?;
+                Ok(Connection::Single(connection))
+            }
+            Target::Cluster(nodes) => {
+                let mut builder = ClusterClientBuilder::new(nodes)
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.timeout);
+                if let Some(certificates) = tls() {
+                    builder = builder.certs(certificates);
+                }
+                let client = builder.build().map_err(invalid)?;
+                let connection = client.get_async_connection().await.map_err(store_error)?;
+                Ok(Connection::Cluster(connection))
+            }
+            Target::Sentinel(target) => {
+                if self.root_certificate.is_some() {
+                    return Err(Error::invalid_argument(
+                        "a TLS root certificate applies to rediss:// and rediss+cluster:// only, not redis+sentinel://",
+                    ));
+                }
+                let master = redis::IntoConnectionInfo::into_connection_info(target.master_settings.as_str())
+                    .map_err(invalid)?;
+                let master =
+                    SentinelNodeConnectionInfo::default().set_redis_connection_info(master.redis_settings().clone());
+                let sentinels = SentinelClient::build(
+                    target.sentinels,
+                    target.master,
+                    Some(master),
+                    SentinelServerType::Master,
+                )
+                .map_err(invalid)?;
+                let followed = Followed::connect(sentinels, config).await.map_err(store_error)?;
+                Ok(Connection::Sentinel(Arc::new(followed)))
+            }
         }
-        Err(error) => Err(store_error(error)),
     }
-}
-
-fn is_unknown_command(error: &redis::RedisError) -> bool {
-    let text = error.to_string().to_ascii_lowercase();
-    text.contains("unknown command") || text.contains("unknown subcommand")
 }
 
 impl Client {
     /// Runs `decisions` in one call; the library's reply, all integers.
+    /// On a Cluster, the keys of all `decisions` must share a slot.
     async fn call(&self, decisions: &[&Encoded]) -> Result<Vec<i64>> {
-        let mut connection = self.connection.clone();
         let command = fill(self.engine.command(), decisions);
-        match command.query_async(&mut connection).await {
-            Err(error) if self.engine.is_lost(&error) => {
-                // The library was flushed (or the server restarted): load it again.
-                load_library(&mut connection).await?;
-                command.query_async(&mut connection).await.map_err(store_error)
-            }
-            result => result.map_err(store_error),
-        }
+        self.connection.run(&command, &self.engine).await
     }
 }
 
@@ -361,12 +360,18 @@ fn fill(mut command: redis::Cmd, decisions: &[&Encoded]) -> redis::Cmd {
 }
 
 /// The batcher: takes the decisions waiting, up to `max_batch`, sends them in
-/// one call, and hands each its reply. While [`CALLS_IN_FLIGHT`] calls are
-/// under way, decisions queue for the next one.
+/// one call, and hands each its reply. While [`CALLS_IN_FLIGHT`] rounds of
+/// calls are under way, decisions queue for the next one.
+///
+/// On a Cluster, the keys of one call must share a slot: the decisions taken
+/// together are grouped by the slot of their keys (all keys of one subject
+/// share it, through the `{subject}` hash tag), and each group is a call of
+/// its own, all sent at once; the round ends when the last one answers.
 async fn batch(client: Client, mut jobs: mpsc::UnboundedReceiver<Job>, max_batch: usize) {
-    let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
+    let rounds = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
+    let by_slot = client.connection.is_cluster();
     while let Some(first) = jobs.recv().await {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+        let Ok(round) = Arc::clone(&rounds).acquire_owned().await else {
             return;
         };
         let mut taken = vec![first];
@@ -376,35 +381,66 @@ async fn batch(client: Client, mut jobs: mpsc::UnboundedReceiver<Job>, max_batch
                 Err(_) => break,
             }
         }
-        let client = client.clone();
-        tokio::spawn(async move {
-            let decisions: Vec<&Encoded> = taken.iter().map(|job| &job.decision).collect();
-            let result = client.call(&decisions).await;
-            drop(slot);
-            match result {
-                Ok(reply) => {
-                    let mut rest = reply.as_slice();
-                    for job in taken {
-                        let len = job.decision.reply_len.min(rest.len());
-                        let (own, tail) = rest.split_at(len);
-                        rest = tail;
-                        let _ = job.reply.send(Ok(own.to_vec()));
-                    }
-                }
-                Err(error) => {
-                    // One fault, told to every decision of the call.
-                    for job in taken {
-                        let _ = job.reply.send(Err(Error::new(error.kind(), error.to_string())));
-                    }
-                }
+        let round = Arc::new(round);
+        let groups = if by_slot { group_by_slot(taken) } else { vec![taken] };
+        for group in groups {
+            let (client, round) = (client.clone(), Arc::clone(&round));
+            tokio::spawn(async move {
+                let decisions: Vec<&Encoded> = group.iter().map(|job| &job.decision).collect();
+                let result = client.call(&decisions).await;
+                drop(round);
+                answer(group, result);
+            });
+        }
+    }
+}
+
+/// `jobs` grouped by the hash slot of their first key, in order of arrival.
+fn group_by_slot(jobs: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut groups: Vec<(Option<Slot>, Vec<Job>)> = Vec::new();
+    for job in jobs {
+        let slot = job.decision.keys.first().map(Slot::for_key);
+        match groups.iter_mut().find(|(other, _)| *other == slot) {
+            Some((_, group)) => group.push(job),
+            None => groups.push((slot, vec![job])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// Hands each job of one call its part of the reply, or the call's fault.
+fn answer(jobs: Vec<Job>, result: Result<Vec<i64>>) {
+    match result {
+        Ok(reply) => {
+            let mut rest = reply.as_slice();
+            for job in jobs {
+                let len = job.decision.reply_len.min(rest.len());
+                let (own, tail) = rest.split_at(len);
+                rest = tail;
+                let _ = job.reply.send(Ok(own.to_vec()));
             }
-        });
+        }
+        Err(error) => {
+            // One fault, told to every decision of the call.
+            for job in jobs {
+                let _ = job.reply.send(Err(Error::new(error.kind(), error.to_string())));
+            }
+        }
     }
 }
 
 impl RedisStore {
-    /// Options for a store at `url`: `redis://[user:password@]host[:port][/db]`,
-    /// or `rediss://` for TLS.
+    /// Options for a store at `url`:
+    ///
+    /// - `redis://[user:password@]host[:port][/db]`, or `rediss://` for TLS:
+    ///   one server;
+    /// - `redis+cluster://[user:password@]host:port[,host:port…]`, or
+    ///   `rediss+cluster://`: a Redis Cluster, found from any of its seed
+    ///   nodes;
+    /// - `redis+sentinel://[user:password@]host:port[,host:port…]/<master name>[?db=N]`:
+    ///   the master that these Sentinels know by that name, followed across
+    ///   failovers (the credentials and database are the master's; the
+    ///   Sentinels are asked without credentials).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),

@@ -1,0 +1,247 @@
+//! The connection behind a store: one server, a Cluster, or the master that
+//! a set of Sentinels names; and the library on it.
+//!
+//! - **One server**: a [`ConnectionManager`], which reconnects by itself.
+//! - **Cluster**: redis-rs's cluster connection, which routes each call to
+//!   the master of its keys' slot, follows `MOVED` and `ASK` (a resharding is
+//!   invisible), retries `TRYAGAIN` and `CLUSTERDOWN`, and refreshes its slot
+//!   map after a failover. `FUNCTION LOAD` goes to every master (and
+//!   `SCRIPT LOAD` to every node), so the library is wherever a call lands;
+//!   a node that lost it (a new master, a flush) gets it again on every
+//!   master, and the call is repeated.
+//! - **Sentinel**: a [`ConnectionManager`] to the master the Sentinels name.
+//!   When a call fails on the connection (the master died) or is refused as
+//!   `READONLY` (the master was demoted), the Sentinels are asked again, and
+//!   if they name another master the store connects to it, loads the
+//!   library and repeats the call. One task asks at a time; the others
+//!   use what it found.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::SentinelClient;
+
+use super::{function_source, library_name, script_source, store_error};
+use crate::error::Result;
+
+/// How the library is called on this server.
+pub(super) enum Engine {
+    /// `FCALL` of the function library (Redis 7+, Valkey).
+    Function,
+    /// `EVALSHA` of the script, by its SHA-1.
+    Script(String),
+}
+
+impl Engine {
+    /// The command that calls the library, before its keys and arguments.
+    pub(super) fn command(&self) -> redis::Cmd {
+        match self {
+            Self::Function => redis::cmd("FCALL").arg(library_name()).to_owned(),
+            Self::Script(sha) => redis::cmd("EVALSHA").arg(sha).to_owned(),
+        }
+    }
+
+    /// True when the server no longer has the library (flushed, or restarted).
+    fn is_lost(&self, error: &redis::RedisError) -> bool {
+        match self {
+            Self::Function => error.to_string().contains("Function not found"),
+            Self::Script(_) => error.code() == Some("NOSCRIPT") || error.to_string().contains("NOSCRIPT"),
+        }
+    }
+}
+
+/// Loads the function library, or on a server without functions the script.
+/// On a Cluster, redis-rs sends `FUNCTION LOAD` to every master and
+/// `SCRIPT LOAD` to every node, and answers once all have succeeded.
+pub(super) async fn load_library<C: ConnectionLike + Send>(connection: &mut C) -> redis::RedisResult<Engine> {
+    let loaded: redis::RedisResult<String> = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(function_source())
+        .query_async(connection)
+        .await;
+    match loaded {
+        Ok(_) => Ok(Engine::Function),
+        Err(error) if is_unknown_command(&error) => {
+            let sha: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(script_source())
+                .query_async(connection)
+                .await?;
+            Ok(Engine::Script(sha))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+fn is_unknown_command(error: &redis::RedisError) -> bool {
+    let text = error.to_string().to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("unknown subcommand")
+}
+
+/// Runs the library's call on `connection`; when the server lost the
+/// library, loads it again and repeats the call.
+async fn run<C: ConnectionLike + Send>(
+    connection: &mut C,
+    command: &redis::Cmd,
+    engine: &Engine,
+) -> redis::RedisResult<Vec<i64>> {
+    match command.query_async(connection).await {
+        Err(error) if engine.is_lost(&error) => {
+            load_library(connection).await?;
+            command.query_async(connection).await
+        }
+        result => result,
+    }
+}
+
+/// The connection of a store; cheap to clone.
+#[derive(Clone)]
+pub(super) enum Connection {
+    /// One server.
+    Single(ConnectionManager),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+    /// The master named by Sentinels.
+    Sentinel(Arc<Followed>),
+}
+
+impl Connection {
+    /// True on a Cluster: calls must not mix slots.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
+    /// Loads the library (on every master of a Cluster).
+    pub(super) async fn load_library(&self) -> Result<Engine> {
+        match self {
+            Self::Single(connection) => load_library(&mut connection.clone()).await,
+            Self::Cluster(connection) => load_library(&mut connection.clone()).await,
+            Self::Sentinel(followed) => load_library(&mut followed.current().0).await,
+        }
+        .map_err(store_error)
+    }
+
+    /// Runs the library's call `command`.
+    pub(super) async fn run(&self, command: &redis::Cmd, engine: &Engine) -> Result<Vec<i64>> {
+        match self {
+            Self::Single(connection) => run(&mut connection.clone(), command, engine).await,
+            Self::Cluster(connection) => run(&mut connection.clone(), command, engine).await,
+            Self::Sentinel(followed) => followed.run(command, engine).await,
+        }
+        .map_err(store_error)
+    }
+}
+
+/// The master that Sentinels name, followed across failovers.
+pub(super) struct Followed {
+    /// Asks the Sentinels; locked by the one task asking.
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    master: RwLock<Master>,
+    /// The last call failed in a way that may mean a failover.
+    suspect: AtomicBool,
+    config: ConnectionManagerConfig,
+}
+
+/// The connection to the master as last found.
+struct Master {
+    connection: ConnectionManager,
+    /// Its address, as redis-rs writes it.
+    address: String,
+    /// Bumped at each switch to another master.
+    generation: u64,
+}
+
+/// A fault after which the master may have moved: the connection failed, or
+/// the server is now a replica.
+fn master_may_have_moved(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_unrecoverable_error()
+        || error.code() == Some("READONLY")
+        || error.to_string().contains("READONLY")
+}
+
+impl Followed {
+    /// Asks `sentinels` for the master and connects to it.
+    pub(super) async fn connect(
+        mut sentinels: SentinelClient,
+        config: ConnectionManagerConfig,
+    ) -> redis::RedisResult<Self> {
+        let client = sentinels.async_get_client().await?;
+        let address = client.get_connection_info().addr().to_string();
+        let connection = ConnectionManager::new_with_config(client, config.clone()).await?;
+        Ok(Self {
+            sentinels: tokio::sync::Mutex::new(sentinels),
+            master: RwLock::new(Master {
+                connection,
+                address,
+                generation: 0,
+            }),
+            suspect: AtomicBool::new(false),
+            config,
+        })
+    }
+
+    /// The connection to the current master, and its generation.
+    fn current(&self) -> (ConnectionManager, u64) {
+        let master = self.master.read();
+        (master.connection.clone(), master.generation)
+    }
+
+    /// Runs `command` on the master; after a fault that may mean a
+    /// failover, follows the Sentinels and repeats it on the new master.
+    /// While the master is suspect (the last call failed so), the Sentinels
+    /// are asked first, so that the first call after a promotion goes to
+    /// the new master without waiting for the old one to fail again.
+    async fn run(&self, command: &redis::Cmd, engine: &Engine) -> redis::RedisResult<Vec<i64>> {
+        let asked = self.suspect.load(Ordering::Relaxed);
+        if asked {
+            // A fault here is the call's to report, below.
+            let _ = self.follow(self.current().1).await;
+        }
+        let (mut connection, generation) = self.current();
+        let result = match run(&mut connection, command, engine).await {
+            Err(error) if master_may_have_moved(&error) => {
+                self.suspect.store(true, Ordering::Relaxed);
+                if !asked && matches!(self.follow(generation).await, Ok(true)) {
+                    run(&mut self.current().0, command, engine).await
+                } else {
+                    Err(error)
+                }
+            }
+            result => result,
+        };
+        if result.is_ok() {
+            self.suspect.store(false, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Asks the Sentinels where the master is and connects to it if it
+    /// moved. True when the connection changed since generation `seen`
+    /// (here, or by another task meanwhile).
+    async fn follow(&self, seen: u64) -> redis::RedisResult<bool> {
+        let mut sentinels = self.sentinels.lock().await;
+        if self.master.read().generation != seen {
+            return Ok(true);
+        }
+        let client = sentinels.async_get_client().await?;
+        let address = client.get_connection_info().addr().to_string();
+        if address == self.master.read().address {
+            return Ok(false);
+        }
+        // The library came with the replica's copy of the data; if not, the
+        // first call finds it missing and loads it.
+        let connection = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        let mut master = self.master.write();
+        master.connection = connection;
+        master.address = address;
+        master.generation += 1;
+        Ok(true)
+    }
+}

@@ -1,0 +1,438 @@
+//! The Redis store on a Redis Cluster (3 masters, 3 replicas) and behind
+//! Sentinels (a master, a replica, 3 Sentinels), all real processes:
+//! conformance and the differential test on the Cluster, exact decisions
+//! under concurrency, a resharding and a master's failure mid-run, and a
+//! Sentinel failover.
+//!
+//! The tests of this file run one at a time: each starts its own topology,
+//! and failure detection (1 s without an answer) must not be set off by
+//! several Clusters competing for the CPU.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use tollgate::{Limit, Limiter, Policy, RedisStore, Subject};
+
+use common::differential::{any_policies_sharing_names, any_policy, memory_and_store_agree};
+use common::redis_cluster::{wait_until, RedisCluster, SentinelSet};
+
+static PREFIXES: AtomicUsize = AtomicUsize::new(0);
+
+/// One topology at a time (see the module docs).
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A store at `url` with a prefix no other store of this process uses.
+async fn store(url: &str) -> RedisStore {
+    let prefix = format!("c{}", PREFIXES.fetch_add(1, Ordering::Relaxed));
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Library calls (FCALL, or EVALSHA before Redis 7) served by every master
+/// since the last CONFIG RESETSTAT.
+fn library_calls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .masters()
+        .into_iter()
+        .map(|index| {
+            let stats = cluster.node(index).cli(&["INFO", "commandstats"]);
+            ["cmdstat_fcall:", "cmdstat_evalsha:"]
+                .iter()
+                .filter_map(|prefix| stats.lines().find(|line| line.starts_with(prefix)))
+                .filter_map(|line| line.split([':', ',']).find_map(|part| part.strip_prefix("calls=")))
+                .map(|calls| calls.trim().parse::<u64>().unwrap())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+#[test]
+fn cluster_store_conforms_and_decides_exactly_as_memory() {
+    let _serial = one_at_a_time();
+    let cluster = RedisCluster::start();
+    let runtime = runtime();
+    let url = cluster.url();
+    runtime.block_on(common::conformance::run_all(|| store(&url)));
+    let redis = runtime.block_on(store(&url));
+    memory_and_store_agree(
+        &runtime,
+        &redis,
+        100,
+        any_policy().prop_map(|policy| vec![policy]),
+        "one",
+        "tests/redis_cluster.proptest-regressions",
+    );
+    memory_and_store_agree(
+        &runtime,
+        &redis,
+        60,
+        any_policies_sharing_names().prop_map(Vec::from),
+        "shared",
+        "tests/redis_cluster.proptest-regressions",
+    );
+    // The traces wrote to every master: the subjects spread over the slots.
+    assert!(cluster.keys_per_master().iter().all(|&keys| keys > 0));
+}
+
+/// The library is loaded on every master at connect; one that loses it (a
+/// flush here; a new master in production) gets it again on the next call.
+#[test]
+fn the_library_is_on_every_master_and_reloaded_when_lost() {
+    let _serial = one_at_a_time();
+    let cluster = RedisCluster::start();
+    let runtime = runtime();
+    let limiter = Limiter::new(
+        runtime.block_on(store(&cluster.url())),
+        Limit::gcra(100, Duration::from_secs(1), 100).unwrap(),
+    );
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3);
+    for &master in &masters {
+        let functions = cluster.node(master).cli(&["FUNCTION", "LIST"]);
+        assert!(functions.contains("tollgate_"), "master {master}: {functions}");
+    }
+    for &master in &masters {
+        assert_eq!(cluster.node(master).cli(&["FUNCTION", "FLUSH"]), "OK");
+    }
+    // Subjects on every master decide: each master loaded it again.
+    for index in 0..60 {
+        let decision = runtime
+            .block_on(limiter.check(&Subject::new("reload").and(index)))
+            .expect("the library is loaded again");
+        assert!(decision.allowed);
+    }
+    for &master in &masters {
+        assert!(cluster.node(master).cli(&["FUNCTION", "LIST"]).contains("tollgate_"));
+    }
+}
+
+/// Many tasks deciding for many subjects at once: the batcher groups them
+/// per slot, and every subject admits exactly its limit — no decision is
+/// lost or counted twice across slots and masters.
+#[test]
+fn concurrent_decisions_over_many_subjects_stay_exact() {
+    let _serial = one_at_a_time();
+    let cluster = RedisCluster::start();
+    let runtime = runtime();
+    let policy = Policy::new([
+        ("per_hour", Limit::sliding_log(7, Duration::from_secs(3_600)).unwrap()),
+        (
+            "per_minute",
+            Limit::fixed_window(1_000, Duration::from_secs(60)).unwrap(),
+        ),
+    ])
+    .unwrap();
+    let limiter = Limiter::new(runtime.block_on(store(&cluster.url())), policy);
+    for master in cluster.masters() {
+        assert_eq!(cluster.node(master).cli(&["CONFIG", "RESETSTAT"]), "OK");
+    }
+    let (subjects, attempts) = (60, 15);
+    let allowed: HashMap<usize, u64> = runtime.block_on(async {
+        let tasks: Vec<_> = (0..attempts)
+            .flat_map(|_| 0..subjects)
+            .map(|index| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let decision = limiter.check(&Subject::new("many").and(index)).await.unwrap();
+                    (index, decision.allowed)
+                })
+            })
+            .collect();
+        let mut allowed = HashMap::new();
+        for task in tasks {
+            let (index, admitted) = task.await.unwrap();
+            *allowed.entry(index).or_default() += u64::from(admitted);
+        }
+        allowed
+    });
+    for index in 0..subjects {
+        assert_eq!(allowed[&index], 7, "subject {index}");
+    }
+    let calls = library_calls(&cluster);
+    let decisions = (subjects * attempts) as u64;
+    eprintln!("{decisions} decisions over {subjects} subjects took {calls} calls");
+    assert!(calls < decisions, "{decisions} decisions took {calls} calls");
+    assert!(cluster.keys_per_master().iter().all(|&keys| keys > 0));
+}
+
+/// Tasks decide without pause while 1 000 slots move from one master to
+/// another (`redis-cli --cluster reshard`): no caller sees an error, and the
+/// state moved with its keys (each subject still admits exactly its limit).
+#[test]
+fn a_resharding_mid_run_raises_no_error() {
+    let _serial = one_at_a_time();
+    let cluster = RedisCluster::start();
+    let runtime = runtime();
+    let limiter = Limiter::new(
+        runtime.block_on(store(&cluster.url())),
+        Limit::sliding_log(40, Duration::from_secs(3_600)).unwrap(),
+    );
+    let subjects = 300;
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|worker| {
+            let (limiter, stop, errors) = (limiter.clone(), Arc::clone(&stop), Arc::clone(&errors));
+            runtime.spawn(async move {
+                let mut tally = vec![(0u64, 0u64); subjects];
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    for index in (worker..subjects).step_by(4) {
+                        match limiter.check(&Subject::new("reshard").and(index)).await {
+                            Ok(decision) => {
+                                tally[index].0 += 1;
+                                tally[index].1 += u64::from(decision.allowed);
+                            }
+                            Err(error) => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                eprintln!("round {round}: {error}");
+                            }
+                        }
+                    }
+                    round += 1;
+                }
+                tally
+            })
+        })
+        .collect();
+    let masters = cluster.masters();
+    let started = Instant::now();
+    let output = cluster.reshard(masters[0], masters[1], 1_000);
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut tally = vec![(0u64, 0u64); subjects];
+    for worker in workers {
+        for (index, (attempts, allowed)) in runtime.block_on(worker).unwrap().into_iter().enumerate() {
+            tally[index].0 += attempts;
+            tally[index].1 += allowed;
+        }
+    }
+    let decisions: u64 = tally.iter().map(|(attempts, _)| attempts).sum();
+    eprintln!("resharding 1000 slots took {took:?}; {decisions} decisions meanwhile");
+    assert!(output.contains("Moving slot"), "{output}");
+    assert_eq!(errors.load(Ordering::Relaxed), 0, "callers saw errors");
+    assert!(decisions > 0);
+    // Some of the subjects lived in the slots that moved; all are exact.
+    for (index, (attempts, allowed)) in tally.into_iter().enumerate() {
+        assert_eq!(allowed, attempts.min(40), "subject {index} after {attempts} attempts");
+    }
+}
+
+/// What the workers of the failover test share.
+#[derive(Default)]
+struct Run {
+    stop: AtomicBool,
+    /// Set once the replica is master.
+    promoted: AtomicBool,
+    /// Workers that finished a round without error, begun after the promotion.
+    clean_after_promotion: AtomicUsize,
+    errors: AtomicU64,
+    /// Errors raised by calls that began after the promotion.
+    errors_after_promotion: AtomicU64,
+}
+
+/// A master is killed while 4 tasks decide without pause for 90 subjects
+/// spread over the 3 masters: calls fail (typed, transient) until its
+/// replica is promoted, then every task completes a round without error.
+/// Prints the times, and the admissions beyond the limit that
+/// asynchronous replication let through (writes the master acknowledged
+/// but had not yet sent to its replica when it died).
+#[test]
+fn decisions_resume_after_a_master_fails_over() {
+    let _serial = one_at_a_time();
+    let mut cluster = RedisCluster::start();
+    let runtime = runtime();
+    let redis = runtime.block_on(async {
+        RedisStore::builder(cluster.url())
+            .timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap()
+    });
+    let limit = 30;
+    let limiter = Limiter::new(redis, Limit::sliding_log(limit, Duration::from_secs(3_600)).unwrap());
+    let subjects = 90;
+    let (workers, run) = (4, Arc::new(Run::default()));
+    let tasks: Vec<_> = (0..workers)
+        .map(|worker| {
+            let (limiter, run) = (limiter.clone(), Arc::clone(&run));
+            runtime.spawn(async move {
+                let mut allowed = vec![0u64; subjects];
+                let mut counted = false;
+                while !run.stop.load(Ordering::Relaxed) {
+                    let after_promotion = run.promoted.load(Ordering::Relaxed);
+                    let mut clean = true;
+                    for index in (worker..subjects).step_by(workers) {
+                        match limiter.check(&Subject::new("failover").and(index)).await {
+                            Ok(decision) => allowed[index] += u64::from(decision.allowed),
+                            Err(error) => {
+                                assert!(error.is_transient(), "{error}");
+                                clean = false;
+                                run.errors.fetch_add(1, Ordering::Relaxed);
+                                if after_promotion {
+                                    run.errors_after_promotion.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                    }
+                    if clean && after_promotion && !counted {
+                        counted = true;
+                        run.clean_after_promotion.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                allowed
+            })
+        })
+        .collect();
+    // Every subject admitted something before the kill.
+    wait_until("a few rounds before the kill", || {
+        cluster.keys_per_master().iter().sum::<u64>() == subjects as u64
+    });
+
+    let master = cluster.masters()[0];
+    let replica = cluster.replica_of(master);
+    cluster.node_mut(master).stop();
+    let killed = Instant::now();
+    wait_until("the replica's promotion", || cluster.is_master(replica));
+    let promoted = killed.elapsed();
+    run.promoted.store(true, Ordering::Relaxed);
+    wait_until("a clean round of every worker after the promotion", || {
+        run.clean_after_promotion.load(Ordering::Relaxed) == workers
+    });
+    let resumed = killed.elapsed();
+    run.stop.store(true, Ordering::Relaxed);
+    let mut allowed = vec![0u64; subjects];
+    for task in tasks {
+        for (index, count) in runtime.block_on(task).unwrap().into_iter().enumerate() {
+            allowed[index] += count;
+        }
+    }
+    // Take every subject to its limit, and past it.
+    for (index, count) in allowed.iter_mut().enumerate() {
+        for _ in 0..=limit {
+            let decision = runtime
+                .block_on(limiter.check(&Subject::new("failover").and(index)))
+                .unwrap();
+            *count += u64::from(decision.allowed);
+        }
+    }
+    let over: u64 = allowed.iter().map(|&count| count.saturating_sub(limit)).sum();
+    let over_subjects = allowed.iter().filter(|&&count| count > limit).count();
+    // Fewer than the limit: calls that failed to their caller (a timeout,
+    // a dropped connection) but had consumed on the master.
+    let under: u64 = allowed.iter().map(|&count| limit.saturating_sub(count)).sum();
+    eprintln!(
+        "master killed: replica promoted after {promoted:?}; every task's next round clean after {resumed:?} \
+         ({:?} after the promotion); {} failed calls, {} of them begun after the promotion; \
+         over-admission: {over} units over {over_subjects} of {subjects} subjects (limit {limit} each); \
+         consumed by failed calls: {under} units",
+        resumed.saturating_sub(promoted),
+        run.errors.load(Ordering::Relaxed),
+        run.errors_after_promotion.load(Ordering::Relaxed),
+    );
+    assert!(run.errors.load(Ordering::Relaxed) > 0, "the kill went unnoticed");
+}
+
+/// The master behind Sentinels is killed: the store finds the promoted
+/// replica through the Sentinels and calls resume, without a restart.
+#[test]
+fn sentinel_failover_is_followed() {
+    let _serial = one_at_a_time();
+    let mut set = SentinelSet::start("tollgate");
+    let runtime = runtime();
+    let redis = runtime.block_on(async {
+        RedisStore::builder(set.url())
+            .timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap()
+    });
+    let limiter = Limiter::new(redis, Limit::sliding_log(1_000, Duration::from_secs(3_600)).unwrap());
+    let subject = Subject::new("sentinel");
+    for _ in 0..5 {
+        assert!(runtime.block_on(limiter.check(&subject)).unwrap().allowed);
+    }
+    wait_until("the replica to hold the 5 admissions", || {
+        set.replica.cli(&["--scan"]).lines().count() == 1
+    });
+
+    let old_master = set.master.port();
+    set.master.stop();
+    let killed = Instant::now();
+    let mut promoted = None;
+    let mut failed = 0;
+    let decision = loop {
+        if promoted.is_none() && set.master_port().is_some_and(|port| port != old_master) {
+            promoted = Some(killed.elapsed());
+        }
+        match runtime.block_on(limiter.check(&subject)) {
+            Ok(decision) => break decision,
+            Err(error) => {
+                assert!(error.is_transient(), "{error}");
+                failed += 1;
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "no answer within a minute of the kill"
+        );
+    };
+    let resumed = killed.elapsed();
+    eprintln!(
+        "sentinel: master killed, promotion seen after {promoted:?}, calls resumed after {resumed:?} \
+         ({failed} failed calls)"
+    );
+    assert!(decision.allowed);
+    // The state survived the failover: 5 before, this one the 6th.
+    assert_eq!(decision.remaining, 1_000 - 6);
+    assert_eq!(set.master_port(), Some(set.replica.port()));
+    assert_eq!(set.replica.cli(&["ROLE"]).lines().next(), Some("master"));
+}
+
+#[test]
+fn cluster_and_sentinel_urls_are_checked() {
+    let runtime = runtime();
+    for (url, expected) in [
+        ("redis+cluster://", "host:port"),
+        ("redis+cluster://127.0.0.1:1/2", "only database 0"),
+        ("redis+sentinel://127.0.0.1:1", "master's name"),
+    ] {
+        let error = runtime.block_on(RedisStore::connect(url)).unwrap_err();
+        assert!(error.is_invalid(), "{url}: {error}");
+        assert!(error.to_string().contains(expected), "{url}: {error}");
+    }
+    // Nothing listens: a transient error, not a hang.
+    let port = common::redis_server::free_port();
+    for url in [
+        format!("redis+cluster://127.0.0.1:{port}"),
+        format!("redis+sentinel://127.0.0.1:{port}/m"),
+    ] {
+        let error = runtime
+            .block_on(
+                RedisStore::builder(url.as_str())
+                    .connect_timeout(Duration::from_secs(2))
+                    .connect(),
+            )
+            .unwrap_err();
+        assert!(error.is_transient(), "{url}: {error}");
+    }
+}
