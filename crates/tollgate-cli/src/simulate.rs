@@ -136,17 +136,25 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(path) = &args.plot {
         plot::Kind::of(path).map_err(UsageError)?;
     }
+    let several = args.limit.len() > 1;
     let mut simulations = args
         .limit
         .iter()
-        .map(|limit| Simulation::new(limit, args.start))
+        .enumerate()
+        .map(|(at, limit)| {
+            Simulation::new(limit, args.start).map_err(|UsageError(message)| {
+                match message.strip_prefix("invalid --limit") {
+                    Some(rest) if several => UsageError(format!("invalid --limit (the {}.){rest}", at + 1)),
+                    _ => UsageError(message),
+                }
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     if let StoreUrl::Redis(url) = &url {
         let prefix = args
             .prefix
             .clone()
             .unwrap_or_else(|| format!("tollgate-sim-{:016x}", fastrand::u64(..)));
-        let several = simulations.len() > 1;
         for (at, simulation) in simulations.iter_mut().enumerate() {
             let prefix = if several {
                 format!("{prefix}-{}", at + 1)

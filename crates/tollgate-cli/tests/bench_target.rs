@@ -90,8 +90,8 @@ fn one_second(target: &str, extra: &[&str]) -> Value {
     assert_eq!(count(&summary, "ok"), count(&summary, "requests"), "{summary}");
     assert_eq!(count(&summary, "connections"), 4, "{summary}");
     assert_eq!(count(&summary, "warmup_requests"), 4, "{summary}");
-    let elapsed = summary["elapsed_s"].as_f64().unwrap();
-    assert!((1.0..3.0).contains(&elapsed), "{summary}");
+    // The run lasts its duration (how much longer depends on the machine).
+    assert!(summary["elapsed_s"].as_f64().unwrap() >= 1.0, "{summary}");
     summary
 }
 

@@ -141,6 +141,19 @@ fn several_limits_answer_with_arrays_and_tables() {
 }
 
 #[test]
+fn an_invalid_limit_among_several_is_named() {
+    let output = simulate_with(
+        GCRA,
+        &["--limit", r#"{"algorithm":"gcra","rate":1,"period":"1s","burst":0}"#],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: invalid --limit (the 2.): "), "{stderr}");
+    assert!(stderr.contains("burst"), "{stderr}");
+}
+
+#[test]
 fn bad_plot_files_are_refused() {
     let output = simulate_with(GCRA, &["--plot", "replay.jpg"], TRACE);
     let stderr = String::from_utf8_lossy(&output.stderr);

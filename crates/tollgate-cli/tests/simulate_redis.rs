@@ -298,6 +298,50 @@ fn subjects_that_need_encoding_leave_no_keys_behind() {
 }
 
 #[test]
+fn several_limits_replay_side_by_side_in_redis_as_in_memory() {
+    let server = RedisServer::start();
+    let (gcra, slow) = (
+        r#"{"algorithm":"gcra","rate":10,"period":"1s","burst":2}"#,
+        r#"{"algorithm":"gcra","rate":1,"period":"1s","burst":1}"#,
+    );
+    let trace = lines(&[
+        r#"{"t_ms": 0, "key": "a:b"}"#,
+        r#"{"t_ms": 0, "key": "a:b"}"#,
+        r#"{"t_ms": 150, "key": "a:b"}"#,
+    ]);
+    let memory = answers(simulate_with(gcra, &["--limit", slow], &trace));
+    let kept = answers(simulate_with(
+        gcra,
+        &[
+            "--limit",
+            slow,
+            "--store",
+            &server.url(),
+            "--prefix",
+            "cmp",
+            "--keep-keys",
+        ],
+        &trace,
+    ));
+    assert_eq!(kept, memory);
+    assert!(
+        memory[1].starts_with(r#"[{"allowed":true"#) && memory[1].contains(r#"},{"allowed":false"#),
+        "{}",
+        memory[1]
+    );
+    // Two limits of one algorithm: each has its own prefix, so no key is shared.
+    let mut keys: Vec<String> = server.cli(&["KEYS", "*"]).lines().map(str::to_owned).collect();
+    keys.sort();
+    assert_eq!(keys, ["cmp-1:{a%3Ab}:gcra", "cmp-2:{a%3Ab}:gcra"]);
+    answers(simulate_with(
+        gcra,
+        &["--limit", slow, "--store", &server.url(), "--prefix", "cmp"],
+        &trace,
+    ));
+    assert_eq!(server.cli(&["DBSIZE"]), "0");
+}
+
+#[test]
 fn unreachable_redis_exits_1_with_a_clear_message() {
     let port = free_port();
     let url = format!("redis://default:hunter2@127.0.0.1:{port}");

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tollgate::AnyStore;
-use tollgate::{MemoryStore, RedisStore};
+use tollgate::{ManualClock, MemoryStore, RedisStore, Timestamp};
 use tollgate_server::{Config, Options, Reload, Server};
 
 use redis_server::RedisServer;
@@ -62,6 +62,9 @@ descriptors:
       algorithm: {algorithm: token_bucket, capacity: 5, refill: 1, interval: 1h}
 ";
 
+/// 2023-11-14 12:00:00 UTC, µs since the epoch: the time of every decision.
+const NOON: u64 = 1_699_963_200_000_000;
+
 const OK: i32 = 1;
 const OVER_LIMIT: i32 = 2;
 
@@ -90,11 +93,14 @@ async fn start_with(store: Store, options: Options, config: &str) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("test.yaml");
     std::fs::write(&file, config).unwrap();
+    // The limits are windows of a day aligned on midnight UTC: every store
+    // decides at noon, so no run crosses a window's end.
+    let clock = ManualClock::new(Timestamp::from_micros(NOON));
     let (backend, redis) = match store {
-        Store::Memory => (AnyStore::Memory(MemoryStore::new()), None),
+        Store::Memory => (AnyStore::Memory(MemoryStore::with_clock(clock)), None),
         Store::Redis => {
             let server = RedisServer::start();
-            let store = RedisStore::connect(&server.url()).await.unwrap();
+            let store = RedisStore::builder(server.url()).clock(clock).connect().await.unwrap();
             (AnyStore::Redis(store), Some(server))
         }
     };
@@ -210,7 +216,7 @@ async fn per_descriptor_statuses_over_a_window(store: Store) {
     assert_eq!(response.overall_code, OVER_LIMIT);
     assert_eq!(statuses(&response), vec![(OVER_LIMIT, 0, Some(3)), (OK, 47, Some(50))]);
     let reset = response.statuses[0].duration_until_reset.unwrap();
-    assert!(reset.seconds > 0 && reset.seconds <= 86_400, "{reset:?}");
+    assert_eq!((reset.seconds, reset.nanos), (43_200, 0), "noon: half a day to go");
     let path_only = server
         .grpc(request(vec![descriptor(&[("path", "/other")])], 0))
         .await

@@ -115,6 +115,15 @@ fn describe(limit: &serde_json::Value) -> String {
 }
 const WIDTH: u32 = 1000;
 const FONT: &str = "sans-serif";
+/// The lines of the keys: neither green nor red, which mark decisions.
+const KEY_COLORS: [RGBColor; 6] = [
+    RGBColor(30, 80, 220),
+    RGBColor(230, 140, 0),
+    RGBColor(140, 60, 180),
+    RGBColor(0, 160, 200),
+    RGBColor(120, 80, 30),
+    RGBColor(90, 90, 90),
+];
 /// Room for the y axis's labels, the same in every chart so the time axes line up.
 const LABELS: u32 = 80;
 
@@ -248,11 +257,7 @@ fn draw_panel<DB: DrawingBackend>(
     }
     let many_keys = keys.len() > 1;
     for (index, key) in keys.iter().enumerate() {
-        let color = if many_keys {
-            Palette99::pick(index).to_rgba()
-        } else {
-            BLUE.to_rgba()
-        };
+        let color = KEY_COLORS[index % KEY_COLORS.len()].to_rgba();
         let line = points
             .iter()
             .filter(|point| point.key == *key)

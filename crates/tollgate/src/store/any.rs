@@ -1,8 +1,8 @@
 //! A store chosen at run time (by a command-line flag or a config file).
 
+use super::{MemoryStore, Store};
 #[cfg(feature = "redis")]
 use super::{RedisStore, ResilientStore};
-use super::{MemoryStore, Store};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;

@@ -23,7 +23,7 @@
 //! two-number states; a hash for the sliding window; a sorted set for the
 //! sliding log and the concurrency leases) and expires when its state no
 //! longer carries information. (With an explicit `now` — tests,
-//! replays — real time and the caller's time differ, so keys are kept at least
+//! replays, a store given a [`RedisStoreBuilder::clock`] — real time and the caller's time differ, so keys are kept at least
 //! an hour; decisions never depend on that, as each state records when it
 //! lapses in the caller's time.)
 //!
@@ -66,7 +66,7 @@ use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
 use super::Store;
 use crate::algorithm::{Limit, LimitSpec};
-use crate::clock::micros;
+use crate::clock::{micros, Clock, Sleep};
 use crate::decision::{Decision, Outcome};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
@@ -148,6 +148,8 @@ struct Inner {
     timeout: Duration,
     /// Feeds the batcher; `None` when every decision is a call of its own.
     batcher: Option<mpsc::UnboundedSender<Job>>,
+    /// [`RedisStoreBuilder::clock`]: the time of requests without `now`.
+    clock: Option<CallerClock>,
 }
 
 /// The connection and the library on it.
@@ -180,6 +182,17 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     root_certificate: Option<Vec<u8>>,
     max_batch: usize,
+    clock: Option<CallerClock>,
+}
+
+/// A clock the caller gave in place of the server's `TIME`.
+#[derive(Clone)]
+struct CallerClock(Arc<dyn Clock>);
+
+impl std::fmt::Debug for CallerClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallerClock")
+    }
 }
 
 impl RedisStoreBuilder {
@@ -219,6 +232,17 @@ impl RedisStoreBuilder {
     #[must_use]
     pub fn max_batch(mut self, max_batch: usize) -> Self {
         self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// Decides at `clock`'s time, instead of the server's `TIME`, every
+    /// request that carries no `now` of its own (tests on a
+    /// [`ManualClock`](crate::ManualClock), replays); [`Store::sleep`] then
+    /// waits on `clock` too. Default: the server's clock, so that clients
+    /// with skewed clocks agree.
+    #[must_use]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(CallerClock(Arc::new(clock)));
         self
     }
 
@@ -262,6 +286,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 timeout: self.timeout,
                 batcher,
+                clock: self.clock,
             }),
         })
     }
@@ -449,6 +474,7 @@ impl RedisStore {
             connect_timeout: Duration::from_secs(5),
             root_certificate: None,
             max_batch: DEFAULT_MAX_BATCH,
+            clock: None,
         }
     }
 
@@ -503,9 +529,12 @@ impl RedisStore {
             Op::Check | Op::CheckAtMost => (None, ""),
         };
         let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(micros(max_wait)).unwrap_or(i64::MAX));
-        let now = request.now.map_or_else(String::new, |now| {
-            i64::try_from(now.as_micros()).unwrap_or(i64::MAX).to_string()
-        });
+        let now = request
+            .now
+            .or_else(|| self.inner.clock.as_ref().map(|clock| clock.0.now()))
+            .map_or_else(String::new, |now| {
+                i64::try_from(now.as_micros()).unwrap_or(i64::MAX).to_string()
+            });
         let mut args = Vec::with_capacity(2 + policy.len());
         args.push(format!("{op}:{}:{}:{max_wait}:{now}", request.cost, policy.len()));
         if op == ACQUIRE || op == RELEASE {
@@ -616,6 +645,13 @@ impl Store for RedisStore {
         let request = Request::new(Op::Check, 0);
         self.run(self.encode(subject, policy, &request, RESET)).await?;
         Ok(())
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        match &self.inner.clock {
+            Some(clock) => clock.0.sleep(duration),
+            None => Box::pin(tokio::time::sleep(duration)),
+        }
     }
 }
 
