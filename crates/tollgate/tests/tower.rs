@@ -2,6 +2,10 @@
 //! by a real HTTP client. Time is a manual clock: the layer waits on the
 //! store's clock, so a delayed request moves the clock instead of sleeping.
 
+#[path = "../examples/axum.rs"]
+#[allow(dead_code)]
+mod example;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -307,4 +311,28 @@ async fn a_concurrency_limit_holds_its_lease_while_the_inner_service_works() {
         client.get(format!("http://{address}/")).send().await.unwrap().status(),
         200
     );
+}
+
+#[tokio::test]
+async fn the_example_allows_5_requests_per_minute_per_client_address_on_every_route() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::with_clock(clock.clone());
+    let address = serve(example::app(Limiter::new(store, example::limit().unwrap()))).await;
+    let first = client_from(Ipv4Addr::LOCALHOST);
+    let second = client_from(Ipv4Addr::new(127, 0, 0, 2));
+    let ask = |client: &reqwest::Client, path: &str| client.get(format!("http://{address}{path}")).send();
+
+    for path in ["/", "/hello/a", "/", "/hello/b", "/"] {
+        assert_eq!(ask(&first, path).await.unwrap().status(), 200, "{path}");
+    }
+    let refused = ask(&first, "/hello/c").await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(header(&refused, "retry-after").as_deref(), Some("60"));
+    assert_eq!(ask(&second, "/").await.unwrap().status(), 200);
+    // A minute later the five have left the window, and five more fit.
+    clock.advance(Duration::from_secs(60));
+    for _ in 0..5 {
+        assert_eq!(ask(&first, "/").await.unwrap().status(), 200);
+    }
+    assert_eq!(ask(&first, "/").await.unwrap().status(), 429);
 }
