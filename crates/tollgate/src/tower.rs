@@ -123,7 +123,9 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 /// `into_make_service_with_connect_info::<SocketAddr>()`), or from a plain
 /// `SocketAddr` request extension that another server put there. Behind a
 /// proxy this is the proxy's address: key on its forwarding header with
-/// [`Header`] or [`key_fn`] instead.
+/// [`Header`] or [`key_fn`] instead. Each IPv6 address is its own subject;
+/// to limit a client that holds a whole prefix, key on the prefix with
+/// [`key_fn`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
