@@ -293,9 +293,7 @@ impl<K: KeyExtractor, S: Store> RateLimitLayer<K, S> {
             }),
         }
     }
-}
 
-impl<K: KeyExtractor, S: Store> RateLimitLayer<K, S> {
     /// A store fault (Redis down, a timeout) lets the request through,
     /// without rate limit headers, instead of answering 503: for services
     /// that prefer serving unlimited to not serving. Invalid requests (an
