@@ -1,5 +1,4 @@
-//! `tollgate bench`: load against a store, with a progress bar and a summary
-//! (DESIGN §6).
+//! `tollgate bench`: load against a store, with a progress bar and a summary.
 //!
 //! `--tasks` tokio tasks on a multi-threaded runtime share one store — for
 //! Redis one multiplexed connection, as a service's handlers would — and

@@ -10,25 +10,18 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::extract::Path;
 use axum::routing::get;
 use axum::Router;
 use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{Limit, Limiter};
+use tollgate::{Limit, Limiter, Store};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::args()
         .nth(1)
         .ok_or("usage: axum LISTEN_ADDRESS (for example 127.0.0.1:3000)")?;
-    // A sliding log: never more than 5 in any 60 seconds, not even across the
-    // boundary of two clock minutes; a refused client retries when its
-    // oldest request of the last minute is a minute old.
-    let limit = Limit::sliding_log(5, Duration::from_secs(60))?;
-    let limiter = Limiter::in_memory(limit);
-    let app = Router::new()
-        .route("/", get(|| async { "hello\n" }))
-        .route("/hello/{name}", get(hello))
-        .layer(RateLimitLayer::new(limiter, PeerIp));
+    let app = app(Limiter::in_memory(limit()?));
 
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!("listening on http://{}", listener.local_addr()?);
@@ -37,6 +30,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn hello(axum::extract::Path(name): axum::extract::Path<String>) -> String {
+/// 5 requests per minute. A sliding log: never more than 5 in any 60
+/// seconds, not even across the boundary of two clock minutes; a refused
+/// client may retry when its oldest request of the last minute is a minute old.
+pub fn limit() -> Result<Limit, tollgate::Error> {
+    Limit::sliding_log(5, Duration::from_secs(60))
+}
+
+/// Every route, limited per client address by `limiter`.
+pub fn app<S: Store>(limiter: Limiter<S>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .route("/hello/{name}", get(hello))
+        .layer(RateLimitLayer::new(limiter, PeerIp))
+}
+
+async fn hello(Path(name): Path<String>) -> String {
     format!("hello, {name}\n")
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// The outcome of one check against a limit or a policy (DESIGN §2).
+/// The outcome of one check against a limit or a policy.
 ///
 /// A denial is a `Decision` with `allowed == false`, never an error. When a
 /// request can never be admitted (its cost is above `limit`), `retry_after` is

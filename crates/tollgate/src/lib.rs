@@ -30,6 +30,17 @@
 //! A [`Policy`] holds several named limits for one subject ("10 per second and
 //! 1000 per hour") and is decided all-or-nothing: when any limit denies, none
 //! consumes.
+//!
+//! Each constructor of [`Limit`] states its algorithm's parameters and the
+//! exact bound it keeps.
+//!
+//! ## Features
+//!
+//! - `redis` (default): the Redis store, `RedisStore` (Redis 6.2+ and
+//!   Valkey; standalone, Cluster, Sentinel; TLS). Without it the crate
+//!   compiles no Redis client and no TLS stack.
+//! - `tower`: `tollgate::tower::RateLimitLayer`, for tower and axum
+//!   services: 429 with `RateLimit` headers, shaping limits delay instead.
 
 mod algorithm;
 mod clock;
@@ -57,6 +68,11 @@ pub use store::{
     AnyStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder,
     Store,
 };
+/// The README's Rust blocks, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use subject::{Subject, MAX_KEY_LEN};

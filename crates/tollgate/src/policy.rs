@@ -130,8 +130,8 @@ impl Policy {
     ///
     /// # Errors
     ///
-    /// When there is no limit, a name is not 1–64 of `[A-Za-z0-9_.-]`, or a
-    /// name repeats.
+    /// When there is no limit, a name is not 1 to 200 letters,
+    /// digits or any of `_-.~/@=+!,;%:#`, or a name repeats.
     pub fn new<N: Into<String>>(limits: impl IntoIterator<Item = (N, Limit)>) -> Result<Self> {
         let limits: Vec<(String, Limit)> = limits.into_iter().map(|(name, limit)| (name.into(), limit)).collect();
         if limits.is_empty() {

@@ -19,7 +19,9 @@
 //! - Admitted responses carry `RateLimit-Policy` and `RateLimit` too.
 //! - A request without a key is answered by the extractor's status (400
 //!   for a missing header, 500 for a server that does not record peer
-//!   addresses); a store fault answers 503 with `{"error": …}`.
+//!   addresses); a store fault (Redis down, a timeout) answers 503 with
+//!   `{"error": …}`, or lets the request through after
+//!   [`RateLimitLayer::fail_open`].
 //!
 //! `poll_ready` is the inner service's: the layer never holds capacity for
 //! a request it has not seen.
@@ -123,7 +125,9 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 /// `into_make_service_with_connect_info::<SocketAddr>()`), or from a plain
 /// `SocketAddr` request extension that another server put there. Behind a
 /// proxy this is the proxy's address: key on its forwarding header with
-/// [`Header`] or [`key_fn`] instead.
+/// [`Header`] or [`key_fn`] instead. Each IPv6 address is its own subject;
+/// to limit a client that holds a whole prefix, key on the prefix with
+/// [`key_fn`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
@@ -239,6 +243,8 @@ struct Shared<K, S: Store> {
     key: K,
     mode: Mode,
     max_wait: Option<Duration>,
+    /// A store fault lets the request through.
+    fail_open: bool,
     /// Each limit's name and window, for `RateLimit-Policy`.
     limits: Vec<(String, Option<Duration>)>,
 }
@@ -269,6 +275,7 @@ impl<K: KeyExtractor, S: Store> RateLimitLayer<K, S> {
                 key,
                 mode,
                 max_wait: None,
+                fail_open: false,
                 limits,
             }),
         }
@@ -286,6 +293,21 @@ impl<K: KeyExtractor, S: Store> RateLimitLayer<K, S> {
             }),
         }
     }
+
+    /// A store fault (Redis down, a timeout) lets the request through,
+    /// without rate limit headers, instead of answering 503: for services
+    /// that prefer serving unlimited to not serving. Invalid requests (an
+    /// operation the policy cannot run) still answer 500.
+    #[must_use]
+    pub fn fail_open(self) -> Self {
+        let shared = Arc::unwrap_or_clone(self.shared);
+        Self {
+            shared: Arc::new(Shared {
+                fail_open: true,
+                ..shared
+            }),
+        }
+    }
 }
 
 impl<K: Clone, S: Store> Clone for Shared<K, S> {
@@ -295,6 +317,7 @@ impl<K: Clone, S: Store> Clone for Shared<K, S> {
             key: self.key.clone(),
             mode: self.mode,
             max_wait: self.max_wait,
+            fail_open: self.fail_open,
             limits: self.limits.clone(),
         }
     }
@@ -366,6 +389,7 @@ where
                 Err(failure) if failure.is_invalid() => {
                     return Ok(error_response(StatusCode::INTERNAL_SERVER_ERROR, &failure.to_string()));
                 }
+                Err(_) if shared.fail_open => return inner.call(request).await,
                 Err(failure) => return Ok(error_response(StatusCode::SERVICE_UNAVAILABLE, &failure.to_string())),
             };
             let headers = shared.headers(&outcome);

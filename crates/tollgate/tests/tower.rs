@@ -2,6 +2,15 @@
 //! by a real HTTP client. Time is a manual clock: the layer waits on the
 //! store's clock, so a delayed request moves the clock instead of sleeping.
 
+#[cfg(feature = "redis")]
+#[path = "common/redis_server.rs"]
+#[allow(dead_code)]
+mod redis_server;
+
+#[path = "../examples/axum.rs"]
+#[allow(dead_code)]
+mod example;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -307,4 +316,64 @@ async fn a_concurrency_limit_holds_its_lease_while_the_inner_service_works() {
         client.get(format!("http://{address}/")).send().await.unwrap().status(),
         200
     );
+}
+
+#[tokio::test]
+async fn the_example_allows_5_requests_per_minute_per_client_address_on_every_route() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::with_clock(clock.clone());
+    let address = serve(example::app(Limiter::new(store, example::limit().unwrap()))).await;
+    let first = client_from(Ipv4Addr::LOCALHOST);
+    let second = client_from(Ipv4Addr::new(127, 0, 0, 2));
+    let ask = |client: &reqwest::Client, path: &str| client.get(format!("http://{address}{path}")).send();
+
+    for path in ["/", "/hello/a", "/", "/hello/b", "/"] {
+        assert_eq!(ask(&first, path).await.unwrap().status(), 200, "{path}");
+    }
+    let refused = ask(&first, "/hello/c").await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(header(&refused, "retry-after").as_deref(), Some("60"));
+    assert_eq!(ask(&second, "/").await.unwrap().status(), 200);
+    // A minute later the five have left the window, and five more fit.
+    clock.advance(Duration::from_secs(60));
+    for _ in 0..5 {
+        assert_eq!(ask(&first, "/").await.unwrap().status(), 200);
+    }
+    assert_eq!(ask(&first, "/").await.unwrap().status(), 429);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_store_fault_answers_503_or_lets_the_request_through_when_failing_open() {
+    let mut redis = redis_server::RedisServer::start();
+    let store = tollgate::RedisStore::builder(redis.url())
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    // A sliding log: no window boundary for the test to fall on.
+    let limiter = Limiter::new(store, Limit::sliding_log(1, Duration::from_secs(3600)).unwrap());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let closed = serve(app(&calls).layer(RateLimitLayer::new(limiter.clone(), PeerIp))).await;
+    let open = serve(app(&calls).layer(RateLimitLayer::new(limiter, PeerIp).fail_open())).await;
+    let client = client_from(Ipv4Addr::LOCALHOST);
+
+    // With Redis up, both decide in Redis.
+    assert_eq!(
+        client.get(format!("http://{closed}/")).send().await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        client.get(format!("http://{open}/")).send().await.unwrap().status(),
+        429
+    );
+    redis.stop();
+    let refused = client.get(format!("http://{closed}/")).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"].is_string(), "{body}");
+    let through = client.get(format!("http://{open}/")).send().await.unwrap();
+    assert_eq!(through.status(), 200);
+    assert_eq!(header(&through, "ratelimit"), None);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

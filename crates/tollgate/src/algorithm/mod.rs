@@ -178,7 +178,7 @@ fn edit<'a, S: Default, C>(
     })
 }
 
-/// Parameters of one limit, as written in JSON or YAML (DESIGN §3): the
+/// Parameters of one limit, as written in JSON or YAML: the
 /// `algorithm` name and its fields, durations as text like `"1.5s"`.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -203,23 +203,26 @@ pub enum LimitSpec {
 }
 
 /// `limit` units per `window` (fixed window, sliding log).
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowSpec {
+    /// Units admitted per window.
     pub limit: u64,
+    /// The window's length.
     #[serde(with = "serde_text")]
     pub window: Duration,
 }
 
 /// `limit` units per `window`, counted in `buckets` sub-intervals (default 10).
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlidingWindowSpec {
+    /// Units admitted in any window.
     pub limit: u64,
+    /// The window's length.
     #[serde(with = "serde_text")]
     pub window: Duration,
+    /// Sub-intervals the window is counted in (default 10, at most 1000).
     #[serde(default = "default_buckets")]
     pub buckets: u64,
 }
@@ -229,61 +232,73 @@ fn default_buckets() -> u64 {
 }
 
 /// `capacity` tokens, `refill` more per `interval`; `initial` defaults to `capacity`.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenBucketSpec {
+    /// The most tokens the bucket holds.
     pub capacity: u64,
+    /// Tokens gained per `interval`.
     pub refill: u64,
+    /// The refill period.
     #[serde(with = "serde_text")]
     pub interval: Duration,
+    /// Continuous ([`Refill::Smooth`], the default) or whole amounts at interval boundaries.
     #[serde(default)]
     pub mode: Refill,
+    /// Tokens of a key with no state (default `capacity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial: Option<u64>,
 }
 
 /// `rate` permits per `period`, storing up to `max_burst`; `initial` defaults to `max_burst`.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReservationSpec {
+    /// Permits per `period`.
     pub rate: u64,
+    /// The period of `rate`.
     #[serde(with = "serde_text")]
     pub period: Duration,
+    /// Permits stored while idle.
     pub max_burst: u64,
+    /// Stored permits of a key with no state (default `max_burst`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial: Option<u64>,
 }
 
 /// Draining `rate` units per `period`, holding at most `capacity` units.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeakyBucketSpec {
+    /// Units leaving per `period`.
     pub rate: u64,
+    /// The period of `rate`.
     #[serde(with = "serde_text")]
     pub period: Duration,
+    /// The most units in the bucket, queued or leaving.
     pub capacity: u64,
 }
 
 /// `rate` cells per `period`, `burst` at once.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GcraSpec {
+    /// Cells per `period`.
     pub rate: u64,
+    /// The period of `rate`.
     #[serde(with = "serde_text")]
     pub period: Duration,
+    /// Cells admitted at once.
     pub burst: u64,
 }
 
 /// At most `limit` units in flight; a lease ends by itself after `ttl`.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConcurrencySpec {
+    /// Units held at once by live leases.
     pub limit: u64,
+    /// How long a lease lives unless released.
     #[serde(with = "serde_text")]
     pub ttl: Duration,
 }
@@ -507,6 +522,17 @@ fn parse_fields<T: serde::de::DeserializeOwned>(fields: serde_json::Value) -> Re
 impl Limit {
     /// A fixed window counter: at most `limit` units per epoch-aligned `window`.
     ///
+    /// - `limit`: units admitted per window (the decision's `limit`);
+    /// - `window`: the window's length; windows start at multiples of it since
+    ///   the Unix epoch, so every instance agrees where a window starts and
+    ///   `reset_after` is exact.
+    ///
+    /// **Bound:** within one aligned window the admitted cost is at most
+    /// `limit`; any interval spanning `k` aligned windows admits at most
+    /// `k · limit` — up to `2 · limit` in an interval of length `window` that
+    /// straddles a boundary (use [`Limit::sliding_window`] or
+    /// [`Limit::sliding_log`] where that burst matters). State: one counter.
+    ///
     /// # Errors
     ///
     /// When `limit` is zero or `window` is not a positive whole number of microseconds.
@@ -515,6 +541,21 @@ impl Limit {
     }
 
     /// A sliding window counter of `limit` units per `window`, in `buckets` sub-intervals.
+    ///
+    /// - `limit`: units admitted in any `window`;
+    /// - `window`: the window's length;
+    /// - `buckets`: epoch-aligned sub-intervals the window is counted in (10
+    ///   in JSON when absent, at most 1000); `window` must divide into them
+    ///   in whole microseconds.
+    ///
+    /// The count is the sum over every sub-interval that overlaps the last
+    /// `window`, the oldest one included even when it overlaps only in part:
+    /// admitted units count for up to one sub-interval longer than `window`,
+    /// which keeps the bound exact (a refused client may wait up to
+    /// `window + window / buckets`).
+    ///
+    /// **Bound:** any interval of length `window` (both ends included) admits
+    /// at most `limit` units. State: at most `buckets + 1` counters.
     ///
     /// # Errors
     ///
@@ -525,6 +566,17 @@ impl Limit {
 
     /// A sliding log: exactly `limit` units in any `window`.
     ///
+    /// - `limit`: units admitted in any `window`;
+    /// - `window`: the window's length.
+    ///
+    /// Exact, at O(`limit`) memory: one entry per admitted instant (units
+    /// admitted at the same microsecond share one); a decision costs
+    /// O(log n) in the entries held. A refused request's `retry_after` is
+    /// when enough of the oldest units leave the window.
+    ///
+    /// **Bound:** any half-open interval `[t, t + window)` admits at most
+    /// `limit` units.
+    ///
     /// # Errors
     ///
     /// When `limit` is zero or `window` is not positive.
@@ -534,6 +586,21 @@ impl Limit {
 
     /// A smooth token bucket, full at the start; see [`TokenBucketSpec`] for
     /// `interval` refill and `initial`.
+    ///
+    /// - `capacity`: the most tokens the bucket holds (the decision's `limit`);
+    /// - `refill`: tokens gained per `interval`;
+    /// - `interval`: the refill period;
+    /// - in a [`TokenBucketSpec`]: `mode` ([`Refill::Smooth`], continuous and
+    ///   exact, or [`Refill::Interval`], whole `refill` amounts at
+    ///   epoch-aligned interval boundaries) and `initial` (tokens of a key
+    ///   with no state; default `capacity`).
+    ///
+    /// No borrowing: a request takes `cost` tokens or is refused, and a
+    /// refused request changes nothing.
+    ///
+    /// **Bound:** over any interval `[a, b]` the admitted cost is at most
+    /// `capacity + refill · (b − a) / interval` (smooth), or
+    /// `capacity + refill · (interval boundaries in (a, b])` (interval).
     ///
     /// # Errors
     ///
@@ -551,6 +618,22 @@ impl Limit {
 
     /// A token bucket with reservation (borrowing), storing up to `max_burst` permits.
     ///
+    /// - `rate` permits per `period`: the steady rate;
+    /// - `max_burst`: permits stored while idle (the decision's `limit` is
+    ///   `max_burst + 1`: with no debt, one more request always fits);
+    /// - in a [`ReservationSpec`]: `initial` stored permits (default `max_burst`).
+    ///
+    /// Borrow now, the next caller waits (Guava's `SmoothBursty`): a request
+    /// is granted at the next free moment — at once when nothing is owed —
+    /// taking stored permits and borrowing what is missing, so the *next*
+    /// caller pays. [`Limiter::reserve`](crate::Limiter::reserve) returns the
+    /// `wait` until the request's moment, or refuses (booking nothing) when
+    /// it would exceed `max_wait`; `check` is `reserve` with `max_wait = 0`.
+    ///
+    /// **Bound:** over any interval `[a, b]`, requests granted without
+    /// waiting carry at most `max_burst + rate · (b − a) / period` units plus
+    /// the cost of the last one. State: one instant.
+    ///
     /// # Errors
     ///
     /// When `rate` or `period` is zero or the rate cannot be computed exactly.
@@ -566,6 +649,21 @@ impl Limit {
 
     /// A leaky bucket shaping to `rate` per `period`, holding `capacity` units.
     ///
+    /// - `rate` units per `period`: the outlet's rate;
+    /// - `capacity`: the most units in the bucket, queued or leaving (the
+    ///   decision's `limit`); with `capacity = 1` nothing ever queues.
+    ///
+    /// A shaping queue: each admitted request departs at `max(now, drained)`,
+    /// where `drained` is when the requests ahead of it have left, then
+    /// occupies the outlet for `cost · period / rate`; the decision's `wait`
+    /// is its departure minus now. A request that would overfill the bucket
+    /// is refused.
+    ///
+    /// **Bound:** over any interval `[a, b]` the admitted cost is at most
+    /// `capacity + rate · (b − a) / period`; departures in `[a, b]` carry at
+    /// most `rate · (b − a) / period` units plus one request's cost. State:
+    /// one instant.
+    ///
     /// # Errors
     ///
     /// When a value is zero or the rate cannot be computed exactly.
@@ -574,6 +672,17 @@ impl Limit {
     }
 
     /// GCRA: `rate` per `period`, `burst` at once.
+    ///
+    /// - `rate` cells per `period`: the steady rate (cells are spaced by the
+    ///   emission interval `T = period / rate`, kept exact: 7 per second
+    ///   admits exactly 7 cells per second forever);
+    /// - `burst`: cells admitted at once (the decision's `limit`; the
+    ///   tolerance is `(burst − 1) · T`).
+    ///
+    /// The Generic Cell Rate Algorithm: one theoretical arrival time per key.
+    ///
+    /// **Bound:** over any interval `[a, b]` the admitted cost is at most
+    /// `burst + rate · (b − a) / period`. State: one instant.
     ///
     /// # Errors
     ///
@@ -584,6 +693,18 @@ impl Limit {
 
     /// At most `limit` units in flight; leases end by themselves after `ttl`.
     ///
+    /// - `limit`: units held at once by live leases;
+    /// - `ttl`: how long a lease lives unless released (so a holder that
+    ///   crashed cannot leak capacity); acquiring with the name of a live
+    ///   lease renews it.
+    ///
+    /// Taken with [`Limiter::acquire`](crate::Limiter::acquire) (a lease
+    /// released when its [`Permit`](crate::Permit) drops), not `check`.
+    /// Acquire, release and renewal cost O(log n) in the leases held.
+    ///
+    /// **Bound:** at every instant, the leases neither released nor expired
+    /// hold at most `limit` units.
+    ///
     /// # Errors
     ///
     /// When `limit` is zero or `ttl` is not positive.
@@ -591,7 +712,10 @@ impl Limit {
         LimitSpec::Concurrency(ConcurrencySpec { limit, ttl }).build()
     }
 
-    /// Reads and validates a limit written as JSON (DESIGN §6).
+    /// Reads and validates a limit written as JSON:
+    /// `{"algorithm":"gcra","rate":10,"period":"1s","burst":5}`, with the
+    /// constructors' parameter names and durations as text (`us`, `ms`, `s`,
+    /// `m`, `h`, `d`; `"1.5s"` allowed).
     ///
     /// # Errors
     ///
