@@ -90,7 +90,9 @@ request no rule matches is answered without deciding anything.
 #[allow(clippy::struct_excessive_bools)] // Each is one command-line switch.
 pub struct Args {
     /// Where limit state lives: "memory" (embedded) or a Redis URL
-    /// (redis://[user:password@]host[:port][/db], rediss:// for TLS)
+    /// (redis://[user:password@]host[:port][/db], rediss:// for TLS,
+    /// redis+cluster://host:port[,host:port...] for a Cluster,
+    /// redis+sentinel://host:port[,host:port...]/<master name> behind Sentinels)
     #[arg(long, value_name = "URL", default_value = "memory")]
     store: String,
     /// Load a running `tollgate serve` instead of a store:
@@ -399,23 +401,17 @@ fn histogram() -> Histogram<u64> {
 enum StoreClock {
     /// The memory store decides on the system clock.
     System,
-    /// Redis decides on the server's `TIME`, read on a connection of its own.
-    Redis(redis::aio::MultiplexedConnection),
+    /// Redis decides on the server's `TIME` (on a Cluster, a node's).
+    Redis(tollgate::RedisStore),
 }
 
 impl StoreClock {
-    async fn connect(url: &StoreUrl) -> anyhow::Result<Self> {
-        let StoreUrl::Redis(url) = url else {
-            return Ok(Self::System);
-        };
-        let context = || format!("cannot read the time of {}", store::redact(url));
-        let client = redis::Client::open(url.as_str()).with_context(context)?;
-        let connection = tokio::time::timeout(Duration::from_secs(5), client.get_multiplexed_async_connection())
-            .await
-            .map_err(|_| anyhow::anyhow!("no connection within 5 s"))
-            .with_context(context)?
-            .with_context(context)?;
-        Ok(Self::Redis(connection))
+    fn of(store: &AnyStore) -> Self {
+        match store {
+            AnyStore::Redis(redis) => Self::Redis(redis.clone()),
+            AnyStore::Resilient(resilient) => Self::Redis(resilient.store().clone()),
+            _ => Self::System,
+        }
     }
 
     /// Microseconds since the Unix epoch.
@@ -425,13 +421,11 @@ impl StoreClock {
                 let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
                 Ok(u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX))
             }
-            Self::Redis(connection) => {
-                let (seconds, micros): (u64, u64) = redis::cmd("TIME")
-                    .query_async(connection)
-                    .await
-                    .context("cannot read the server's TIME")?;
-                Ok(seconds * 1_000_000 + micros)
-            }
+            Self::Redis(redis) => Ok(redis
+                .server_time()
+                .await
+                .context("cannot read the server's TIME")?
+                .as_micros()),
         }
     }
 }
@@ -459,7 +453,7 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
             }
         }
     };
-    let mut clock = StoreClock::connect(&plan.store).await?;
+    let mut clock = StoreClock::of(&store);
     let limiter = Limiter::new(store, plan.policy.clone());
     let subjects: Arc<[Subject]> = (0..plan.keys).map(|key| Subject::new(format!("bench-{key}"))).collect();
     let shared = Arc::new(Shared::default());

@@ -98,7 +98,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Format::Json)]
     format: Format,
     /// Where limit state lives: "memory" (embedded) or a Redis URL
-    /// (redis://[user:password@]host[:port][/db], rediss:// for TLS)
+    /// (redis://[user:password@]host[:port][/db], rediss:// for TLS,
+    /// redis+cluster://host:port[,host:port...] for a Cluster,
+    /// redis+sentinel://host:port[,host:port...]/<master name> behind Sentinels)
     #[arg(long, value_name = "URL", default_value = "memory")]
     store: String,
     /// Redis: the prefix of every key written [default: tollgate-sim-<random hex>]

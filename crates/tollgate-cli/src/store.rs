@@ -2,7 +2,10 @@
 //!
 //! `memory` is the embedded store; `redis://`, `rediss://` (TLS),
 //! `redis+unix://`, `valkey://` and `valkeys://` URLs name a Redis (or
-//! Valkey) server. URLs may carry a password, so messages name only the
+//! Valkey) server; `redis+cluster://host:port[,host:port…]` (or
+//! `rediss+cluster://`) a Redis Cluster by its seed nodes, and
+//! `redis+sentinel://host:port[,host:port…]/<master name>` the master that
+//! these Sentinels know by that name. URLs may carry a password, so messages name only the
 //! scheme, and [`redact`] hides the password wherever a URL is shown.
 
 use std::time::Duration;
@@ -31,7 +34,10 @@ impl StoreUrl {
             return Ok(Self::Memory);
         }
         match url.split_once("://").map(|(scheme, _)| scheme) {
-            Some("redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys") => Ok(Self::Redis(url.to_owned())),
+            Some(
+                "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" | "redis+cluster" | "rediss+cluster"
+                | "redis+sentinel" | "rediss+sentinel",
+            ) => Ok(Self::Redis(url.to_owned())),
             Some(scheme) => Err(UsageError(format!(
                 "--store: unknown store \"{scheme}://\" (expected memory or redis://...)"
             ))),
@@ -110,6 +116,13 @@ mod tests {
         assert!(error.contains("unknown store \"etcd://\""), "{error}");
         assert!(!error.contains("secret"), "{error}");
         assert!(StoreUrl::parse("localhost:6379").is_err());
+        for url in [
+            "redis+cluster://a:1,b:2",
+            "rediss+cluster://a:1",
+            "redis+sentinel://a:1,b:2/main",
+        ] {
+            assert_eq!(StoreUrl::parse(url).unwrap(), StoreUrl::Redis(url.to_owned()));
+        }
     }
 
     #[test]
@@ -119,5 +132,13 @@ mod tests {
         assert_eq!(redact("rediss://:secret@h"), "rediss://:***@h");
         assert_eq!(redact("redis://secret@h"), "redis://:***@h");
         assert_eq!(redact("redis://h/a@b"), "redis://h/a@b");
+        assert_eq!(
+            redact("redis+cluster://u:secret@a:1,b:2"),
+            "redis+cluster://u:***@a:1,b:2"
+        );
+        assert_eq!(
+            redact("redis+sentinel://u:secret@a:1,b:2/main?db=1"),
+            "redis+sentinel://u:***@a:1,b:2/main?db=1"
+        );
     }
 }

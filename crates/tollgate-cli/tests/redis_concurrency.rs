@@ -26,8 +26,10 @@
 mod common;
 
 use std::process::{Child, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
 use common::tollgate;
 use serde_json::Value;
@@ -72,10 +74,10 @@ struct Run {
 }
 
 /// Starts the processes together, waits for all, and adds up their reports.
-fn run(server: &RedisServer, prefix: &str, limit: &str, extra: &[&str]) -> Run {
+fn run(url: &str, prefix: &str, limit: &str, extra: &[&str]) -> Run {
     let children: Vec<Child> = (0..PROCESSES)
         .map(|_| {
-            tollgate(&["bench", "--store", &server.url(), "--prefix", prefix, "--limit", limit])
+            tollgate(&["bench", "--store", url, "--prefix", prefix, "--limit", limit])
                 .args([
                     "--tasks",
                     TASKS,
@@ -116,8 +118,8 @@ fn run(server: &RedisServer, prefix: &str, limit: &str, extra: &[&str]) -> Run {
 }
 
 /// Runs one scenario and checks `bound/2 <= Σ allowed <= bound`.
-fn scenario(server: &RedisServer, name: &str, limit: &str, bound: Bound, extra: &[&str]) {
-    let run = run(server, &format!("concurrency-{name}"), limit, extra);
+fn scenario(url: &str, name: &str, limit: &str, bound: Bound, extra: &[&str]) {
+    let run = run(url, &format!("concurrency-{name}"), limit, extra);
     let allowed: u64 = run.allowed.iter().sum();
     let bound = bound.over(run.start, run.end);
     println!(
@@ -141,12 +143,21 @@ fn scenario(server: &RedisServer, name: &str, limit: &str, bound: Bound, extra: 
     );
 }
 
+/// One test at a time: both load the machine fully, and the Cluster's
+/// failure detection must not mistake a busy node for a dead one.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn processes_sharing_a_limit_never_exceed_its_bound() {
+    let _serial = one_at_a_time();
     let began = Instant::now();
-    let server = RedisServer::start();
+    let redis = RedisServer::start();
+    let server = &redis.url();
     scenario(
-        &server,
+        server,
         "fixed_window",
         r#"{"algorithm":"fixed_window","limit":50,"window":"500ms"}"#,
         Bound::FixedWindow {
@@ -156,7 +167,7 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
         &[],
     );
     scenario(
-        &server,
+        server,
         "sliding_log",
         r#"{"algorithm":"sliding_log","limit":50,"window":"500ms"}"#,
         Bound::SlidingLog {
@@ -166,7 +177,7 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
         &[],
     );
     scenario(
-        &server,
+        server,
         "token_bucket",
         r#"{"algorithm":"token_bucket","capacity":20,"refill":100,"interval":"1s"}"#,
         Bound::TokenBucket {
@@ -177,7 +188,7 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
         &[],
     );
     scenario(
-        &server,
+        server,
         "gcra",
         r#"{"algorithm":"gcra","rate":100,"period":"1s","burst":20}"#,
         Bound::Gcra {
@@ -190,7 +201,7 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
     // Leases are released explicitly after 200 ms; the ttl never ends one
     // within the run.
     scenario(
-        &server,
+        server,
         "concurrency",
         r#"{"algorithm":"concurrency","limit":5,"ttl":"10s"}"#,
         Bound::Concurrency {
@@ -200,4 +211,46 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
         &["--op", "acquire", "--hold-ms", "200"],
     );
     println!("all scenarios in {:.1} s", began.elapsed().as_secs_f64());
+}
+
+/// The same on a Redis Cluster (3 masters, 3 replicas): one subject lives
+/// in one slot, on one master, and its limit holds exactly as on one server.
+#[test]
+fn processes_sharing_a_limit_on_a_cluster_never_exceed_its_bound() {
+    let _serial = one_at_a_time();
+    let began = Instant::now();
+    let nodes = RedisCluster::start();
+    let cluster = &nodes.url();
+    scenario(
+        cluster,
+        "cluster_sliding_log",
+        r#"{"algorithm":"sliding_log","limit":50,"window":"500ms"}"#,
+        Bound::SlidingLog {
+            limit: 50,
+            window: 500_000,
+        },
+        &[],
+    );
+    scenario(
+        cluster,
+        "cluster_gcra",
+        r#"{"algorithm":"gcra","rate":100,"period":"1s","burst":20}"#,
+        Bound::Gcra {
+            burst: 20,
+            rate: 100,
+            period: 1_000_000,
+        },
+        &[],
+    );
+    scenario(
+        cluster,
+        "cluster_concurrency",
+        r#"{"algorithm":"concurrency","limit":5,"ttl":"10s"}"#,
+        Bound::Concurrency {
+            limit: 5,
+            hold: 200_000,
+        },
+        &["--op", "acquire", "--hold-ms", "200"],
+    );
+    println!("all Cluster scenarios in {:.1} s", began.elapsed().as_secs_f64());
 }

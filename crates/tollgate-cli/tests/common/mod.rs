@@ -1,8 +1,11 @@
-//! Shared test code: a real `redis-server` per test, and the binary.
+//! Shared test code: a real `redis-server` (or Cluster) per test, and the binary.
 #![allow(dead_code)]
 
 #[path = "../../../tollgate/tests/common/redis_server.rs"]
 pub mod redis_server;
+
+#[path = "../../../tollgate/tests/common/redis_cluster.rs"]
+pub mod redis_cluster;
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::Path;

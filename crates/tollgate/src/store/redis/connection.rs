@@ -125,6 +125,19 @@ impl Connection {
         .map_err(store_error)
     }
 
+    /// The server's `TIME`, in microseconds since the Unix epoch (on a
+    /// Cluster, the node redis-rs picks; behind Sentinels, the master's).
+    pub(super) async fn time(&self) -> Result<u64> {
+        let command = redis::cmd("TIME");
+        let (seconds, micros): (u64, u64) = match self {
+            Self::Single(connection) => command.query_async(&mut connection.clone()).await,
+            Self::Cluster(connection) => command.query_async(&mut connection.clone()).await,
+            Self::Sentinel(followed) => command.query_async(&mut followed.current().0).await,
+        }
+        .map_err(store_error)?;
+        Ok(seconds.saturating_mul(1_000_000).saturating_add(micros))
+    }
+
     /// Runs the library's call `command`.
     pub(super) async fn run(&self, command: &redis::Cmd, engine: &Engine) -> Result<Vec<i64>> {
         match self {

@@ -66,7 +66,7 @@ use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
 use super::Store;
 use crate::algorithm::{Limit, LimitSpec};
-use crate::clock::{micros, Clock, Sleep};
+use crate::clock::{micros, Clock, Sleep, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
@@ -495,6 +495,22 @@ impl RedisStore {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.inner.prefix
+    }
+
+    /// The server's clock (`TIME`): the instant a decision made now without
+    /// an explicit `now` is taken at. On a Cluster it is one node's clock
+    /// (nodes agree as far as their clocks are synchronised); behind
+    /// Sentinels, the master's.
+    ///
+    /// # Errors
+    ///
+    /// A store fault, or no answer within the timeout.
+    pub async fn server_time(&self) -> Result<Timestamp> {
+        let timeout = self.inner.timeout;
+        let micros = tokio::time::timeout(timeout, self.inner.client.connection.time())
+            .await
+            .map_err(|_| Error::new(ErrorKind::Timeout, format!("redis: no answer within {timeout:?}")))??;
+        Ok(Timestamp::from_micros(micros))
     }
 
     /// Sends one decision (through the batcher, when batching) and returns
