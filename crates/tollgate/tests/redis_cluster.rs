@@ -359,8 +359,9 @@ fn sentinel_failover_is_followed() {
     let _serial = one_at_a_time();
     let mut set = SentinelSet::start("tollgate");
     let runtime = runtime();
+    // Database 3: the master's settings go to each master found.
     let redis = runtime.block_on(async {
-        RedisStore::builder(set.url())
+        RedisStore::builder(format!("{}?db=3", set.url()))
             .timeout(Duration::from_millis(500))
             .connect()
             .await
@@ -372,7 +373,7 @@ fn sentinel_failover_is_followed() {
         assert!(runtime.block_on(limiter.check(&subject)).unwrap().allowed);
     }
     wait_until("the replica to hold the 5 admissions", || {
-        set.replica.cli(&["--scan"]).lines().count() == 1
+        set.replica.cli(&["-n", "3", "--scan"]).lines().count() == 1
     });
 
     let old_master = set.master.port();
@@ -406,6 +407,8 @@ fn sentinel_failover_is_followed() {
     assert_eq!(decision.remaining, 1_000 - 6);
     assert_eq!(set.master_port(), Some(set.replica.port()));
     assert_eq!(set.replica.cli(&["ROLE"]).lines().next(), Some("master"));
+    assert_eq!(set.replica.cli(&["-n", "3", "DBSIZE"]), "1");
+    assert_eq!(set.replica.cli(&["DBSIZE"]), "0");
 }
 
 #[test]
