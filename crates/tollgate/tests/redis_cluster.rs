@@ -95,6 +95,8 @@ fn cluster_store_conforms_and_decides_exactly_as_memory() {
 
 /// The library is loaded on every master at connect; one that loses it (a
 /// flush here; a new master in production) gets it again on the next call.
+/// A node named with `redis://` answers for its own slots and says to use
+/// `redis+cluster://` for the others.
 #[test]
 fn the_library_is_on_every_master_and_reloaded_when_lost() {
     let _serial = one_at_a_time();
@@ -123,6 +125,25 @@ fn the_library_is_on_every_master_and_reloaded_when_lost() {
     for &master in &masters {
         assert!(cluster.node(master).cli(&["FUNCTION", "LIST"]).contains("tollgate_"));
     }
+    // One node named as a single server: the keys of other nodes' slots
+    // are a clear error, not a hang or a wrong answer.
+    let single = Limiter::new(
+        runtime.block_on(store(&cluster.node(masters[0]).url())),
+        Limit::gcra(100, Duration::from_secs(1), 100).unwrap(),
+    );
+    let errors: Vec<String> = (0..30)
+        .filter_map(|index| {
+            runtime
+                .block_on(single.check(&Subject::new("single").and(index)))
+                .err()
+                .map(|error| error.to_string())
+        })
+        .collect();
+    assert!(!errors.is_empty());
+    assert!(
+        errors.iter().all(|error| error.contains("use a redis+cluster:// URL")),
+        "{errors:?}"
+    );
 }
 
 /// Many tasks deciding for many subjects at once: the batcher groups them

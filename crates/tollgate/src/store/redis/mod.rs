@@ -570,6 +570,10 @@ fn store_error(error: redis::RedisError) -> Error {
         (_, true) => wrong_type_message().to_owned(),
         (redis::ErrorKind::AuthenticationFailed, _) => format!("redis: authentication failed: {error}"),
         _ if error.is_connection_refusal() => format!("redis: connection refused: {error}"),
+        // A redis:// URL naming one node of a Cluster.
+        _ if matches!(error.code(), Some("MOVED" | "ASK")) => {
+            format!("redis: the server is a Redis Cluster node (use a redis+cluster:// URL): {error}")
+        }
         _ => format!("redis: {error}"),
     };
     Error::new(kind, message).with_source(error)
