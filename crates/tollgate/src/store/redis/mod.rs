@@ -324,7 +324,9 @@ impl RedisStoreBuilder {
                     SentinelServerType::Master,
                 )
                 .map_err(invalid)?;
-                let followed = Followed::connect(sentinels, config).await.map_err(store_error)?;
+                let followed = Followed::connect(sentinels, config, self.connect_timeout)
+                    .await
+                    .map_err(store_error)?;
                 Ok(Connection::Sentinel(Arc::new(followed)))
             }
         }
