@@ -460,3 +460,38 @@ fn cluster_and_sentinel_urls_are_checked() {
         assert!(error.is_transient(), "{url}: {error}");
     }
 }
+
+/// A manual failover (`SENTINEL FAILOVER`): the master is demoted to a
+/// replica while it runs (the Sentinels close its clients' connections, and
+/// it refuses writes with `READONLY` from then on); the store asks the
+/// Sentinels and moves to the promoted replica, state and all, without an
+/// error reaching the caller.
+#[test]
+fn sentinel_manual_failover_is_followed() {
+    let _serial = one_at_a_time();
+    let set = SentinelSet::start("manual");
+    let runtime = runtime();
+    let limiter = Limiter::new(
+        runtime.block_on(store(&set.url())),
+        Limit::sliding_log(1_000, Duration::from_secs(3_600)).unwrap(),
+    );
+    let subject = Subject::new("manual");
+    for _ in 0..5 {
+        assert!(runtime.block_on(limiter.check(&subject)).unwrap().allowed);
+    }
+    wait_until("the replica to hold the 5 admissions", || {
+        set.replica.cli(&["--scan"]).lines().count() == 1
+    });
+    assert_eq!(set.sentinels[0].cli(&["SENTINEL", "FAILOVER", "manual"]), "OK");
+    wait_until("every Sentinel to name the promoted replica", || {
+        (0..set.sentinels.len()).all(|index| set.master_port_by(index) == Some(set.replica.port()))
+    });
+    wait_until("the old master's demotion", || {
+        set.master.cli(&["ROLE"]).lines().next() == Some("slave")
+    });
+    let decision = runtime
+        .block_on(limiter.check(&subject))
+        .expect("followed within the call");
+    assert_eq!(decision.remaining, 1_000 - 6);
+    assert_eq!(set.replica.cli(&["ROLE"]).lines().next(), Some("master"));
+}

@@ -231,7 +231,12 @@ impl SentinelSet {
 
     /// The port of the master the first Sentinel names now.
     pub fn master_port(&self) -> Option<u16> {
-        let answer = self.sentinels[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name]);
+        self.master_port_by(0)
+    }
+
+    /// The port of the master Sentinel `index` names now.
+    pub fn master_port_by(&self, index: usize) -> Option<u16> {
+        let answer = self.sentinels[index].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name]);
         answer.lines().nth(1).and_then(|port| port.trim().parse().ok())
     }
 }

@@ -276,3 +276,24 @@ impl Followed {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_demoted_or_unreachable_master_is_followed_other_faults_are_not() {
+        let read_only = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        assert!(master_may_have_moved(&read_only));
+        let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(master_may_have_moved(&refused));
+        let wrong_type = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort),
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ));
+        assert!(!master_may_have_moved(&wrong_type));
+    }
+}
