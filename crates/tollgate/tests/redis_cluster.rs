@@ -495,3 +495,31 @@ fn sentinel_manual_failover_is_followed() {
     assert_eq!(decision.remaining, 1_000 - 6);
     assert_eq!(set.replica.cli(&["ROLE"]).lines().next(), Some("master"));
 }
+
+/// `rediss+cluster://`: TLS to every node (a private CA), the slots of
+/// every master reached.
+#[test]
+fn tls_cluster_with_a_private_ca() {
+    let _serial = one_at_a_time();
+    let (cluster, ca) = RedisCluster::start_tls();
+    let runtime = runtime();
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let redis = runtime.block_on(RedisStore::builder(url.as_str()).tls_root_certificate(ca).connect());
+    let limiter = Limiter::new(redis.unwrap(), Limit::gcra(1, Duration::from_secs(60), 1).unwrap());
+    for index in 0..30 {
+        let subject = Subject::new("tls").and(index);
+        assert!(runtime.block_on(limiter.check(&subject)).unwrap().allowed);
+        assert!(!runtime.block_on(limiter.check(&subject)).unwrap().allowed);
+    }
+    assert!(cluster.keys_per_master().iter().all(|&keys| keys > 0));
+    // Without the CA the nodes' certificate is not trusted.
+    let error = runtime
+        .block_on(
+            RedisStore::builder(url.as_str())
+                .connect_timeout(Duration::from_secs(2))
+                .connect(),
+        )
+        .unwrap_err();
+    assert!(error.to_string().starts_with("redis:"), "{error}");
+}
