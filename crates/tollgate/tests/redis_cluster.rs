@@ -91,6 +91,17 @@ fn cluster_store_conforms_and_decides_exactly_as_memory() {
     );
     // The traces wrote to every master: the subjects spread over the slots.
     assert!(cluster.keys_per_master().iter().all(|&keys| keys > 0));
+    // An empty subject has no hash tag (`{}`): its limits' keys are hashed
+    // whole, into different slots, which one call cannot span.
+    let policy = Policy::new([
+        ("a", Limit::gcra(1, Duration::from_secs(1), 1).unwrap()),
+        ("b", Limit::gcra(1, Duration::from_secs(1), 1).unwrap()),
+    ])
+    .unwrap();
+    let error = runtime
+        .block_on(Limiter::new(redis, policy).check(&Subject::new("")))
+        .unwrap_err();
+    assert!(error.to_string().contains("empty subject"), "{error}");
 }
 
 /// The library is loaded on every master at connect; one that loses it (a
