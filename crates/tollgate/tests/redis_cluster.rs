@@ -91,10 +91,23 @@ fn cluster_store_conforms_and_decides_exactly_as_memory() {
     );
     // The traces wrote to every master: the subjects spread over the slots.
     assert!(cluster.keys_per_master().iter().all(|&keys| keys > 0));
+    // An empty subject has no hash tag (`{}`): its limits' keys are hashed
+    // whole, into different slots, which one call cannot span.
+    let policy = Policy::new([
+        ("a", Limit::gcra(1, Duration::from_secs(1), 1).unwrap()),
+        ("b", Limit::gcra(1, Duration::from_secs(1), 1).unwrap()),
+    ])
+    .unwrap();
+    let error = runtime
+        .block_on(Limiter::new(redis, policy).check(&Subject::new("")))
+        .unwrap_err();
+    assert!(error.to_string().contains("empty subject"), "{error}");
 }
 
 /// The library is loaded on every master at connect; one that loses it (a
 /// flush here; a new master in production) gets it again on the next call.
+/// A node named with `redis://` answers for its own slots and says to use
+/// `redis+cluster://` for the others.
 #[test]
 fn the_library_is_on_every_master_and_reloaded_when_lost() {
     let _serial = one_at_a_time();
@@ -123,6 +136,25 @@ fn the_library_is_on_every_master_and_reloaded_when_lost() {
     for &master in &masters {
         assert!(cluster.node(master).cli(&["FUNCTION", "LIST"]).contains("tollgate_"));
     }
+    // One node named as a single server: the keys of other nodes' slots
+    // are a clear error, not a hang or a wrong answer.
+    let single = Limiter::new(
+        runtime.block_on(store(&cluster.node(masters[0]).url())),
+        Limit::gcra(100, Duration::from_secs(1), 100).unwrap(),
+    );
+    let errors: Vec<String> = (0..30)
+        .filter_map(|index| {
+            runtime
+                .block_on(single.check(&Subject::new("single").and(index)))
+                .err()
+                .map(|error| error.to_string())
+        })
+        .collect();
+    assert!(!errors.is_empty());
+    assert!(
+        errors.iter().all(|error| error.contains("use a redis+cluster:// URL")),
+        "{errors:?}"
+    );
 }
 
 /// Many tasks deciding for many subjects at once: the batcher groups them
@@ -359,8 +391,9 @@ fn sentinel_failover_is_followed() {
     let _serial = one_at_a_time();
     let mut set = SentinelSet::start("tollgate");
     let runtime = runtime();
+    // Database 3: the master's settings go to each master found.
     let redis = runtime.block_on(async {
-        RedisStore::builder(set.url())
+        RedisStore::builder(format!("{}?db=3", set.url()))
             .timeout(Duration::from_millis(500))
             .connect()
             .await
@@ -372,7 +405,7 @@ fn sentinel_failover_is_followed() {
         assert!(runtime.block_on(limiter.check(&subject)).unwrap().allowed);
     }
     wait_until("the replica to hold the 5 admissions", || {
-        set.replica.cli(&["--scan"]).lines().count() == 1
+        set.replica.cli(&["-n", "3", "--scan"]).lines().count() == 1
     });
 
     let old_master = set.master.port();
@@ -406,6 +439,8 @@ fn sentinel_failover_is_followed() {
     assert_eq!(decision.remaining, 1_000 - 6);
     assert_eq!(set.master_port(), Some(set.replica.port()));
     assert_eq!(set.replica.cli(&["ROLE"]).lines().next(), Some("master"));
+    assert_eq!(set.replica.cli(&["-n", "3", "DBSIZE"]), "1");
+    assert_eq!(set.replica.cli(&["DBSIZE"]), "0");
 }
 
 #[test]
@@ -435,4 +470,67 @@ fn cluster_and_sentinel_urls_are_checked() {
             .unwrap_err();
         assert!(error.is_transient(), "{url}: {error}");
     }
+}
+
+/// A manual failover (`SENTINEL FAILOVER`): the master is demoted to a
+/// replica while it runs (the Sentinels close its clients' connections, and
+/// it refuses writes with `READONLY` from then on); the store asks the
+/// Sentinels and moves to the promoted replica, state and all, without an
+/// error reaching the caller.
+#[test]
+fn sentinel_manual_failover_is_followed() {
+    let _serial = one_at_a_time();
+    let set = SentinelSet::start("manual");
+    let runtime = runtime();
+    let limiter = Limiter::new(
+        runtime.block_on(store(&set.url())),
+        Limit::sliding_log(1_000, Duration::from_secs(3_600)).unwrap(),
+    );
+    let subject = Subject::new("manual");
+    for _ in 0..5 {
+        assert!(runtime.block_on(limiter.check(&subject)).unwrap().allowed);
+    }
+    wait_until("the replica to hold the 5 admissions", || {
+        set.replica.cli(&["--scan"]).lines().count() == 1
+    });
+    assert_eq!(set.sentinels[0].cli(&["SENTINEL", "FAILOVER", "manual"]), "OK");
+    wait_until("every Sentinel to name the promoted replica", || {
+        (0..set.sentinels.len()).all(|index| set.master_port_by(index) == Some(set.replica.port()))
+    });
+    wait_until("the old master's demotion", || {
+        set.master.cli(&["ROLE"]).lines().next() == Some("slave")
+    });
+    let decision = runtime
+        .block_on(limiter.check(&subject))
+        .expect("followed within the call");
+    assert_eq!(decision.remaining, 1_000 - 6);
+    assert_eq!(set.replica.cli(&["ROLE"]).lines().next(), Some("master"));
+}
+
+/// `rediss+cluster://`: TLS to every node (a private CA), the slots of
+/// every master reached.
+#[test]
+fn tls_cluster_with_a_private_ca() {
+    let _serial = one_at_a_time();
+    let (cluster, ca) = RedisCluster::start_tls();
+    let runtime = runtime();
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let redis = runtime.block_on(RedisStore::builder(url.as_str()).tls_root_certificate(ca).connect());
+    let limiter = Limiter::new(redis.unwrap(), Limit::gcra(1, Duration::from_secs(60), 1).unwrap());
+    for index in 0..30 {
+        let subject = Subject::new("tls").and(index);
+        assert!(runtime.block_on(limiter.check(&subject)).unwrap().allowed);
+        assert!(!runtime.block_on(limiter.check(&subject)).unwrap().allowed);
+    }
+    assert!(cluster.keys_per_master().iter().all(|&keys| keys > 0));
+    // Without the CA the nodes' certificate is not trusted.
+    let error = runtime
+        .block_on(
+            RedisStore::builder(url.as_str())
+                .connect_timeout(Duration::from_secs(2))
+                .connect(),
+        )
+        .unwrap_err();
+    assert!(error.to_string().starts_with("redis:"), "{error}");
 }

@@ -10,7 +10,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::redis_server::{free_port, RedisServer};
+use super::redis_server::{free_port, RedisServer, TestCa};
 
 /// How long a Cluster node or a Sentinel takes to declare a peer down.
 pub const NODE_TIMEOUT_MS: u64 = 1_000;
@@ -28,9 +28,10 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// `redis-cli --cluster <args>`; panics when it fails.
-fn cluster_cli(args: &[&str]) -> String {
+/// `redis-cli --cluster <args>` (over TLS when `tls`); panics when it fails.
+fn cluster_cli(tls: bool, args: &[&str]) -> String {
     let output = Command::new("redis-cli")
+        .args(if tls { &["--tls", "--insecure"][..] } else { &[] })
         .arg("--cluster")
         .args(args)
         .output()
@@ -47,6 +48,8 @@ fn cluster_cli(args: &[&str]) -> String {
 /// A Redis Cluster: 3 masters and 3 replicas.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// The certificates of a TLS Cluster (read again if a node restarts).
+    ca: Option<TestCa>,
 }
 
 impl RedisCluster {
@@ -54,9 +57,26 @@ impl RedisCluster {
     /// --cluster-replicas 1`, and returns once every node reports
     /// `cluster_state:ok` and every replica is in sync.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// The same, speaking only TLS (clients, replication and the cluster
+    /// bus) with a certificate of a fresh CA; returns the CA (PEM) too.
+    pub fn start_tls() -> (Self, Vec<u8>) {
+        let ca = TestCa::new();
+        let pem = ca.pem();
+        (Self::start_with(Some(ca)), pem)
+    }
+
+    fn start_with(ca: Option<TestCa>) -> Self {
+        let tls_args: Vec<String> = ca.as_ref().map_or_else(Vec::new, |ca| {
+            let mut args = ca.server_args();
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+            args
+        });
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
-                RedisServer::start_with(&[
+                let mut args: Vec<String> = vec![
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-config-file".into(),
@@ -66,15 +86,17 @@ impl RedisCluster {
                     // The bus port, chosen here: port + 10 000 may be taken or out of range.
                     "--cluster-port".into(),
                     free_port().to_string(),
-                ])
+                ];
+                args.extend(tls_args.iter().cloned());
+                RedisServer::start_with(&args)
             })
             .collect();
         let addresses: Vec<String> = nodes.iter().map(|node| format!("127.0.0.1:{}", node.port())).collect();
         let mut args = vec!["create"];
         args.extend(addresses.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
-        cluster_cli(&args);
-        let cluster = Self { nodes };
+        cluster_cli(ca.is_some(), &args);
+        let cluster = Self { nodes, ca };
         cluster.wait_until_ok();
         cluster
     }
@@ -86,7 +108,8 @@ impl RedisCluster {
             .iter()
             .map(|node| format!("127.0.0.1:{}", node.port()))
             .collect();
-        format!("redis+cluster://{}", seeds.join(","))
+        let scheme = if self.ca.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}+cluster://{}", seeds.join(","))
     }
 
     /// The nodes, masters and replicas alike.
@@ -157,19 +180,22 @@ impl RedisCluster {
     pub fn reshard(&self, from: usize, to: usize, slots: u32) -> String {
         let entry = format!("127.0.0.1:{}", self.nodes[to].port());
         let (from, to, slots) = (self.id(from), self.id(to), slots.to_string());
-        cluster_cli(&[
-            "reshard",
-            &entry,
-            "--cluster-from",
-            &from,
-            "--cluster-to",
-            &to,
-            "--cluster-slots",
-            &slots,
-            "--cluster-yes",
-            "--cluster-pipeline",
-            "10",
-        ])
+        cluster_cli(
+            self.ca.is_some(),
+            &[
+                "reshard",
+                &entry,
+                "--cluster-from",
+                &from,
+                "--cluster-to",
+                &to,
+                "--cluster-slots",
+                &slots,
+                "--cluster-yes",
+                "--cluster-pipeline",
+                "10",
+            ],
+        )
     }
 
     /// How many keys each running master holds.
@@ -231,7 +257,12 @@ impl SentinelSet {
 
     /// The port of the master the first Sentinel names now.
     pub fn master_port(&self) -> Option<u16> {
-        let answer = self.sentinels[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name]);
+        self.master_port_by(0)
+    }
+
+    /// The port of the master Sentinel `index` names now.
+    pub fn master_port_by(&self, index: usize) -> Option<u16> {
+        let answer = self.sentinels[index].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name]);
         answer.lines().nth(1).and_then(|port| port.trim().parse().ok())
     }
 }

@@ -150,6 +150,65 @@ impl RedisServer {
     /// A server that speaks only TLS, with a certificate for 127.0.0.1 signed
     /// by a fresh CA; returns the server and the CA certificate (PEM).
     pub fn start_tls() -> (Self, Vec<u8>) {
+        let ca = TestCa::new();
+        let server = Self::start_with(&ca.server_args());
+        let pem = ca.pem();
+        // The server read its files at start; the directory may go.
+        drop(ca);
+        (server, pem)
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// True while its process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Stops the process (by its pid) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again on the same port (after [`RedisServer::stop`]).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop before restart");
+        assert!(self.launch(), "redis-server did not restart on port {}", self.port);
+    }
+
+    /// Runs `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let tls = self.extra.iter().any(|arg| arg == "--tls-cert-file");
+        let output = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(if tls { &["--tls", "--insecure"][..] } else { &[] })
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+}
+
+/// A fresh CA and a certificate for 127.0.0.1 it signed, in a temporary
+/// directory (kept while this lives).
+pub struct TestCa {
+    dir: tempfile::TempDir,
+}
+
+impl TestCa {
+    /// Makes the CA, the server key and its certificate with `openssl`.
+    pub fn new() -> Self {
         let certs = tempfile::tempdir().expect("temporary directory");
         let path = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
         let openssl = |args: &[&str]| {
@@ -207,59 +266,30 @@ impl RedisServer {
             "-out",
             &cert,
         ]);
-        let server = Self::start_with(&[
+        Self { dir: certs }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_string_lossy().into_owned()
+    }
+
+    /// The arguments that make a `redis-server` speak TLS with these files.
+    pub fn server_args(&self) -> Vec<String> {
+        vec![
             "--tls-cert-file".to_owned(),
-            cert,
+            self.path("server.pem"),
             "--tls-key-file".to_owned(),
-            key,
+            self.path("server.key"),
             "--tls-ca-cert-file".to_owned(),
-            ca.clone(),
+            self.path("ca.pem"),
             "--tls-auth-clients".to_owned(),
             "no".to_owned(),
-        ]);
-        let pem = std::fs::read(ca).expect("read the CA certificate");
-        // The server read its files at start; the directory may go.
-        drop(certs);
-        (server, pem)
+        ]
     }
 
-    /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// The port it listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// True while its process runs.
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
-
-    /// Stops the process (by its pid) and waits for it to exit.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts the process again on the same port (after [`RedisServer::stop`]).
-    pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "stop before restart");
-        assert!(self.launch(), "redis-server did not restart on port {}", self.port);
-    }
-
-    /// Runs `redis-cli` against this server and returns its output.
-    pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("run redis-cli");
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    /// The CA certificate (PEM).
+    pub fn pem(&self) -> Vec<u8> {
+        std::fs::read(self.path("ca.pem")).expect("read the CA certificate")
     }
 }
 

@@ -18,6 +18,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::RwLock;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -157,6 +158,9 @@ pub(super) struct Followed {
     /// The last call failed in a way that may mean a failover.
     suspect: AtomicBool,
     config: ConnectionManagerConfig,
+    /// The longest a look-up (Sentinels, then the new master) may take: the
+    /// caller has given up by then, and the batcher waits for its calls.
+    patience: Duration,
 }
 
 /// The connection to the master as last found.
@@ -184,6 +188,7 @@ impl Followed {
     pub(super) async fn connect(
         mut sentinels: SentinelClient,
         config: ConnectionManagerConfig,
+        patience: Duration,
     ) -> redis::RedisResult<Self> {
         let client = sentinels.async_get_client().await?;
         let address = client.get_connection_info().addr().to_string();
@@ -197,6 +202,7 @@ impl Followed {
             }),
             suspect: AtomicBool::new(false),
             config,
+            patience,
         })
     }
 
@@ -243,18 +249,51 @@ impl Followed {
         if self.master.read().generation != seen {
             return Ok(true);
         }
-        let client = sentinels.async_get_client().await?;
-        let address = client.get_connection_info().addr().to_string();
-        if address == self.master.read().address {
+        let look_up = async {
+            let client = sentinels.async_get_client().await?;
+            let address = client.get_connection_info().addr().to_string();
+            if address == self.master.read().address {
+                return Ok(None);
+            }
+            // The library came with the replica's copy of the data; if not,
+            // the first call finds it missing and loads it.
+            let connection = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+            redis::RedisResult::Ok(Some((connection, address)))
+        };
+        let found = tokio::time::timeout(self.patience, look_up).await.map_err(|_| {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the Sentinels or the master they name",
+            ))
+        })??;
+        let Some((connection, address)) = found else {
             return Ok(false);
-        }
-        // The library came with the replica's copy of the data; if not, the
-        // first call finds it missing and loads it.
-        let connection = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        };
         let mut master = self.master.write();
         master.connection = connection;
         master.address = address;
         master.generation += 1;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_demoted_or_unreachable_master_is_followed_other_faults_are_not() {
+        let read_only = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        assert!(master_may_have_moved(&read_only));
+        let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(master_may_have_moved(&refused));
+        let wrong_type = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort),
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ));
+        assert!(!master_may_have_moved(&wrong_type));
     }
 }

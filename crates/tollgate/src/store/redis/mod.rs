@@ -349,7 +349,9 @@ impl RedisStoreBuilder {
                     SentinelServerType::Master,
                 )
                 .map_err(invalid)?;
-                let followed = Followed::connect(sentinels, config).await.map_err(store_error)?;
+                let followed = Followed::connect(sentinels, config, self.connect_timeout)
+                    .await
+                    .map_err(store_error)?;
                 Ok(Connection::Sentinel(Arc::new(followed)))
             }
         }
@@ -420,12 +422,16 @@ async fn batch(client: Client, mut jobs: mpsc::UnboundedReceiver<Job>, max_batch
     }
 }
 
-/// `jobs` grouped by the hash slot of their first key, in order of arrival.
+/// `jobs` grouped by the hash slot of their keys, in order of arrival. A
+/// decision whose keys span slots (an empty subject's: `{}` is no hash tag)
+/// goes alone, so that the error it meets is its own.
 fn group_by_slot(jobs: Vec<Job>) -> Vec<Vec<Job>> {
     let mut groups: Vec<(Option<Slot>, Vec<Job>)> = Vec::new();
     for job in jobs {
-        let slot = job.decision.keys.first().map(Slot::for_key);
-        match groups.iter_mut().find(|(other, _)| *other == slot) {
+        let mut slots = job.decision.keys.iter().map(Slot::for_key);
+        let first = slots.next();
+        let slot = first.filter(|first| slots.all(|slot| slot == *first));
+        match groups.iter_mut().find(|(other, _)| slot.is_some() && *other == slot) {
             Some((_, group)) => group.push(job),
             None => groups.push((slot, vec![job])),
         }
@@ -599,6 +605,15 @@ fn store_error(error: redis::RedisError) -> Error {
         (_, true) => wrong_type_message().to_owned(),
         (redis::ErrorKind::AuthenticationFailed, _) => format!("redis: authentication failed: {error}"),
         _ if error.is_connection_refusal() => format!("redis: connection refused: {error}"),
+        // A redis:// URL naming one node of a Cluster.
+        _ if matches!(error.code(), Some("MOVED" | "ASK")) => {
+            format!("redis: the server is a Redis Cluster node (use a redis+cluster:// URL): {error}")
+        }
+        // `{}` is no hash tag: Redis hashes an empty subject's keys whole.
+        _ if error.code() == Some("CROSSSLOT") => format!(
+            "redis: the limits of an empty subject live in different Cluster slots; give the subject \
+             a part: {error}"
+        ),
         _ => format!("redis: {error}"),
     };
     Error::new(kind, message).with_source(error)
@@ -677,5 +692,49 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.inner.prefix)
             .field("timeout", &self.inner.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(keys: &[&str]) -> Job {
+        let (reply, _) = oneshot::channel();
+        Job {
+            decision: Encoded {
+                keys: keys.iter().map(ToString::to_string).collect(),
+                args: Vec::new(),
+                reply_len: 2,
+            },
+            reply,
+        }
+    }
+
+    #[test]
+    fn batches_are_grouped_by_slot_and_slot_spanning_decisions_go_alone() {
+        let spanning = ["t:{}:first", "t:{}:second"];
+        assert_ne!(Slot::for_key(spanning[0]), Slot::for_key(spanning[1]));
+        assert_ne!(Slot::for_key("t:{a}:x"), Slot::for_key("t:{b}:x"));
+        let groups = group_by_slot(vec![
+            job(&["t:{a}:x", "t:{a}:y"]),
+            job(&["t:{b}:x"]),
+            job(&spanning),
+            job(&["t:{a}:z"]),
+            job(&spanning),
+        ]);
+        let keys: Vec<Vec<&str>> = groups
+            .iter()
+            .map(|group| group.iter().map(|job| job.decision.keys[0].as_str()).collect())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                vec!["t:{a}:x", "t:{a}:z"],
+                vec!["t:{b}:x"],
+                vec!["t:{}:first"],
+                vec!["t:{}:first"]
+            ]
+        );
     }
 }
