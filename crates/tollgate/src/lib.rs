@@ -46,7 +46,7 @@ pub use algorithm::{
     TokenBucketSpec, WindowSpec,
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
-pub use decision::{Decision, Outcome};
+pub use decision::{Decision, Outcome, Restrictiveness};
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};
