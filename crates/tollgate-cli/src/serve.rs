@@ -95,9 +95,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         Err(error) => return Err(UsageError(error.to_string()).into()),
     };
-    if !settings.ignored.is_empty() {
-        tracing::info!(settings = %settings.ignored.join(", "), "envoyproxy/ratelimit settings without effect here");
-    }
     let redis = args.redis.clone().or_else(|| settings.redis.clone());
     let prefix = args
         .prefix
@@ -152,6 +149,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             domains,
             "tollgate serve is ready"
         );
+        if !settings.ignored.is_empty() {
+            tracing::info!(settings = %settings.ignored.join(", "), "envoyproxy/ratelimit settings without effect here");
+        }
         server.run(http, grpc, shutdown_signal()).await?;
         tracing::info!("stopped");
         Ok(())
