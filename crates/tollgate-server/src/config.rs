@@ -736,6 +736,17 @@ impl<'de> DeserializeSeed<'de> for Count {
             fn visit_none<E: de::Error>(self) -> Result<u64, E> {
                 Ok(0)
             }
+            /// YAML 1.1 integers with `_` separators (`1_000`), which YAML
+            /// 1.2 reads as text.
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<u64, E> {
+                let digits: String = text.chars().filter(|c| *c != '_').collect();
+                match digits.parse::<u64>() {
+                    Ok(value) if !digits.is_empty() => self.visit_u64(value),
+                    _ => Err(E::custom(format!(
+                        "requests_per_unit \"{text}\" is not an integer from 0 to 4294967295"
+                    ))),
+                }
+            }
         }
         deserializer.deserialize_any(Number)
     }

@@ -8,8 +8,19 @@
 //! lives under one subject — the domain — and each descriptor is a limit of
 //! it, named by its entries; in Redis Cluster a domain's keys share one slot.
 //!
-//! Rules in `shadow_mode` are decided apart, after the others: they count and
-//! consume like any limit, but never refuse.
+//! Rules in `shadow_mode` are decided apart, each alone: they count and
+//! consume like any limit, but never refuse. A rule in `quota_mode` (or every
+//! rule, with the global quota mode) refuses the request only when every
+//! quota-mode descriptor of it is over: one that is over is set aside and the
+//! others are decided again, so that an admitted request consumes from all
+//! the limits that admit it and a refused one from none.
+//!
+//! On Envoy's protocol the answer follows envoyproxy/ratelimit's conventions:
+//! an OVER_LIMIT status reports `limit_remaining` 0; a fixed window's
+//! `duration_until_reset` is the time to the window's end, even for a counter
+//! nothing touched; the global shadow mode answers an overall OK and keeps
+//! each descriptor's code; the response headers are those of the most
+//! restrictive descriptor ([`restrictiveness`], the library's rule).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -583,12 +583,13 @@ fn domains_in_two_files_are_refused_or_merged() {
 #[test]
 fn its_lenient_reading_is_kept() {
     let domain = parse(
-        "domain: 42\ndescriptors:\n  - key: zip\n    value: 01234\n    unit: ignored here\n    rate_limit:\n      unit: Minute\n      requests_per_unit: 7\n      shadow_mode: true\n  - key: flag\n    value: \"\"\n    shadow_mode: yes\n    rate_limit:\n      unit: HOUR\n      requests_per_unit: 3\n",
+        "domain: 42\ndescriptors:\n  - key: zip\n    value: 01234\n    unit: ignored here\n    rate_limit:\n      unit: Minute\n      requests_per_unit: 7\n  - key: big\n    rate_limit:\n      unit: day\n      requests_per_unit: 1_000\n      shadow_mode: true\n  - key: flag\n    value: \"\"\n    shadow_mode: yes\n    rate_limit:\n      unit: HOUR\n      requests_per_unit: 3\n",
     )
     .unwrap();
     assert_eq!(domain.domain, "42");
     assert_eq!(lookup(&domain, &[("zip", "01234")]).unwrap().0, Some(7));
     assert_eq!(lookup(&domain, &[("zip", "1234")]), None);
+    assert_eq!(lookup(&domain, &[("big", "b")]).unwrap().0, Some(1_000));
     let (requests, key) = lookup(&domain, &[("flag", "anything")]).unwrap();
     assert_eq!((requests, key.as_str()), (Some(3), "flag"));
     let flag = domain.lookup(&[("flag".to_owned(), "x".to_owned())]).unwrap();
