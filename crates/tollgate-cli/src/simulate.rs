@@ -48,7 +48,8 @@ Standard input holds one step per line (JSON Lines):
   op           check (default; cost 0 is a peek), check_at_most, reserve,
                acquire, release, reset
   cost         units the step weighs (default 1)
-  max_wait_ms  reserve / acquire: the longest acceptable wait (default: any)
+  max_wait_ms  reserve / acquire: the longest acceptable wait (default, or
+               beyond 2^53 us: any)
   lease        release: the lease an acquire answered with (required);
                acquire: renew or name a lease (default: \"1\", \"2\", ... in
                the order leases are granted)

@@ -35,7 +35,7 @@ fn check_config_names_file_and_line() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("bad.yaml:5: "), "{stderr}");
-    assert!(stderr.contains("unknown unit \"fortnight\""), "{stderr}");
+    assert!(stderr.contains("invalid rate limit unit \"fortnight\""), "{stderr}");
 }
 
 #[tokio::test]

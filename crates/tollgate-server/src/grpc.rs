@@ -104,7 +104,7 @@ fn response(answer: CheckResponse) -> RateLimitResponse {
                     unit: limit.unit.map_or(0, Unit::proto),
                 }),
                 limit_remaining: saturate(status.limit_remaining),
-                duration_until_reset: status.decision.is_some().then(|| duration(status.duration_until_reset)),
+                duration_until_reset: status.duration_until_reset.map(duration),
                 ..ProtoStatus::default()
             })
             .collect(),
@@ -112,7 +112,7 @@ fn response(answer: CheckResponse) -> RateLimitResponse {
             .headers
             .into_iter()
             .map(|(key, value)| HeaderValue {
-                key: key.to_owned(),
+                key,
                 value,
                 ..HeaderValue::default()
             })

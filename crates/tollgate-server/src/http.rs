@@ -5,7 +5,8 @@
 //! - `POST /v1/check`: Tollgate's own — descriptors, or a subject and a named
 //!   rule, with a cost — answering a decision with `RateLimit` /
 //!   `Retry-After` headers, 429 when denied;
-//! - `GET /metrics` (Prometheus), `GET /healthz`, `GET /v1/config`.
+//! - `GET /metrics` (Prometheus), `GET /healthz`, `GET /v1/config`;
+//! - `GET /healthcheck`: envoyproxy/ratelimit's (`OK`, or 500 when unhealthy).
 //!
 //! Bodies are capped at [`MAX_BODY`]; every malformed request is a 400 with
 //! `{"error": "…"}`, and the server keeps serving.
@@ -22,10 +23,12 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tollgate::wire::DecisionJson;
-use tollgate::{Decision, Policy, Request, Store, Subject};
+use tollgate::{Decision, Policy, Request, Restrictiveness, Store, Subject};
 
 use crate::config::Unit;
-use crate::service::{rate_limit_headers, CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError};
+use crate::service::{
+    rate_limit_headers, restrictiveness, CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError, Usage,
+};
 
 /// The largest request body, in bytes.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -38,7 +41,13 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/config", get(config))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthcheck", get(healthcheck))
         .with_state(service)
+}
+
+/// The metrics alone, at `path`.
+pub fn metrics_router(service: Arc<Service>, path: &str) -> Router {
+    Router::new().route(path, get(metrics)).with_state(service)
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
@@ -233,7 +242,7 @@ struct CurrentLimitJson<'a> {
 
 #[derive(Serialize)]
 struct HeaderJson<'a> {
-    key: &'static str,
+    key: &'a str,
     value: &'a str,
 }
 
@@ -257,10 +266,7 @@ fn envoy_response_json(answer: &CheckResponse) -> EnvoyResponseJson<'_> {
                     unit: limit.unit.map_or("UNKNOWN", Unit::name),
                 }),
                 limit_remaining: status.limit_remaining.min(max),
-                duration_until_reset: status
-                    .decision
-                    .as_ref()
-                    .map(|_| proto_duration(status.duration_until_reset)),
+                duration_until_reset: status.duration_until_reset.map(proto_duration),
             })
             .collect(),
         response_headers_to_add: answer
@@ -397,13 +403,16 @@ async fn check_descriptors(service: &Service, body: CheckBody) -> Result<Checked
             decision: status.decision.as_ref().map(DecisionJson::from),
         })
         .collect();
-    // The request's decision: the denying descriptor, else the tightest one.
-    let decision = answer
+    // The request's decision: the most restrictive descriptor's (the
+    // denying one with the longest retry_after, else the one with the
+    // fewest remaining).
+    let limited: Vec<&crate::service::DescriptorStatus> = answer
         .statuses
         .iter()
-        .filter_map(|status| status.decision.clone().map(|decision| (status.code, decision)))
-        .min_by_key(|(code, decision)| (*code == Code::Ok, decision.remaining))
-        .map(|(_, decision)| decision);
+        .filter(|status| status.decision.is_some())
+        .collect();
+    let decision = Restrictiveness::most(limited.iter().map(|status| restrictiveness(status)))
+        .and_then(|index| limited[index].decision.clone());
     let mut decision = decision.unwrap_or_else(Decision::unlimited);
     decision.allowed = answer.overall == Code::Ok;
     let headers = rate_limit_headers(&answer.statuses, answer.overall);
@@ -455,11 +464,13 @@ async fn check_named(service: &Service, body: CheckBody) -> Result<Checked, Serv
         .next()
         .map(|(_, decision)| decision)
         .unwrap_or(outcome.decision);
-    let shadow = rule.shadow_mode || service.options().shadow_mode;
-    service
-        .metrics()
-        .record(&body.domain, &rule.path, cost, &decision, shadow);
-    if shadow {
+    service.metrics().record(
+        &body.domain,
+        &rule.path,
+        cost,
+        Usage::of(&decision, cost, rule.shadow_mode),
+    );
+    if rule.shadow_mode || service.options().shadow_mode {
         decision.allowed = true;
     }
     let status = crate::service::DescriptorStatus {
@@ -470,11 +481,11 @@ async fn check_named(service: &Service, body: CheckBody) -> Result<Checked, Serv
             unit: rule.unit,
         }),
         limit_remaining: decision.remaining,
-        duration_until_reset: if decision.allowed {
+        duration_until_reset: Some(if decision.allowed {
             decision.reset_after
         } else {
             decision.retry_after.unwrap_or(decision.reset_after)
-        },
+        }),
         decision: Some(decision.clone()),
         rule: Some(rule.path.clone()),
     };
@@ -484,6 +495,17 @@ async fn check_named(service: &Service, body: CheckBody) -> Result<Checked, Serv
 }
 
 // --- The rest. ----------------------------------------------------------------
+
+/// envoyproxy/ratelimit's health check: `OK` while healthy, 500 otherwise
+/// (shutting down, or no configuration with
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+async fn healthcheck(State(service): State<Arc<Service>>) -> Response {
+    if *service.health().borrow() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
 
 async fn config(State(service): State<Arc<Service>>) -> Response {
     axum::Json(service.config().as_ref().clone()).into_response()

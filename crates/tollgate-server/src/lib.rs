@@ -2,11 +2,14 @@
 //! gateway.
 //!
 //! It speaks Envoy's rate limit gRPC protocol
-//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) and the
-//! same request as JSON over HTTP, reads envoyproxy/ratelimit's configuration
-//! files unchanged (plus an optional `algorithm` block per limit), reloads them
-//! when they change, and exports Prometheus metrics. Limits live in the
-//! embedded memory store or, with several replicas, in Redis.
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, with
+//! envoyproxy/ratelimit's wire conventions) and the same request as JSON over
+//! HTTP, reads envoyproxy/ratelimit's configuration files unchanged (plus an
+//! optional `algorithm` block per limit), reloads them when they change,
+//! answers `grpc.health.v1.Health`, and exports Prometheus metrics (also
+//! under envoyproxy/ratelimit's stat names). [`settings`] reads
+//! envoyproxy/ratelimit's environment. Limits live in the embedded memory
+//! store or, with several replicas, in Redis.
 //!
 //! [`Server::run`] takes bound listeners and a shutdown future, so tests start
 //! it on port 0 and stop it when they are done.
@@ -15,11 +18,16 @@
 //! request are decided all-or-nothing, so a request that is over any limit
 //! consumes from none (see [`service`]).
 
+// The store futures nest deeply (a resilient store over Redis, in `AnyStore`,
+// in the gRPC and HTTP handlers): the compiler needs more room to lay them out.
+#![recursion_limit = "256"]
+
 pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod service;
+pub mod settings;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -30,8 +38,8 @@ use notify::{RecursiveMode, Watcher};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-pub use config::{Config, ConfigError};
-pub use service::{Options, Service};
+pub use config::{Config, ConfigError, LoadOptions};
+pub use service::{HeaderNames, Options, Service};
 pub use tollgate::AnyStore;
 
 /// What the last look at the configuration files found.
@@ -49,6 +57,9 @@ pub enum Reload {
 pub struct Server {
     service: Arc<Service>,
     config_path: Option<PathBuf>,
+    load_options: LoadOptions,
+    also_watch: Vec<PathBuf>,
+    metrics: Option<(TcpListener, String)>,
     reloads: watch::Sender<Reload>,
 }
 
@@ -60,8 +71,36 @@ impl Server {
         Self {
             service: Arc::new(Service::new(config, store, options)),
             config_path,
+            load_options: LoadOptions::default(),
+            also_watch: Vec::new(),
+            metrics: None,
             reloads,
         }
+    }
+
+    /// Reloads the configuration as `options` say (layout, merging).
+    #[must_use]
+    pub fn load_options(mut self, options: LoadOptions) -> Self {
+        self.load_options = options;
+        self
+    }
+
+    /// Also reloads when `path` changes: the directory holding a symbolic
+    /// link swapped to replace the configuration (envoyproxy/ratelimit's
+    /// `RUNTIME_ROOT`, with `RUNTIME_WATCH_ROOT`).
+    #[must_use]
+    pub fn also_watch(mut self, path: PathBuf) -> Self {
+        self.also_watch.push(path);
+        self
+    }
+
+    /// Also serves the metrics on `listener`, at `path`
+    /// (envoyproxy/ratelimit's `USE_PROMETHEUS`, `PROMETHEUS_ADDR`,
+    /// `PROMETHEUS_PATH`).
+    #[must_use]
+    pub fn metrics_on(mut self, listener: TcpListener, path: String) -> Self {
+        self.metrics = Some((listener, path));
+        self
     }
 
     /// The service both front ends share.
@@ -75,7 +114,7 @@ impl Server {
     }
 
     /// Serves HTTP on `http` and gRPC on `grpc` until `shutdown` completes,
-    /// then lets in-flight calls finish.
+    /// then reports itself unhealthy and lets in-flight calls finish.
     ///
     /// # Errors
     ///
@@ -87,37 +126,92 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (stop, stopped) = watch::channel(false);
+        let service = Arc::clone(&self.service);
         tokio::spawn(async move {
             shutdown.await;
+            // As envoyproxy/ratelimit on SIGTERM: unhealthy, then stop.
+            service.stopping();
             let _ = stop.send(true);
         });
-        let _watcher = match &self.config_path {
-            Some(path) => Some(watch_config(path, Arc::clone(&self.service), self.reloads.clone())?),
-            None => None,
-        };
+        if let Some(path) = &self.config_path {
+            let watching = Watching {
+                path: path.clone(),
+                options: self.load_options,
+                also: self.also_watch.clone(),
+            };
+            watch_config(
+                watching,
+                Arc::clone(&self.service),
+                self.reloads.clone(),
+                stopped.clone(),
+            )?;
+        }
+        let (health, health_service) = tonic_health::server::health_reporter();
+        tokio::spawn(follow_health(health, self.service.health()));
         let wait = |mut stopped: watch::Receiver<bool>| async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         };
+        let metrics_server = self.metrics.map(|(listener, path)| {
+            let router = http::metrics_router(Arc::clone(&self.service), &path);
+            axum::serve(listener, router).with_graceful_shutdown(wait(stopped.clone()))
+        });
         let http_server =
             axum::serve(http, http::router(Arc::clone(&self.service))).with_graceful_shutdown(wait(stopped.clone()));
         let grpc_server = tonic::transport::Server::builder()
+            .add_service(health_service)
             .add_service(grpc::Grpc::server(Arc::clone(&self.service)))
             .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), wait(stopped));
-        let (http_result, grpc_result) = tokio::join!(async { http_server.await }, async {
-            grpc_server.await.map_err(std::io::Error::other)
-        });
-        http_result.and(grpc_result)
+        let (http_result, grpc_result, metrics_result) = tokio::join!(
+            async { http_server.await },
+            async { grpc_server.await.map_err(std::io::Error::other) },
+            async {
+                match metrics_server {
+                    Some(server) => server.await,
+                    None => Ok(()),
+                }
+            }
+        );
+        http_result.and(grpc_result).and(metrics_result)
     }
+}
+
+/// The names `grpc.health.v1.Health` answers for: the server (""), and
+/// envoyproxy/ratelimit's "ratelimit" and the rate limit service's own name.
+const HEALTH_NAMES: [&str; 3] = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+
+/// Keeps the gRPC health statuses in step with the service's health.
+async fn follow_health(reporter: tonic_health::server::HealthReporter, mut healthy: watch::Receiver<bool>) {
+    loop {
+        let status = if *healthy.borrow_and_update() {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for name in HEALTH_NAMES {
+            reporter.set_service_status(name, status).await;
+        }
+        if healthy.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What the configuration watcher watches.
+struct Watching {
+    path: PathBuf,
+    options: LoadOptions,
+    also: Vec<PathBuf>,
 }
 
 /// Watches the configuration file or directory and reloads it when it
 /// changes; a configuration that cannot be used is reported and the running
 /// one stays in force.
 fn watch_config(
-    path: &Path,
+    watching: Watching,
     service: Arc<Service>,
     reloads: watch::Sender<Reload>,
-) -> std::io::Result<notify::RecommendedWatcher> {
+    mut stopped: watch::Receiver<bool>,
+) -> std::io::Result<()> {
     let (changed, mut changes) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|event| !event.kind.is_access()) {
@@ -126,22 +220,41 @@ fn watch_config(
     })
     .map_err(std::io::Error::other)?;
     // Editors replace files rather than write them: watch the directory.
+    let path = watching.path;
     let directory = if path.is_dir() {
-        path
+        path.clone()
     } else {
-        path.parent().unwrap_or(Path::new("."))
+        path.parent().unwrap_or(Path::new(".")).to_owned()
     };
-    watcher
-        .watch(directory, RecursiveMode::NonRecursive)
-        .map_err(std::io::Error::other)?;
-    let path = path.to_owned();
+    let mode = if watching.options.runtime_layout {
+        RecursiveMode::Recursive
+    } else {
+        RecursiveMode::NonRecursive
+    };
+    watcher.watch(&directory, mode).map_err(std::io::Error::other)?;
+    for also in &watching.also {
+        watcher
+            .watch(also, RecursiveMode::NonRecursive)
+            .map_err(std::io::Error::other)?;
+    }
+    let options = watching.options;
+    let rewatch = !watching.also.is_empty();
     tokio::spawn(async move {
         let mut generation = 0;
-        while changes.recv().await.is_some() {
+        loop {
+            tokio::select! {
+                change = changes.recv() => if change.is_none() { return },
+                _ = stopped.wait_for(|stop| *stop) => return,
+            }
             // A save is often several events: let them settle, then read once.
             tokio::time::sleep(Duration::from_millis(50)).await;
             while changes.try_recv().is_ok() {}
-            match Config::load(&path) {
+            if rewatch {
+                // A swapped link: the directory behind the path may be new.
+                let _ = watcher.unwatch(&directory);
+                let _ = watcher.watch(&directory, mode);
+            }
+            match Config::load_with(&path, options) {
                 Ok(config) => {
                     generation += 1;
                     service.replace_config(config);
@@ -157,5 +270,5 @@ fn watch_config(
             }
         }
     });
-    Ok(watcher)
+    Ok(())
 }

@@ -1,8 +1,16 @@
 //! Prometheus metrics, per domain and rule, as envoyproxy/ratelimit counts
-//! them: total hits, over limit, near limit (80 % used), within limit, shadow
-//! mode; plus store errors, decisions by the path that made them (the
-//! store, or its fallbacks when it fails), decision latency and
-//! configuration reloads.
+//! them: total hits, over limit, near limit (past `NEAR_LIMIT_RATIO`, 80 %,
+//! of the limit), within limit, shadow mode; plus store errors, decision
+//! latency and configuration reloads; and decisions by the path that made
+//! them (the store, or its fallbacks when it fails).
+//!
+//! Each is exported twice: as `tollgate_*{domain, rule}` counters, and under
+//! the names envoyproxy/ratelimit's stats take in Prometheus through its
+//! statsd exporter mapping (`ratelimit_service_rate_limit_total_hits{domain,
+//! key1, key2}`, `ratelimit_service_config_load_success`, …), so its
+//! dashboards and alerts keep working. `rule` and `key1.key2…` are its stat
+//! key: the descriptor path of the rule (`key_value.subkey`), or with
+//! `detailed_metric` / `value_to_metric` the request's own values.
 
 use std::hash::BuildHasher as _;
 use std::sync::RwLock;
@@ -10,12 +18,15 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
-use tollgate::{Decision, Path};
+use tollgate::Path;
+
+use crate::service::Usage;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
@@ -31,9 +42,69 @@ struct PathLabels {
 /// The paths a decision can take, with a counter each.
 const PATHS: [Path; 4] = [Path::Store, Path::Local, Path::Policy, Path::DenyCache];
 
+/// Registers `decisions_by_path` and returns its counters, in the order of [`PATHS`].
+fn register_paths(registry: &mut Registry) -> [Counter; 4] {
+    let paths = Family::<PathLabels, Counter>::default();
+    let counters = PATHS.map(|path| {
+        paths
+            .get_or_create(&PathLabels {
+                path: path.as_str().to_owned(),
+            })
+            .clone()
+    });
+    registry.register(
+        "decisions_by_path",
+        "Store calls by what decided them: store (Redis or memory), local (the \
+         in-process fallback while Redis fails), policy (--on-store-error open or \
+         closed), deny_cache (a denial answered again until its retry_after)",
+        paths,
+    );
+    counters
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DomainLabels {
     domain: String,
+}
+
+/// The labels envoyproxy/ratelimit's statsd exporter mapping gives its stats:
+/// the domain and the first two parts of the descriptor path (`key2` empty,
+/// so absent, for a path of one part).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KeyLabels {
+    domain: String,
+    key1: String,
+    key2: Option<String>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    err_type: &'static str,
+}
+
+/// A counter exported under its bare name, as envoyproxy/ratelimit's are
+/// (OpenMetrics would add `_total` to a counter's): an untyped sample.
+#[derive(Clone, Debug, Default)]
+struct Untyped(Counter);
+
+impl Untyped {
+    fn inc_by(&self, by: u64) {
+        self.0.inc_by(by);
+    }
+}
+
+impl TypedMetric for Untyped {
+    const TYPE: MetricType = MetricType::Unknown;
+}
+
+impl EncodeMetric for Untyped {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Unknown
+    }
 }
 
 type HistogramFamily = Family<DomainLabels, Histogram, fn() -> Histogram>;
@@ -48,14 +119,27 @@ struct Cached<T> {
 
 type Cache<T> = RwLock<HashTable<Cached<T>>>;
 
-/// The counters of one rule.
+/// The counters of one rule, in both namings.
 struct RuleCounters {
     hits: Counter,
     over_limit: Counter,
     near_limit: Counter,
     within_limit: Counter,
     shadow_mode: Counter,
+    upstream: [Untyped; 5],
 }
+
+/// The families of envoyproxy/ratelimit's names.
+struct Upstream {
+    /// total_hits, over_limit, near_limit, within_limit, shadow_mode.
+    rule: [Family<KeyLabels, Untyped>; 5],
+    config_load_success: Untyped,
+    config_load_error: Untyped,
+    global_shadow_mode: Untyped,
+    should_rate_limit_error: Family<ErrorLabels, Untyped>,
+}
+
+const UPSTREAM_STATS: [&str; 5] = ["total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"];
 
 /// The service's metrics and their registry.
 pub struct Metrics {
@@ -71,6 +155,8 @@ pub struct Metrics {
     latency: HistogramFamily,
     config_reloads: Counter,
     config_errors: Counter,
+    upstream: Upstream,
+    near_limit_ratio: f32,
     counters: Cache<RuleCounters>,
     /// Latency histograms by domain (the rule left empty).
     histograms: Cache<Histogram>,
@@ -83,8 +169,13 @@ fn latency_histogram() -> Histogram {
 }
 
 impl Metrics {
-    /// Empty metrics, registered under `tollgate_`.
+    /// Empty metrics, near the limit past 80 % of it.
     pub fn new() -> Self {
+        Self::with_near_limit_ratio(0.8)
+    }
+
+    /// Empty metrics, near the limit past `ratio` of it (`NEAR_LIMIT_RATIO`).
+    pub fn with_near_limit_ratio(ratio: f32) -> Self {
         let mut metrics = Self {
             hits: Family::default(),
             over_limit: Family::default(),
@@ -96,65 +187,82 @@ impl Metrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
-            registry: Registry::with_prefix("tollgate"),
+            upstream: Upstream {
+                rule: Default::default(),
+                config_load_success: Untyped::default(),
+                config_load_error: Untyped::default(),
+                global_shadow_mode: Untyped::default(),
+                should_rate_limit_error: Family::default(),
+            },
+            near_limit_ratio: ratio,
+            registry: Registry::default(),
             counters: RwLock::new(HashTable::new()),
             histograms: RwLock::new(HashTable::new()),
             hasher: foldhash::fast::RandomState::default(),
         };
-        metrics
-            .registry
-            .register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
-        metrics.registry.register(
+        let tollgate = metrics.registry.sub_registry_with_prefix("tollgate");
+        tollgate.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
+        tollgate.register(
             "over_limit",
             "Hits refused as over the limit",
             metrics.over_limit.clone(),
         );
-        metrics.registry.register(
+        tollgate.register(
             "near_limit",
-            "Hits admitted with 80 % or more of the limit used",
+            "Hits past the near-limit ratio of the limit",
             metrics.near_limit.clone(),
         );
-        metrics
-            .registry
-            .register("within_limit", "Hits admitted", metrics.within_limit.clone());
-        metrics.registry.register(
+        tollgate.register("within_limit", "Hits admitted", metrics.within_limit.clone());
+        tollgate.register(
             "shadow_mode",
-            "Hits over the limit but admitted by shadow mode",
+            "Hits over the limit but admitted by a rule in shadow mode",
             metrics.shadow_mode.clone(),
         );
-        metrics.registry.register(
+        tollgate.register(
             "store_errors",
             "Requests that failed because the store failed",
             metrics.store_errors.clone(),
         );
-        let paths = Family::<PathLabels, Counter>::default();
-        for (path, counter) in PATHS.iter().zip(&mut metrics.paths) {
-            *counter = paths
-                .get_or_create(&PathLabels {
-                    path: path.as_str().to_owned(),
-                })
-                .clone();
-        }
-        metrics.registry.register(
-            "decisions_by_path",
-            "Store calls by what decided them: store (Redis or memory), local (the \
-             in-process fallback while Redis fails), policy (--on-store-error open or \
-             closed), deny_cache (a denial answered again until its retry_after)",
-            paths,
-        );
-        metrics.registry.register(
+        metrics.paths = register_paths(tollgate);
+        tollgate.register(
             "decision_seconds",
             "Time to decide one request",
             metrics.latency.clone(),
         );
-        metrics.registry.register(
+        tollgate.register(
             "config_reloads",
             "Configurations loaded",
             metrics.config_reloads.clone(),
         );
-        metrics
-            .registry
-            .register("config_errors", "Configurations refused", metrics.config_errors.clone());
+        tollgate.register("config_errors", "Configurations refused", metrics.config_errors.clone());
+        let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
+        for (stat, family) in UPSTREAM_STATS.iter().zip(&metrics.upstream.rule) {
+            upstream.register(
+                format!("rate_limit_{stat}"),
+                format!("envoyproxy/ratelimit's {stat} stat, per domain and descriptor key"),
+                family.clone(),
+            );
+        }
+        upstream.register(
+            "config_load_success",
+            "Configurations loaded (envoyproxy/ratelimit's name)",
+            metrics.upstream.config_load_success.clone(),
+        );
+        upstream.register(
+            "config_load_error",
+            "Configurations refused (envoyproxy/ratelimit's name)",
+            metrics.upstream.config_load_error.clone(),
+        );
+        upstream.register(
+            "global_shadow_mode",
+            "Requests over the limit answered OK by the global shadow mode",
+            metrics.upstream.global_shadow_mode.clone(),
+        );
+        upstream.register(
+            "should_rate_limit_error",
+            "Requests that failed: invalid (service_error) or store faults (redis_error)",
+            metrics.upstream.should_rate_limit_error.clone(),
+        );
         metrics
     }
 
@@ -191,43 +299,88 @@ impl Metrics {
         }
     }
 
-    /// Counts one descriptor's decision.
-    pub fn record(&self, domain: &str, rule: &str, hits: u64, decision: &Decision, shadow: bool) {
+    /// Counts one descriptor's `hits` on the rule whose stat key (without
+    /// the domain) is `key`, as envoyproxy/ratelimit counts them: within,
+    /// near (the hits past the near-limit ratio) and over the limit (the hits
+    /// past the limit), and in shadow mode those a shadow rule let through.
+    pub fn record(&self, domain: &str, key: &str, hits: u64, usage: Usage) {
         let make = || {
             let labels = RuleLabels {
                 domain: domain.to_owned(),
-                rule: rule.to_owned(),
+                rule: key.to_owned(),
             };
+            let upstream = upstream_labels(domain, key);
             RuleCounters {
                 hits: self.hits.get_or_create(&labels).clone(),
                 over_limit: self.over_limit.get_or_create(&labels).clone(),
                 near_limit: self.near_limit.get_or_create(&labels).clone(),
                 within_limit: self.within_limit.get_or_create(&labels).clone(),
                 shadow_mode: self.shadow_mode.get_or_create(&labels).clone(),
+                upstream: std::array::from_fn(|stat| self.upstream.rule[stat].get_or_create(&upstream).clone()),
             }
         };
-        self.with_cached(&self.counters, (domain, rule), make, |counters| {
-            counters.hits.inc_by(hits);
-            if decision.allowed {
-                counters.within_limit.inc_by(hits);
-                // As envoyproxy/ratelimit: the hits that went past 80 % of the limit.
-                let threshold = decision.limit / 5 * 4 + decision.limit % 5 * 4 / 5;
-                let used_after = decision.limit.saturating_sub(decision.remaining);
-                let used_before = used_after.saturating_sub(hits);
-                if used_after > threshold {
-                    counters.near_limit.inc_by(used_after - used_before.max(threshold));
-                }
+        // envoyproxy/ratelimit computes the threshold in 32-bit floats.
+        let near = (usage.limit as f32 * self.near_limit_ratio).floor() as u64;
+        let Usage {
+            limit, before, after, ..
+        } = usage;
+        let (mut over, mut near_hits, mut within, mut shadow) = (0, 0, 0, 0);
+        if usage.over {
+            over = if before >= limit || after <= limit {
+                hits
             } else {
-                counters.over_limit.inc_by(hits);
-                if shadow {
-                    counters.shadow_mode.inc_by(hits);
-                }
+                // Only the hits past the limit are over; those before it near.
+                near_hits = limit - near.max(before);
+                after - limit
+            };
+            if usage.shadow {
+                shadow = over;
+            }
+        } else {
+            within = hits;
+            if after > near {
+                near_hits = if before >= near { hits } else { after - near };
+            }
+        }
+        self.with_cached(&self.counters, (domain, key), make, |counters| {
+            let [up_hits, up_over, up_near, up_within, up_shadow] = &counters.upstream;
+            for (counter, upstream, by) in [
+                (&counters.hits, up_hits, hits),
+                (&counters.over_limit, up_over, over),
+                (&counters.near_limit, up_near, near_hits),
+                (&counters.within_limit, up_within, within),
+                (&counters.shadow_mode, up_shadow, shadow),
+            ] {
+                counter.inc_by(by);
+                upstream.inc_by(by);
             }
         });
     }
 
+    /// Counts a request whose overall OVER_LIMIT the global shadow mode
+    /// turned into OK.
+    pub fn global_shadow_mode(&self) {
+        self.upstream.global_shadow_mode.inc_by(1);
+    }
+
+    /// Counts an invalid request.
+    pub fn service_error(&self) {
+        self.upstream
+            .should_rate_limit_error
+            .get_or_create(&ErrorLabels {
+                err_type: "service_error",
+            })
+            .inc_by(1);
+    }
+
     /// Counts a request the store failed.
     pub fn store_error(&self, domain: &str) {
+        self.upstream
+            .should_rate_limit_error
+            .get_or_create(&ErrorLabels {
+                err_type: "redis_error",
+            })
+            .inc_by(1);
         self.store_errors
             .get_or_create(&DomainLabels {
                 domain: domain.to_owned(),
@@ -259,8 +412,10 @@ impl Metrics {
     pub fn config_loaded(&self, ok: bool) {
         if ok {
             self.config_reloads.inc();
+            self.upstream.config_load_success.inc_by(1);
         } else {
             self.config_errors.inc();
+            self.upstream.config_load_error.inc_by(1);
         }
     }
 
@@ -273,8 +428,85 @@ impl Metrics {
     }
 }
 
+/// The labels of a stat key as envoyproxy/ratelimit's statsd exporter
+/// mapping makes them, after its stat name sanitizing (`:` and `|` become
+/// `_`, so do the dots of an IPv4 address).
+fn upstream_labels(domain: &str, key: &str) -> KeyLabels {
+    let full = sanitize(&format!("{domain}.{key}"));
+    let mut parts = full.split('.');
+    KeyLabels {
+        domain: parts.next().unwrap_or_default().to_owned(),
+        key1: parts.next().unwrap_or_default().to_owned(),
+        key2: parts.next().map(str::to_owned),
+    }
+}
+
+/// envoyproxy/ratelimit's `SanitizeStatName`.
+fn sanitize(name: &str) -> String {
+    let name = name.replace([':', '|'], "_");
+    let bytes = name.as_bytes();
+    let mut out = String::with_capacity(name.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if let Some(len) = ipv4_at(&bytes[at..]) {
+            out.push_str(&name[at..at + len].replace('.', "_"));
+            at += len;
+        } else {
+            let next = name[at..].chars().next().map_or(1, char::len_utf8);
+            out.push_str(&name[at..at + next]);
+            at += next;
+        }
+    }
+    out
+}
+
+/// The length of `\d{1,3}(\.\d{1,3}){3}` at the start of `bytes`, if any
+/// (the longest match, as Go's leftmost-first regexp finds it).
+fn ipv4_at(bytes: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    for group in 0..4 {
+        if group > 0 {
+            if bytes.get(at) != Some(&b'.') {
+                return None;
+            }
+            at += 1;
+        }
+        let digits = bytes[at..]
+            .iter()
+            .take(3)
+            .take_while(|byte| byte.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        at += digits;
+    }
+    Some(at)
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_names_are_sanitized_as_envoyproxy_ratelimit_does() {
+        assert_eq!(sanitize("d.remote_address_50.0.0.5"), "d.remote_address_50_0_0_5");
+        assert_eq!(sanitize("d.a:b|c"), "d.a_b_c");
+        assert_eq!(sanitize("d.v1.2.3"), "d.v1.2.3");
+        assert_eq!(
+            upstream_labels("d", "key1_value1.subkey1.deeper"),
+            KeyLabels {
+                domain: "d".to_owned(),
+                key1: "key1_value1".to_owned(),
+                key2: Some("subkey1".to_owned()),
+            }
+        );
+        assert_eq!(upstream_labels("d", "k").key2, None);
     }
 }

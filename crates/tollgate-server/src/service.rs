@@ -8,15 +8,27 @@
 //! lives under one subject — the domain — and each descriptor is a limit of
 //! it, named by its entries; in Redis Cluster a domain's keys share one slot.
 //!
-//! Rules in `shadow_mode` are decided apart, after the others: they count and
-//! consume like any limit, but never refuse.
+//! Rules in `shadow_mode` are decided apart, each alone: they count and
+//! consume like any limit, but never refuse. A rule in `quota_mode` (or every
+//! rule, with the global quota mode) refuses the request only when every
+//! quota-mode descriptor of it is over: one that is over is set aside and the
+//! others are decided again, so that an admitted request consumes from all
+//! the limits that admit it and a refused one from none.
+//!
+//! On Envoy's protocol the answer follows envoyproxy/ratelimit's conventions:
+//! an OVER_LIMIT status reports `limit_remaining` 0; a fixed window's
+//! `duration_until_reset` is the time to the window's end, even for a counter
+//! nothing touched; the global shadow mode answers an overall OK and keeps
+//! each descriptor's code; the response headers are those of the most
+//! restrictive descriptor ([`restrictiveness`], the library's rule).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use tokio::sync::watch;
 use tollgate::wire::{rate_limit_headers as rate_limit_headers_of, HeaderLimit};
-use tollgate::{AnyStore, Decision, Limit, Op, Policy, Request, Store, Subject};
+use tollgate::{AnyStore, Decision, Limit, Op, Policy, Request, Restrictiveness, Store, Subject};
 
 use crate::config::{Config, Quota, Rule, Unit};
 use crate::metrics::Metrics;
@@ -74,10 +86,14 @@ pub struct DescriptorStatus {
     pub code: Code,
     /// The limit that applied, if any.
     pub current_limit: Option<CurrentLimit>,
-    /// Hits left before the limit refuses.
+    /// Hits left before the limit refuses (0 when over the limit, as
+    /// envoyproxy/ratelimit reports).
     pub limit_remaining: u64,
-    /// Until the limit resets (when over: until this request would pass).
-    pub duration_until_reset: Duration,
+    /// Until the limit resets, when a limit applied: for a fixed window,
+    /// the time to the window's end (even when nothing touched it); for
+    /// other algorithms, until this request would pass when over, else until
+    /// the limit is full again.
+    pub duration_until_reset: Option<Duration>,
     /// The library's decision behind it, when a limit applied.
     pub decision: Option<Decision>,
     /// The rule that applied (its path), for headers and metrics.
@@ -87,12 +103,16 @@ pub struct DescriptorStatus {
 /// The answer to a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckResponse {
-    /// OVER_LIMIT when any descriptor is over its limit.
+    /// OVER_LIMIT when a descriptor outside shadow and quota mode is over
+    /// its limit, or when every quota-mode descriptor is; OK in global
+    /// shadow mode.
     pub overall: Code,
     /// One status per descriptor, in the request's order.
     pub statuses: Vec<DescriptorStatus>,
-    /// `RateLimit-Policy`, `RateLimit` and `Retry-After` headers.
-    pub headers: Vec<(&'static str, String)>,
+    /// When response headers are enabled: envoyproxy/ratelimit's limit,
+    /// remaining and reset headers, of the most restrictive descriptor, for
+    /// `response_headers_to_add`.
+    pub headers: Vec<(String, String)>,
 }
 
 /// Why a request was not decided.
@@ -115,12 +135,61 @@ impl std::fmt::Display for ServiceError {
 impl std::error::Error for ServiceError {}
 
 /// Global switches, as envoyproxy/ratelimit's settings.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone)]
+#[allow(clippy::struct_excessive_bools)] // Each is one setting.
 pub struct Options {
-    /// Decide and count, but always answer OK.
+    /// Decide and count, but always answer an overall OK (each descriptor
+    /// keeps its real code) (`SHADOW_MODE`).
     pub shadow_mode: bool,
-    /// Add RateLimit headers to every answer.
+    /// Every rule in quota mode (`QUOTA_MODE`).
+    pub quota_mode: bool,
+    /// Add the limit, remaining and reset headers to every answer
+    /// (`LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub response_headers: bool,
+    /// Their names.
+    pub header_names: HeaderNames,
+    /// The share of a limit past which hits count as near the limit
+    /// (`NEAR_LIMIT_RATIO`, 0.8).
+    pub near_limit_ratio: f32,
+    /// Healthy only once a configuration with a domain is loaded
+    /// (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub healthy_with_config_only: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            shadow_mode: false,
+            quota_mode: false,
+            response_headers: false,
+            header_names: HeaderNames::default(),
+            near_limit_ratio: 0.8,
+            healthy_with_config_only: false,
+        }
+    }
+}
+
+/// The names of the response headers (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`); by default the IETF
+/// draft's, as in envoyproxy/ratelimit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The limit's requests per unit.
+    pub limit: String,
+    /// Hits left.
+    pub remaining: String,
+    /// Seconds until the limit resets.
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
 }
 
 /// The service state shared by the gRPC and HTTP front ends.
@@ -129,12 +198,13 @@ pub struct Service {
     store: AnyStore,
     metrics: Metrics,
     options: Options,
+    healthy: watch::Sender<bool>,
 }
 
 /// What the rules say of a request's descriptors.
 struct Matched<'a> {
     applied: Vec<Applied<'a>>,
-    blocked: Vec<(usize, &'a Rule)>,
+    blocked: Vec<Blocked<'a>>,
     statuses: Vec<DescriptorStatus>,
 }
 
@@ -144,7 +214,23 @@ struct Applied<'a> {
     limit: Limit,
     rule: Option<&'a Rule>,
     hits: u64,
+    /// The counter's name.
     name: String,
+    /// envoyproxy/ratelimit's stat key, without the domain.
+    stat_key: String,
+    /// A fixed window's length (its reset is the window's end).
+    window: Option<Duration>,
+    shadow: bool,
+    quota: bool,
+}
+
+/// A descriptor whose rule blocks (`requests_per_unit: 0`).
+struct Blocked<'a> {
+    index: usize,
+    rule: &'a Rule,
+    hits: u64,
+    stat_key: String,
+    quota: bool,
 }
 
 fn invalid(message: impl Into<String>) -> ServiceError {
@@ -154,11 +240,13 @@ fn invalid(message: impl Into<String>) -> ServiceError {
 impl Service {
     /// A service over `store` with `config` in force.
     pub fn new(config: Config, store: AnyStore, options: Options) -> Self {
+        let healthy = !options.healthy_with_config_only || !config.domains.is_empty();
         Self {
             config: ArcSwap::from_pointee(config),
             store,
-            metrics: Metrics::new(),
+            metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,
+            healthy: watch::channel(healthy).0,
         }
     }
 
@@ -169,6 +257,9 @@ impl Service {
 
     /// Puts a new configuration in force.
     pub fn replace_config(&self, config: Config) {
+        if self.options.healthy_with_config_only {
+            self.healthy.send_replace(!config.domains.is_empty());
+        }
         self.config.store(Arc::new(config));
     }
 
@@ -178,13 +269,23 @@ impl Service {
     }
 
     /// The global switches.
-    pub fn options(&self) -> Options {
-        self.options
+    pub fn options(&self) -> &Options {
+        &self.options
     }
 
     /// The store.
     pub fn store(&self) -> &AnyStore {
         &self.store
+    }
+
+    /// Follows whether the service is healthy (gRPC health and `/healthcheck`).
+    pub fn health(&self) -> watch::Receiver<bool> {
+        self.healthy.subscribe()
+    }
+
+    /// Marks the service unhealthy from now on (it is shutting down).
+    pub fn stopping(&self) {
+        self.healthy.send_replace(false);
     }
 
     fn validate(request: &CheckRequest) -> Result<(), ServiceError> {
@@ -222,13 +323,14 @@ impl Service {
 
     /// Finds the limit each descriptor of `request` meets.
     fn match_rules<'a>(
+        &self,
         request: &CheckRequest,
         domain: Option<&'a crate::config::Domain>,
         hits: u64,
     ) -> Result<Matched<'a>, ServiceError> {
-        // Which limit applies to each descriptor.
         let mut applied: Vec<Applied<'a>> = Vec::new();
-        let mut blocked: Vec<(usize, &'a Rule)> = Vec::new();
+        let mut blocked: Vec<Blocked<'a>> = Vec::new();
+        let mut replacing: Vec<&'a str> = Vec::new();
         let mut statuses: Vec<DescriptorStatus> = request
             .descriptors
             .iter()
@@ -236,75 +338,95 @@ impl Service {
                 code: Code::Ok,
                 current_limit: None,
                 limit_remaining: 0,
-                duration_until_reset: Duration::ZERO,
+                duration_until_reset: None,
                 decision: None,
                 rule: None,
             })
             .collect();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let hits = descriptor.hits_addend.unwrap_or(hits);
-            // Limit names are subject encodings: injective, and hashed when long.
-            let entries = || {
-                descriptor
-                    .entries
-                    .iter()
-                    .flat_map(|(key, value)| [key.as_str(), value.as_str()])
-            };
-            let name = Subject::from_parts(entries()).as_key().to_owned();
             if let Some((requests, unit)) = descriptor.limit_override {
+                // As envoyproxy/ratelimit: a limit from Envoy is never in
+                // shadow mode, but follows the global quota mode.
                 let limit =
                     Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
+                let requests_text = requests.to_string();
+                let entries = descriptor
+                    .entries
+                    .iter()
+                    .flat_map(|(key, value)| [key.as_str(), value.as_str()]);
                 applied.push(Applied {
                     index,
                     limit,
                     rule: None,
                     hits,
                     name: Subject::from_parts(
-                        ["override", &requests.to_string(), unit.name()]
+                        ["override", requests_text.as_str(), unit.name()]
                             .into_iter()
-                            .chain(entries()),
+                            .chain(entries),
                     )
                     .as_key()
                     .to_owned(),
+                    stat_key: override_stat_key(&descriptor.entries),
+                    window: Some(unit.duration()),
+                    shadow: false,
+                    quota: self.options.quota_mode,
                 });
                 continue;
             }
-            let Some(rule) = domain.and_then(|domain| domain.lookup(&descriptor.entries)) else {
+            let Some(found) = domain.and_then(|domain| domain.lookup(&descriptor.entries)) else {
                 continue;
             };
-            // A shared wildcard counts every match together, under the rule's path.
-            let name = if rule.shared {
-                Subject::from_parts(["rule", rule.path.as_str()]).as_key().to_owned()
-            } else {
-                name
-            };
+            let rule = found.rule;
+            replacing.extend(rule.replaces.iter().map(String::as_str));
             statuses[index].rule = Some(rule.path.clone());
+            let quota = rule.quota_mode || self.options.quota_mode;
             match &rule.quota {
-                Quota::Limited(limit) => applied.push(Applied {
-                    index,
-                    limit: limit.clone(),
-                    rule: Some(rule),
-                    hits,
-                    name,
-                }),
-                // Unlimited: always OK, with everything remaining.
+                Quota::Limited(limit) => {
+                    // Limit names are subject encodings: injective, and
+                    // hashed when long. A share_threshold wildcard puts its
+                    // pattern in place of the value, so its matches share.
+                    let entries = descriptor.entries.iter().enumerate().flat_map(|(at, (key, value))| {
+                        let value = found
+                            .shared
+                            .iter()
+                            .find(|(shared, _)| *shared == at)
+                            .map_or(value.as_str(), |(_, pattern)| *pattern);
+                        [key.as_str(), value]
+                    });
+                    applied.push(Applied {
+                        index,
+                        limit: limit.clone(),
+                        rule: Some(rule),
+                        hits,
+                        name: Subject::from_parts(entries).as_key().to_owned(),
+                        stat_key: found.stat_key().to_owned(),
+                        window: rule.quota.fixed_window(),
+                        shadow: rule.shadow_mode,
+                        quota,
+                    });
+                }
+                // Unlimited: always OK, with everything remaining, and no stats.
                 Quota::Unlimited => statuses[index].limit_remaining = u64::from(u32::MAX),
-                Quota::Blocked => blocked.push((index, rule)),
+                Quota::Blocked => blocked.push(Blocked {
+                    index,
+                    rule,
+                    hits,
+                    stat_key: found.stat_key().to_owned(),
+                    quota,
+                }),
             }
         }
         // A rule that `replaces` another drops it when both match.
-        let replaced: Vec<&str> = applied
-            .iter()
-            .filter_map(|applied| applied.rule)
-            .flat_map(|rule| rule.replaces.iter().map(String::as_str))
-            .collect();
-        applied.retain(|applied| {
-            !applied
-                .rule
-                .and_then(|rule| rule.name.as_deref())
-                .is_some_and(|name| replaced.contains(&name))
-        });
-
+        let replaced = |rule: Option<&Rule>| {
+            rule.and_then(|rule| rule.name.as_deref())
+                .is_some_and(|name| replacing.contains(&name))
+        };
+        for each in applied.iter().filter(|each| replaced(each.rule)) {
+            statuses[each.index].rule = None;
+        }
+        applied.retain(|each| !replaced(each.rule));
+        blocked.retain(|each| !replaced(Some(each.rule)));
         Ok(Matched {
             applied,
             blocked,
@@ -314,11 +436,20 @@ impl Service {
 
     /// Decides every descriptor of `request` at once.
     ///
+    /// Descriptors in shadow mode are decided apart, each alone. The others
+    /// are decided together, all-or-nothing; a quota-mode descriptor that is
+    /// over its limit is then set aside and the rest decided again, so that
+    /// the request consumes from every limit or from none (when it is
+    /// refused).
+    ///
     /// # Errors
     ///
     /// A malformed request, or a store fault.
     pub async fn should_rate_limit(&self, request: &CheckRequest) -> Result<CheckResponse, ServiceError> {
-        Self::validate(request)?;
+        if let Err(error) = Self::validate(request) {
+            self.metrics.service_error();
+            return Err(error);
+        }
         let started = Instant::now();
         let config = self.config.load();
         let hits = if request.hits_addend == 0 {
@@ -332,77 +463,61 @@ impl Service {
             applied,
             blocked,
             mut statuses,
-        } = Self::match_rules(request, domain, hits)?;
-        let (shadowed, enforced): (Vec<Applied<'_>>, Vec<Applied<'_>>) = applied
-            .into_iter()
-            .partition(|applied| applied.rule.is_some_and(|rule| rule.shadow_mode));
+        } = self.match_rules(request, domain, hits)?;
         let subject = Subject::new(&request.domain);
-        let mut decisions: Vec<(&Applied<'_>, Decision)> = Vec::new();
-        let enforced_outcome = self.decide_together(&subject, &enforced).await;
-        let mut store_failure = enforced_outcome.as_ref().err().cloned();
-        if let Ok(outcome) = &enforced_outcome {
-            decisions.extend(enforced.iter().zip(outcome.iter().cloned()));
-        }
-        for shadow in &shadowed {
-            match self.decide_together(&subject, std::slice::from_ref(shadow)).await {
-                Ok(outcome) => decisions.extend(outcome.into_iter().map(|decision| (shadow, decision))),
-                Err(error) => store_failure = Some(error),
-            }
-        }
-        if let Some(error) = store_failure {
+        let mut decisions: Vec<Option<Decision>> = vec![None; statuses.len()];
+        let decided = self.decide_all(&subject, &applied, &blocked, &mut decisions).await;
+        if let Err(error) = decided {
             self.metrics.store_error(&request.domain);
             return Err(ServiceError::Unavailable(error));
         }
 
-        let mut overall = Code::Ok;
-        for (index, rule) in blocked {
-            // requests_per_unit 0: over the limit, always, consuming nothing.
-            let shadow = rule.shadow_mode || self.options.shadow_mode;
-            if !shadow {
-                overall = Code::OverLimit;
-            }
-            let status = &mut statuses[index];
-            status.code = if shadow { Code::Ok } else { Code::OverLimit };
-            status.current_limit = Some(CurrentLimit {
-                name: rule.name.clone().unwrap_or_default(),
-                requests_per_unit: 0,
-                unit: rule.unit,
-            });
+        let now = unix_now();
+        let mut quota_of = vec![false; statuses.len()];
+        for each in &blocked {
+            quota_of[each.index] = each.quota;
+            self.block(&request.domain, each, &mut statuses[each.index], now);
         }
-        for (applied, decision) in &decisions {
-            let shadow = applied.rule.is_some_and(|rule| rule.shadow_mode) || self.options.shadow_mode;
+        for each in &applied {
+            let Some(decision) = decisions[each.index].take() else {
+                continue;
+            };
+            quota_of[each.index] = each.quota;
+            self.metrics.record(
+                &request.domain,
+                &each.stat_key,
+                each.hits,
+                Usage::of(&decision, each.hits, each.shadow),
+            );
             let over = !decision.allowed;
-            if over && !shadow {
-                overall = Code::OverLimit;
-            }
-            let rule_label = match applied.rule {
-                Some(rule) if rule.detailed_metric => detailed_label(&request.descriptors[applied.index].entries),
-                Some(rule) => rule.path.clone(),
-                None => "override".to_owned(),
-            };
-            self.metrics
-                .record(&request.domain, &rule_label, applied.hits, decision, shadow);
-            let status = &mut statuses[applied.index];
-            status.code = if over && !shadow { Code::OverLimit } else { Code::Ok };
-            status.current_limit = Some(current_limit(applied, decision));
-            status.limit_remaining = decision.remaining;
-            status.duration_until_reset = if over {
-                decision.retry_after.unwrap_or(decision.reset_after)
+            let status = &mut statuses[each.index];
+            status.code = if over && !each.shadow {
+                Code::OverLimit
             } else {
-                decision.reset_after
+                Code::Ok
             };
-            status.decision = Some(decision.clone());
-            status.rule = applied
-                .rule
-                .map(|rule| rule.path.clone())
-                .or_else(|| Some("override".to_owned()));
+            status.current_limit = Some(current_limit(each, &decision));
+            status.limit_remaining = if over { 0 } else { decision.remaining };
+            status.duration_until_reset = Some(match each.window {
+                Some(window) if decision.reset_after.is_zero() => until_window_end(window, now),
+                None if over => decision.retry_after.unwrap_or(decision.reset_after),
+                _ => decision.reset_after,
+            });
+            status.decision = Some(decision);
+            status.rule = Some(
+                each.rule
+                    .map_or_else(|| "override".to_owned(), |rule| rule.path.clone()),
+            );
         }
-        if self.options.shadow_mode {
+
+        let mut overall = overall_code(&statuses, &quota_of);
+        if overall == Code::OverLimit && self.options.shadow_mode {
             overall = Code::Ok;
+            self.metrics.global_shadow_mode();
         }
         self.metrics.latency(&request.domain, started.elapsed());
         let headers = if self.options.response_headers {
-            rate_limit_headers(&statuses, overall)
+            envoy_headers(&statuses, &self.options.header_names)
         } else {
             Vec::new()
         };
@@ -413,8 +528,85 @@ impl Service {
         })
     }
 
+    /// The status of a descriptor whose rule blocks: over the limit (but for
+    /// a peek), always, consuming nothing.
+    fn block(&self, domain: &str, each: &Blocked<'_>, status: &mut DescriptorStatus, now: u64) {
+        let over = each.hits > 0;
+        status.code = if over && !each.rule.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        status.current_limit = Some(CurrentLimit {
+            name: each.rule.name.clone().unwrap_or_default(),
+            requests_per_unit: 0,
+            unit: each.rule.unit,
+        });
+        status.duration_until_reset = each.rule.unit.map(|unit| until_window_end(unit.duration(), now));
+        let usage = Usage {
+            limit: 0,
+            before: 0,
+            after: each.hits,
+            over,
+            shadow: each.rule.shadow_mode,
+        };
+        self.metrics.record(domain, &each.stat_key, each.hits, usage);
+    }
+
+    /// Decides the applied limits (see [`Service::should_rate_limit`]),
+    /// leaving each descriptor's decision in `decisions`.
+    async fn decide_all(
+        &self,
+        subject: &Subject,
+        applied: &[Applied<'_>],
+        blocked: &[Blocked<'_>],
+        decisions: &mut [Option<Decision>],
+    ) -> Result<(), String> {
+        for shadow in applied.iter().filter(|each| each.shadow) {
+            let outcome = self.decide_together(subject, &[shadow]).await?;
+            decisions[shadow.index] = outcome.into_iter().next();
+        }
+        let enforced: Vec<&Applied<'_>> = applied.iter().filter(|each| !each.shadow && !each.quota).collect();
+        let mut live: Vec<&Applied<'_>> = applied.iter().filter(|each| !each.shadow && each.quota).collect();
+        // Quota-mode descriptors: all of them (shadow ones included), and
+        // those that already failed (blocked ones).
+        let total_quota =
+            applied.iter().filter(|each| each.quota).count() + blocked.iter().filter(|each| each.quota).count();
+        let mut failed_quota = blocked
+            .iter()
+            .filter(|each| each.quota && each.hits > 0 && !each.rule.shadow_mode)
+            .count();
+        loop {
+            let batch: Vec<&Applied<'_>> = enforced.iter().chain(&live).copied().collect();
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let outcome = self.decide_together(subject, &batch).await?;
+            let mut enforced_denied = false;
+            let mut newly_failed = 0;
+            for (each, decision) in batch.iter().zip(outcome) {
+                if !decision.allowed {
+                    if each.quota {
+                        newly_failed += 1;
+                    } else {
+                        enforced_denied = true;
+                    }
+                }
+                decisions[each.index] = Some(decision);
+            }
+            // Refused (nothing consumed), or admitted (all consumed).
+            if enforced_denied || newly_failed == 0 || failed_quota + newly_failed == total_quota {
+                return Ok(());
+            }
+            // Some quota-mode descriptors are over but the request goes on:
+            // decide again without them, so that the others consume.
+            failed_quota += newly_failed;
+            live.retain(|each| decisions[each.index].as_ref().is_some_and(|decision| decision.allowed));
+        }
+    }
+
     /// Decides `applied` as one all-or-nothing policy; returns each one's decision.
-    async fn decide_together(&self, subject: &Subject, applied: &[Applied<'_>]) -> Result<Vec<Decision>, String> {
+    async fn decide_together(&self, subject: &Subject, applied: &[&Applied<'_>]) -> Result<Vec<Decision>, String> {
         if applied.is_empty() {
             return Ok(Vec::new());
         }
@@ -447,6 +639,85 @@ impl Service {
     }
 }
 
+/// As envoyproxy/ratelimit: over when a descriptor outside quota mode is,
+/// or when every quota-mode descriptor (`quota_of`) is.
+fn overall_code(statuses: &[DescriptorStatus], quota_of: &[bool]) -> Code {
+    let over = |index: &usize| statuses[*index].code == Code::OverLimit;
+    let quota: Vec<usize> = (0..statuses.len()).filter(|index| quota_of[*index]).collect();
+    let failed = (0..statuses.len()).any(|index| !quota_of[index] && over(&index));
+    if failed || (!quota.is_empty() && quota.iter().all(over)) {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
+/// What one descriptor did to its limit, as envoyproxy/ratelimit's stats
+/// count it: hits used before and after the request, of `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// The limit.
+    pub limit: u64,
+    /// Hits used before this request.
+    pub before: u64,
+    /// Hits used with this request's (what it would have used, when over).
+    pub after: u64,
+    /// Over the limit.
+    pub over: bool,
+    /// The rule is in shadow mode.
+    pub shadow: bool,
+}
+
+impl Usage {
+    /// The usage a library decision reports, for `hits`.
+    pub fn of(decision: &Decision, hits: u64, shadow: bool) -> Self {
+        let used = decision.limit.saturating_sub(decision.remaining);
+        let (before, after) = if decision.allowed {
+            (used.saturating_sub(hits), used)
+        } else {
+            (used, used.saturating_add(hits))
+        };
+        Self {
+            limit: decision.limit,
+            before,
+            after,
+            over: !decision.allowed,
+            shadow,
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's stat key of a limit sent by Envoy, without the
+/// domain: `key_value.key2_value2` (`key` alone for an empty value).
+fn override_stat_key(entries: &[(String, String)]) -> String {
+    let mut key = String::new();
+    for (name, value) in entries {
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(name);
+        if !value.is_empty() {
+            key.push('_');
+            key.push_str(value);
+        }
+    }
+    key
+}
+
+/// The system time in microseconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The time to the end of the current window of `window` (windows aligned
+/// on the Unix epoch, as fixed windows are).
+fn until_window_end(window: Duration, now: u64) -> Duration {
+    let window = u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1);
+    Duration::from_micros(window - now % window)
+}
+
 /// The operation a gateway request runs on `policy`: a check, or, when a
 /// rule is a concurrency limit, an acquire whose lease ends with its ttl (a
 /// gateway request has no release).
@@ -471,17 +742,64 @@ fn current_limit(applied: &Applied<'_>, decision: &Decision) -> CurrentLimit {
         None => CurrentLimit {
             name: String::new(),
             requests_per_unit: decision.limit,
-            unit: None,
+            unit: applied.window.and_then(|window| {
+                [
+                    Unit::Second,
+                    Unit::Minute,
+                    Unit::Hour,
+                    Unit::Day,
+                    Unit::Week,
+                    Unit::Month,
+                    Unit::Year,
+                ]
+                .into_iter()
+                .find(|unit| unit.duration() == window)
+            }),
         },
     }
 }
 
-fn detailed_label(entries: &[(String, String)]) -> String {
-    entries
-        .iter()
-        .map(|(key, value)| format!("{key}_{value}"))
-        .collect::<Vec<_>>()
-        .join(".")
+/// How restrictive a descriptor's answer is: the one rule (longest
+/// `retry_after`, see [`Restrictiveness`]) by which the status, the headers
+/// and `/v1/check`'s decision speak for several descriptors.
+pub fn restrictiveness(status: &DescriptorStatus) -> Restrictiveness {
+    Restrictiveness::new(
+        status.code == Code::OverLimit,
+        status.decision.as_ref().and_then(|decision| decision.retry_after),
+        status.limit_remaining,
+    )
+}
+
+/// The most restrictive of the statuses `candidate` keeps, if any.
+fn most_restrictive(
+    statuses: &[DescriptorStatus],
+    candidate: impl Fn(&DescriptorStatus) -> bool,
+) -> Option<&DescriptorStatus> {
+    let candidates: Vec<&DescriptorStatus> = statuses.iter().filter(|status| candidate(status)).collect();
+    Restrictiveness::most(candidates.iter().map(|status| restrictiveness(status))).map(|index| candidates[index])
+}
+
+/// Whole seconds, rounded up (a client told 0 would retry at once).
+fn seconds(duration: Duration) -> u64 {
+    duration.as_micros().div_ceil(1_000_000) as u64
+}
+
+/// envoyproxy/ratelimit's response headers: the most restrictive limit's
+/// requests per unit, hits remaining and seconds to its reset, under
+/// `names`.
+pub fn envoy_headers(statuses: &[DescriptorStatus], names: &HeaderNames) -> Vec<(String, String)> {
+    let Some(status) = most_restrictive(statuses, |status| status.current_limit.is_some()) else {
+        return Vec::new();
+    };
+    let limit = status.current_limit.as_ref().map_or(0, |limit| limit.requests_per_unit);
+    vec![
+        (names.limit.clone(), limit.to_string()),
+        (names.remaining.clone(), status.limit_remaining.to_string()),
+        (
+            names.reset.clone(),
+            seconds(status.duration_until_reset.unwrap_or_default()).to_string(),
+        ),
+    ]
 }
 
 /// The IETF draft's `RateLimit-Policy` (every limit that applied) and
@@ -498,7 +816,7 @@ pub fn rate_limit_headers(statuses: &[DescriptorStatus], overall: Code) -> Vec<(
                 limit.map_or(0, |limit| limit.requests_per_unit),
                 limit.and_then(|limit| limit.unit).map(Unit::duration),
                 status.limit_remaining,
-                status.duration_until_reset,
+                status.duration_until_reset.unwrap_or_default(),
                 status.code == Code::OverLimit,
             )
         })

@@ -60,6 +60,58 @@ impl Decision {
     pub fn is_never(&self) -> bool {
         !self.allowed && self.retry_after.is_none()
     }
+
+    /// How restrictive this decision is, to pick the one that speaks for
+    /// several (see [`Restrictiveness`]).
+    pub fn restrictiveness(&self) -> Restrictiveness {
+        Restrictiveness::new(!self.allowed, self.retry_after, self.remaining)
+    }
+
+    /// The position of the most restrictive of `decisions` (the first of
+    /// equals), `None` when there are none: the one rule by which a policy,
+    /// `tollgate serve` and its headers pick the decision that speaks for
+    /// several.
+    pub fn most_restrictive<'a>(decisions: impl IntoIterator<Item = &'a Decision>) -> Option<usize> {
+        Restrictiveness::most(decisions.into_iter().map(Decision::restrictiveness))
+    }
+}
+
+/// How restrictive a decision is, ordered so that the most restrictive is
+/// the greatest: a denial before any admission; among denials, the longest
+/// `retry_after` (never admissible is longest), then the fewest `remaining`;
+/// among admissions, the fewest `remaining`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Restrictiveness {
+    denied: bool,
+    retry_after: Duration,
+    scarcity: u64,
+}
+
+impl Restrictiveness {
+    /// The restrictiveness of a decision given by its parts: `denied`, its
+    /// `retry_after` (`None`: never admissible) and its `remaining`.
+    pub fn new(denied: bool, retry_after: Option<Duration>, remaining: u64) -> Self {
+        Self {
+            denied,
+            retry_after: if denied {
+                retry_after.unwrap_or(Duration::MAX)
+            } else {
+                Duration::ZERO
+            },
+            scarcity: u64::MAX - remaining,
+        }
+    }
+
+    /// The position of the greatest (the first of equals), `None` when empty.
+    pub fn most(all: impl IntoIterator<Item = Self>) -> Option<usize> {
+        let mut best: Option<(usize, Self)> = None;
+        for (index, each) in all.into_iter().enumerate() {
+            if best.is_none_or(|(_, chosen)| each > chosen) {
+                best = Some((index, each));
+            }
+        }
+        best.map(|(index, _)| index)
+    }
 }
 
 /// A [`Decision`] with what only some operations produce.

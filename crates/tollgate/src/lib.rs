@@ -60,7 +60,7 @@ pub use algorithm::{
     TokenBucketSpec, WindowSpec,
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
-pub use decision::{Decision, Outcome, Path};
+pub use decision::{Decision, Outcome, Path, Restrictiveness};
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};

@@ -395,22 +395,11 @@ fn resolved_cost(request: &Request, available: impl FnOnce() -> u64) -> u64 {
     }
 }
 
-/// The denying decision with the longest `retry_after` (never is longest),
-/// else the one with the least `remaining`; `wait` the longest of all.
+/// The most restrictive decision ([`Decision::most_restrictive`]), with
+/// `wait` the longest of all when it admits.
 fn most_restrictive(decisions: &[(String, Decision)]) -> Decision {
-    let key = |decision: &Decision| {
-        if decision.allowed {
-            (0, Duration::ZERO, u64::MAX - decision.remaining)
-        } else {
-            (1, decision.retry_after.unwrap_or(Duration::MAX), 0)
-        }
-    };
-    let mut chosen = decisions[0].1.clone();
-    for (_, decision) in &decisions[1..] {
-        if key(decision) > key(&chosen) {
-            chosen = decision.clone();
-        }
-    }
+    let index = Decision::most_restrictive(decisions.iter().map(|(_, decision)| decision)).unwrap_or(0);
+    let mut chosen = decisions[index].1.clone();
     if chosen.allowed {
         chosen.wait = decisions
             .iter()

@@ -92,8 +92,11 @@ impl Step {
             }
         })?;
         let t_us = micros(raw.t_ms, "t_ms")?;
+        // A wait past what the clock represents (a Java client's
+        // Long.MAX_VALUE) is "as long as it takes": no bound at all.
         let max_wait = raw
             .max_wait_ms
+            .filter(|ms| ms.is_nan() || *ms * 1000.0 < MAX_MICROS as f64)
             .map(|ms| micros(ms, "max_wait_ms").map(Duration::from_micros))
             .transpose()?;
         if max_wait.is_some() && !matches!(raw.op, OpName::Reserve | OpName::Acquire) {
@@ -229,6 +232,10 @@ mod tests {
         assert!(message.contains("needs a \"lease\""), "{message}");
         let message = step(json!({"t_ms": 0, "lease": "1"})).unwrap_err();
         assert!(message.contains("lease applies only"), "{message}");
+        for huge in [9_007_199_254_740.992, 9_223_372_036_854_775_807.0, f64::MAX] {
+            let unbounded = step(json!({"t_ms": 0, "op": "reserve", "max_wait_ms": huge})).unwrap();
+            assert_eq!(unbounded.op, StepOp::Reserve { max_wait: None }, "{huge}");
+        }
         let message = step(json!({"t_ms": 0, "max_wait_ms": 1})).unwrap_err();
         assert!(message.contains("max_wait_ms applies only"), "{message}");
     }

@@ -71,6 +71,10 @@ pub struct Serve {
     pub http: String,
     /// `host:port` of the gRPC listener.
     pub grpc: String,
+    /// `host:port` of the metrics listener, or empty.
+    pub metrics: String,
+    /// The "ready" log line.
+    pub ready: String,
     /// Its log after the "ready" line, read as it comes so the pipe never fills.
     logs: Arc<Mutex<Vec<String>>>,
     reader: Option<JoinHandle<()>>,
@@ -85,9 +89,15 @@ impl Serve {
 
     /// As [`Serve::start`], with more arguments.
     pub fn start_with(config: &Path, extra: &[&str]) -> Self {
-        let mut child = tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .args(extra)
+        let mut command = tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--config"]);
+        command.arg(config).args(extra);
+        Self::start_command(command)
+    }
+
+    /// Starts `command` (a `tollgate serve`) and returns once it says it is
+    /// ready.
+    pub fn start_command(mut command: Command) -> Self {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -106,7 +116,7 @@ impl Serve {
                 .unwrap_or_else(|| panic!("no {name} in {ready}"))
                 .to_owned()
         };
-        let (http, grpc) = (address("http="), address("grpc="));
+        let (http, grpc, metrics) = (address("http="), address("grpc="), address("metrics="));
         let logs = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&logs);
         let reader = std::thread::spawn(move || {
@@ -118,6 +128,8 @@ impl Serve {
             child,
             http,
             grpc,
+            metrics,
+            ready,
             logs,
             reader: Some(reader),
         }

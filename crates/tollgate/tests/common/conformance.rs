@@ -260,6 +260,57 @@ pub async fn subject_and_name_do_not_run_together<S: Store>(store: S) {
     }
 }
 
+/// A wait beyond what the clock can represent (a Java client's
+/// `Long.MAX_VALUE` microseconds, `Duration::MAX`) means "as long as it
+/// takes": it is never an error and never overflows into a refusal.
+pub async fn huge_waits_are_unbounded<S: Store>(store: S) {
+    let huge = [
+        Duration::from_micros(i64::MAX as u64),
+        Duration::from_micros(u64::MAX),
+        Duration::MAX,
+    ];
+    for (index, max_wait) in huge.into_iter().enumerate() {
+        let subject = Subject::new("huge").and(index);
+        for limit in [
+            Limit::reservation(1, Duration::from_secs(3600), 0).unwrap(),
+            Limit::leaky_bucket(1, Duration::from_secs(3600), 10).unwrap(),
+        ] {
+            let limiter = Limiter::new(store.clone(), limit.clone());
+            let subject = subject.clone().and(limit.algorithm());
+            let reserve = || Op::Reserve {
+                max_wait: Some(max_wait),
+            };
+            let first = decide(&limiter, &subject, reserve(), 1, T0).await.decision;
+            assert!(first.allowed, "{limit:?} {max_wait:?}: {first:?}");
+            let second = decide(&limiter, &subject, reserve(), 1, T0).await.decision;
+            assert!(second.allowed, "{limit:?} {max_wait:?}: {second:?}");
+            assert_eq!(second.wait, Duration::from_secs(3600), "{limit:?}");
+            // The same through acquire: a huge max_wait on a shaping limit.
+            let third = decide(
+                &limiter,
+                &subject,
+                Op::Acquire {
+                    lease: "l".to_owned(),
+                    max_wait: Some(max_wait),
+                },
+                1,
+                T0,
+            )
+            .await
+            .decision;
+            assert!(third.allowed, "{limit:?} {max_wait:?}: {third:?}");
+            assert_eq!(third.wait, Duration::from_secs(7200), "{limit:?}");
+        }
+        // Limiter::acquire with such a timeout: granted, not an error.
+        let limiter = Limiter::new(
+            store.clone(),
+            Limit::reservation(1, Duration::from_secs(3600), 0).unwrap(),
+        );
+        let acquired = limiter.acquire(&subject.clone().and("acquire"), 1, max_wait).await;
+        assert!(acquired.expect("no error").is_granted(), "{max_wait:?}");
+    }
+}
+
 /// Runs the whole suite, each test on a fresh store made by `make`.
 pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn() -> F) {
     policy_is_all_or_nothing(make().await).await;
@@ -272,4 +323,5 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     a_redefined_gcra_limit_starts_afresh(make().await).await;
     policies_share_limits_by_name(make().await).await;
     subject_and_name_do_not_run_together(make().await).await;
+    huge_waits_are_unbounded(make().await).await;
 }

@@ -1,0 +1,472 @@
+//! envoyproxy/ratelimit's environment settings, read where they mean
+//! something here, so that its container can be swapped for `tollgate serve`
+//! with the same environment and configuration directory.
+//!
+//! | envoyproxy/ratelimit | here |
+//! | --- | --- |
+//! | `RUNTIME_ROOT` (`/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` (`config`) | the configuration directory, `ROOT/SUBDIRECTORY/APPDIRECTORY`, when `--config` is not given: every file under it, at any depth |
+//! | `RUNTIME_IGNOREDOTFILES` | skip files and directories whose name starts with a dot |
+//! | `RUNTIME_WATCH_ROOT` (true) | also reload when the `RUNTIME_ROOT` link is swapped |
+//! | `MERGE_DOMAIN_CONFIG` | files of one domain are merged instead of refused |
+//! | `CONFIG_TYPE` | `FILE` only (`GRPC_XDS_SOTW` is refused) |
+//! | `FORCE_START_WITHOUT_INITIAL_CONFIG` | start with no limits when the configuration cannot be loaded |
+//! | `HOST`, `PORT` (8080) | the HTTP listener (`/json`, `/healthcheck`, …); the host defaults to 127.0.0.1 here, 0.0.0.0 there |
+//! | `GRPC_HOST`, `GRPC_PORT` (8081) | the gRPC listener; likewise |
+//! | `USE_PROMETHEUS`, `PROMETHEUS_ADDR` (`:9090`), `PROMETHEUS_PATH` (`/metrics`) | the metrics also on their own listener (always at `/metrics` of the HTTP one) |
+//! | `SHADOW_MODE` | `--shadow-mode` |
+//! | `QUOTA_MODE` | every rule in quota mode |
+//! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
+//! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | their names (`RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`) |
+//! | `NEAR_LIMIT_RATIO` (0.8) | what the `near_limit` metrics count |
+//! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | unhealthy until a domain is loaded |
+//! | `BACKEND_TYPE` (`redis`) | `redis` only (`memcache` is refused) |
+//! | `REDIS_URL`, `REDIS_SOCKET_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `--redis` (`host:port`, or a socket path; a password, or `user:password`; TLS) |
+//! | `REDIS_TYPE` | `SINGLE` only (`SENTINEL` and `CLUSTER` are refused) |
+//! | `CACHE_KEY_PREFIX` | `--prefix` |
+//! | `LOG_LEVEL`, `LOG_FORMAT` | the log filter (when `RUST_LOG` is not set), JSON logs |
+//! | `GRPC_SERVER_USE_TLS`, `GRPC_UDS` | refused: not supported (rather than served otherwise) |
+//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `REDIS_TIMEOUT`, `DEBUG_HOST`, `DEBUG_PORT`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `RESPONSE_DYNAMIC_METADATA`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store, and a refused request consumes nothing, as with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), keys expire exactly, one Redis holds every limit, and no statsd, debug listener or tracing exporter |
+//!
+//! Command-line flags win over the environment.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use crate::config::LoadOptions;
+use crate::service::HeaderNames;
+
+/// Where the configuration is, as the environment says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigLocation {
+    /// The directory of configuration files.
+    pub path: PathBuf,
+    /// How it is read.
+    pub options: LoadOptions,
+    /// A directory to watch as well (the one holding the `RUNTIME_ROOT` link).
+    pub watch_root: Option<PathBuf>,
+}
+
+/// envoyproxy/ratelimit's settings, from the environment.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[allow(clippy::struct_excessive_bools)] // Each is one setting.
+pub struct Settings {
+    /// The configuration directory (`RUNTIME_*`).
+    pub config: Option<ConfigLocation>,
+    /// `MERGE_DOMAIN_CONFIG`.
+    pub merge_domains: bool,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`.
+    pub force_start: bool,
+    /// The HTTP listener (`HOST`, `PORT`), when either is set.
+    pub http: Option<SocketAddr>,
+    /// The gRPC listener (`GRPC_HOST`, `GRPC_PORT`), when either is set.
+    pub grpc: Option<SocketAddr>,
+    /// The metrics listener and path (`USE_PROMETHEUS`).
+    pub prometheus: Option<(SocketAddr, String)>,
+    /// `SHADOW_MODE`.
+    pub shadow_mode: bool,
+    /// `QUOTA_MODE`.
+    pub quota_mode: bool,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    pub response_headers: bool,
+    /// `LIMIT_*_HEADER`.
+    pub header_names: HeaderNames,
+    /// `NEAR_LIMIT_RATIO`.
+    pub near_limit_ratio: Option<f32>,
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
+    pub healthy_with_config_only: bool,
+    /// A Redis URL built from `REDIS_*`.
+    pub redis: Option<String>,
+    /// `CACHE_KEY_PREFIX`, when not empty.
+    pub prefix: Option<String>,
+    /// `LOG_LEVEL`, as a tracing filter.
+    pub log_level: Option<String>,
+    /// `LOG_FORMAT=json`.
+    pub log_json: bool,
+    /// Settings that are set but mean nothing here.
+    pub ignored: Vec<String>,
+}
+
+/// Settings accepted without effect (see the module docs); a name ending in
+/// `*` stands for every name it starts.
+const IGNORED: [&str; 20] = [
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "REDIS_PERSECOND*",
+    "REDIS_POOL_SIZE",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PIPELINE_*",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_TIMEOUT",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_STARTUP_*",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "USE_STATSD",
+    "STATSD_*",
+    "USE_DOG_STATSD*",
+    "GRPC_MAX_CONNECTION_AGE*",
+    "TRACING_*",
+    "RESPONSE_DYNAMIC_METADATA",
+    "EXTRA_TAGS",
+];
+
+impl Settings {
+    /// The settings of this process's environment.
+    ///
+    /// # Errors
+    ///
+    /// As [`Settings::from_lookup`].
+    pub fn from_env() -> Result<Self, String> {
+        let names: Vec<String> = std::env::vars_os()
+            .filter_map(|(name, _)| name.into_string().ok())
+            .collect();
+        Self::from_lookup(|name| std::env::var(name).ok(), &names)
+    }
+
+    /// The settings `lookup` gives (`names`: every name set, to report
+    /// those without effect).
+    ///
+    /// # Errors
+    ///
+    /// A value envoyproxy/ratelimit would refuse (a boolean that is not one,
+    /// a port that is not a number), or a setting asking for what is not
+    /// supported here (another config type or backend, Redis Sentinel or
+    /// Cluster, gRPC TLS or a Unix socket): the message names the variable.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, names: &[String]) -> Result<Self, String> {
+        let env = Env(&lookup);
+        let mut settings = Self::default();
+
+        if let Some(kind) = env.text("CONFIG_TYPE") {
+            if !kind.eq_ignore_ascii_case("FILE") {
+                return Err(format!("CONFIG_TYPE={kind}: only FILE is supported"));
+            }
+        }
+        let root = env
+            .text("RUNTIME_ROOT")
+            .unwrap_or_else(|| "/srv/runtime_data/current".to_owned());
+        let subdirectory = env.text("RUNTIME_SUBDIRECTORY").unwrap_or_default();
+        let app = env.text("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".to_owned());
+        settings.merge_domains = env.flag("MERGE_DOMAIN_CONFIG")?;
+        let watch_root = env.flag_or("RUNTIME_WATCH_ROOT", true)?;
+        let root = PathBuf::from(root);
+        settings.config = Some(ConfigLocation {
+            path: root.join(subdirectory).join(app),
+            options: LoadOptions {
+                runtime_layout: true,
+                ignore_dot_files: env.flag("RUNTIME_IGNOREDOTFILES")?,
+                merge_domains: settings.merge_domains,
+            },
+            watch_root: watch_root.then(|| root.parent().map(PathBuf::from)).flatten(),
+        });
+        settings.force_start = env.flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?;
+
+        settings.http = env.listener("HOST", "PORT", 8080)?;
+        if env.text("GRPC_UDS").is_some() {
+            return Err("GRPC_UDS: a gRPC Unix socket is not supported; use GRPC_HOST and GRPC_PORT".to_owned());
+        }
+        if env.flag("GRPC_SERVER_USE_TLS")? {
+            return Err("GRPC_SERVER_USE_TLS: TLS on the gRPC listener is not supported".to_owned());
+        }
+        settings.grpc = env.listener("GRPC_HOST", "GRPC_PORT", 8081)?;
+        if env.flag("USE_PROMETHEUS")? {
+            let address = match env.text("PROMETHEUS_ADDR") {
+                Some(address) => parse_address("PROMETHEUS_ADDR", &address, Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED)))?,
+                None => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090),
+            };
+            let path = env.text("PROMETHEUS_PATH").unwrap_or_else(|| "/metrics".to_owned());
+            settings.prometheus = Some((address, path));
+        }
+
+        settings.shadow_mode = env.flag("SHADOW_MODE")?;
+        settings.quota_mode = env.flag("QUOTA_MODE")?;
+        settings.response_headers = env.flag("LIMIT_RESPONSE_HEADERS_ENABLED")?;
+        let defaults = HeaderNames::default();
+        settings.header_names = HeaderNames {
+            limit: env.text("LIMIT_LIMIT_HEADER").unwrap_or(defaults.limit),
+            remaining: env.text("LIMIT_REMAINING_HEADER").unwrap_or(defaults.remaining),
+            reset: env.text("LIMIT_RESET_HEADER").unwrap_or(defaults.reset),
+        };
+        if let Some(ratio) = env.text("NEAR_LIMIT_RATIO") {
+            let parsed: f32 = ratio
+                .parse()
+                .map_err(|_| format!("NEAR_LIMIT_RATIO={ratio}: not a number"))?;
+            settings.near_limit_ratio = Some(parsed);
+        }
+        settings.healthy_with_config_only = env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
+
+        if let Some(backend) = env.text("BACKEND_TYPE") {
+            if !backend.eq_ignore_ascii_case("redis") {
+                return Err(format!("BACKEND_TYPE={backend}: only redis is supported"));
+            }
+        }
+        settings.redis = redis_url(&env)?;
+        settings.prefix = env.text("CACHE_KEY_PREFIX").filter(|prefix| !prefix.is_empty());
+
+        settings.log_level = env
+            .text("LOG_LEVEL")
+            .map(|level| match level.to_ascii_lowercase().as_str() {
+                "warning" => "warn".to_owned(),
+                "fatal" | "panic" => "error".to_owned(),
+                other => other.to_owned(),
+            });
+        settings.log_json = env
+            .text("LOG_FORMAT")
+            .is_some_and(|format| format.eq_ignore_ascii_case("json"));
+
+        let mut ignored: Vec<String> = names
+            .iter()
+            .filter(|name| {
+                IGNORED.iter().any(|pattern| match pattern.strip_suffix('*') {
+                    Some(prefix) => name.starts_with(prefix),
+                    None => name.as_str() == *pattern,
+                })
+            })
+            .cloned()
+            .collect();
+        ignored.sort();
+        settings.ignored = ignored;
+        Ok(settings)
+    }
+}
+
+/// Reads variables; empty is unset, as envconfig reads them.
+struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+impl Env<'_> {
+    fn text(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|value| !value.is_empty())
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, String> {
+        self.flag_or(name, false)
+    }
+
+    /// A boolean as Go's `strconv.ParseBool` reads it.
+    fn flag_or(&self, name: &str, default: bool) -> Result<bool, String> {
+        match self.text(name).as_deref() {
+            None => Ok(default),
+            Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
+            Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
+            Some(other) => Err(format!("{name}={other}: not a boolean (true or false)")),
+        }
+    }
+
+    /// `host` and `port` variables, when either is set.
+    fn listener(&self, host: &str, port: &str, default_port: u16) -> Result<Option<SocketAddr>, String> {
+        let (host_value, port_value) = (self.text(host), self.text(port));
+        if host_value.is_none() && port_value.is_none() {
+            return Ok(None);
+        }
+        let ip = match host_value {
+            Some(value) => parse_ip(host, &value)?,
+            None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        };
+        let port_number = match port_value {
+            Some(value) => value
+                .parse()
+                .map_err(|_| format!("{port}={value}: not a port number"))?,
+            None => default_port,
+        };
+        Ok(Some(SocketAddr::new(ip, port_number)))
+    }
+}
+
+fn parse_ip(name: &str, value: &str) -> Result<IpAddr, String> {
+    if value == "localhost" {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    value
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| format!("{name}={value}: not an IP address"))
+}
+
+/// `host:port`, where an empty host is `empty_host` (Go: every interface).
+fn parse_address(name: &str, value: &str, empty_host: Option<IpAddr>) -> Result<SocketAddr, String> {
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{name}={value}: expected host:port"))?;
+    let port: u16 = port.parse().map_err(|_| format!("{name}={value}: not a port number"))?;
+    let ip = match (host, empty_host) {
+        ("", Some(ip)) => ip,
+        _ => parse_ip(name, host)?,
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// A Redis URL from `REDIS_URL` (`host:port` or a socket path),
+/// `REDIS_SOCKET_TYPE`, `REDIS_AUTH` (`password` or `user:password`),
+/// `REDIS_TLS` and `REDIS_TYPE`.
+fn redis_url(env: &Env<'_>) -> Result<Option<String>, String> {
+    let Some(address) = env.text("REDIS_URL") else {
+        return Ok(None);
+    };
+    if let Some(kind) = env.text("REDIS_TYPE") {
+        if !kind.eq_ignore_ascii_case("single") {
+            return Err(format!(
+                "REDIS_TYPE={kind}: only SINGLE is supported (Redis Sentinel and Cluster are not yet)"
+            ));
+        }
+    }
+    if address.contains("://") {
+        return Ok(Some(address));
+    }
+    let (user, password) = match env.text("REDIS_AUTH") {
+        Some(auth) => match auth.split_once(':') {
+            Some((user, password)) => (Some(user.to_owned()), Some(password.to_owned())),
+            None => (None, Some(auth)),
+        },
+        None => (None, None),
+    };
+    let socket = env.text("REDIS_SOCKET_TYPE").unwrap_or_default();
+    if address.starts_with('/') || (socket.eq_ignore_ascii_case("unix") && !address.contains(':')) {
+        let mut query = Vec::new();
+        if let Some(user) = &user {
+            query.push(format!("user={}", encode(user)));
+        }
+        if let Some(password) = &password {
+            query.push(format!("pass={}", encode(password)));
+        }
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        };
+        return Ok(Some(format!("redis+unix://{address}{query}")));
+    }
+    let scheme = if env.flag("REDIS_TLS")? { "rediss" } else { "redis" };
+    let credentials = match (user, password) {
+        (Some(user), Some(password)) => format!("{}:{}@", encode(&user), encode(&password)),
+        (None, Some(password)) => format!(":{}@", encode(&password)),
+        _ => String::new(),
+    };
+    Ok(Some(format!("{scheme}://{credentials}{address}")))
+}
+
+/// Percent-encodes all but URL's unreserved characters.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+        let names: Vec<String> = pairs.iter().map(|(name, _)| (*name).to_owned()).collect();
+        let lookup = |name: &str| {
+            pairs
+                .iter()
+                .find(|(each, _)| *each == name)
+                .map(|(_, value)| (*value).to_owned())
+        };
+        Settings::from_lookup(lookup, &names)
+    }
+
+    #[test]
+    fn defaults_are_envoyproxy_ratelimits() {
+        let defaults = settings(&[]).unwrap();
+        let config = defaults.config.unwrap();
+        assert_eq!(config.path, PathBuf::from("/srv/runtime_data/current/config"));
+        assert!(config.options.runtime_layout);
+        assert_eq!(config.watch_root, Some(PathBuf::from("/srv/runtime_data")));
+        assert_eq!((defaults.http, defaults.grpc, defaults.redis), (None, None, None));
+        assert_eq!(defaults.header_names, HeaderNames::default());
+        assert!(defaults.ignored.is_empty());
+    }
+
+    #[test]
+    fn a_container_environment_is_read() {
+        let read = settings(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("MERGE_DOMAIN_CONFIG", "1"),
+            ("HOST", "0.0.0.0"),
+            ("PORT", "9080"),
+            ("GRPC_PORT", "9081"),
+            ("USE_PROMETHEUS", "true"),
+            ("SHADOW_MODE", "True"),
+            ("QUOTA_MODE", "false"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_AUTH", "user:p@ss"),
+            ("CACHE_KEY_PREFIX", "rl_"),
+            ("LOG_LEVEL", "WARNING"),
+            ("LOG_FORMAT", "json"),
+            ("USE_STATSD", "false"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1000"),
+        ])
+        .unwrap();
+        let config = read.config.unwrap();
+        assert_eq!(config.path, PathBuf::from("/data/ratelimit/config"));
+        assert!(config.options.ignore_dot_files && config.options.merge_domains);
+        assert_eq!(config.watch_root, None);
+        assert_eq!(read.http, Some("0.0.0.0:9080".parse().unwrap()));
+        assert_eq!(read.grpc, Some("127.0.0.1:9081".parse().unwrap()));
+        assert_eq!(
+            read.prometheus,
+            Some(("127.0.0.1:9090".parse().unwrap(), "/metrics".to_owned()))
+        );
+        assert!(read.shadow_mode && !read.quota_mode && read.response_headers);
+        assert_eq!(read.header_names.remaining, "X-Left");
+        assert_eq!(read.header_names.limit, "RateLimit-Limit");
+        assert_eq!(read.near_limit_ratio, Some(0.9));
+        assert_eq!(read.redis.as_deref(), Some("redis://user:p%40ss@redis:6379"));
+        assert_eq!(read.prefix.as_deref(), Some("rl_"));
+        assert_eq!(read.log_level.as_deref(), Some("warn"));
+        assert!(read.log_json);
+        assert_eq!(read.ignored, ["LOCAL_CACHE_SIZE_IN_BYTES", "USE_STATSD"]);
+    }
+
+    #[test]
+    fn redis_addresses() {
+        let url = |pairs: &[(&str, &str)]| settings(pairs).unwrap().redis;
+        assert_eq!(
+            url(&[("REDIS_URL", "/var/run/redis.sock"), ("REDIS_AUTH", "secret")]).as_deref(),
+            Some("redis+unix:///var/run/redis.sock?pass=secret")
+        );
+        assert_eq!(
+            url(&[
+                ("REDIS_URL", "localhost:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_AUTH", "pw")
+            ])
+            .as_deref(),
+            Some("rediss://:pw@localhost:6379")
+        );
+        assert_eq!(url(&[("REDIS_URL", "redis://h:1/2")]).as_deref(), Some("redis://h:1/2"));
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_refused_by_name() {
+        for (pairs, named) in [
+            (&[("SHADOW_MODE", "yes")][..], "SHADOW_MODE"),
+            (&[("PORT", "http")][..], "PORT"),
+            (&[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..], "CONFIG_TYPE"),
+            (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
+            (&[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "CLUSTER")][..], "REDIS_TYPE"),
+            (&[("GRPC_SERVER_USE_TLS", "true")][..], "GRPC_SERVER_USE_TLS"),
+            (&[("GRPC_UDS", "/tmp/rl.sock")][..], "GRPC_UDS"),
+            (&[("NEAR_LIMIT_RATIO", "most")][..], "NEAR_LIMIT_RATIO"),
+        ] {
+            let error = settings(pairs).unwrap_err();
+            assert!(error.starts_with(named), "{error}");
+        }
+    }
+}
