@@ -118,7 +118,14 @@ pub fn seconds(duration: Duration) -> u64 {
 /// refusing one, else the one with the least remaining) and, when `denied`,
 /// `Retry-After` (that limit's `reset`). No headers for no limits.
 pub fn rate_limit_headers(limits: &[HeaderLimit<'_>], denied: bool) -> Vec<(&'static str, String)> {
-    let Some(tightest) = limits.iter().min_by_key(|limit| (!limit.over, limit.remaining)) else {
+    // The most restrictive limit, by the rule of `Restrictiveness`: a refusing
+    // one first, the longest wait among those (an over limit's reset is its
+    // retry_after), then the fewest remaining; the first of equals.
+    let restrictiveness = |limit: &&HeaderLimit<'_>| {
+        let wait = if limit.over { limit.reset } else { Duration::ZERO };
+        (limit.over, wait, std::cmp::Reverse(limit.remaining))
+    };
+    let Some(tightest) = limits.iter().rev().max_by_key(restrictiveness) else {
         return Vec::new();
     };
     let policies: Vec<String> = limits
