@@ -195,7 +195,9 @@ fn every_key_expires_when_its_state_stops_mattering() {
 async fn keys_follow_the_documented_layout() {
     let server = RedisServer::start();
     let redis = RedisStore::builder(server.url()).prefix("app").connect().await.unwrap();
-    let policy = Policy::new([("per_second", Limit::gcra(10, Duration::from_secs(1), 5).unwrap())]).unwrap();
+    // 10 an hour: one admission keeps its state for 6 minutes, longer than
+    // any run of the checks below.
+    let policy = Policy::new([("per_second", Limit::gcra(10, Duration::from_secs(3_600), 5).unwrap())]).unwrap();
     let subject = Subject::new("203.0.113.7").and("/login");
     redis
         .decide(&subject, &policy, &Request::new(Op::Check, 1))
