@@ -653,8 +653,14 @@ async fn the_most_restrictive_denial_speaks_everywhere() {
     assert_eq!(response.status(), 429);
     let retry: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
     let decision: Value = response.json().await.unwrap();
-    assert_eq!(decision["limit"], 2, "the day limit (longest retry_after) speaks: {decision}");
-    assert!(retry > 60 || decision["retry_after_ms"].as_f64().unwrap() > 60_000.0, "{decision}");
+    assert_eq!(
+        decision["limit"], 2,
+        "the day limit (longest retry_after) speaks: {decision}"
+    );
+    assert!(
+        retry > 60 || decision["retry_after_ms"].as_f64().unwrap() > 60_000.0,
+        "{decision}"
+    );
 
     let grpc = server
         .grpc(RateLimitRequest {
