@@ -148,6 +148,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             header_names: settings.header_names.clone(),
             near_limit_ratio: settings.near_limit_ratio.unwrap_or(0.8),
             healthy_with_config_only: settings.healthy_with_config_only,
+            dynamic_metadata: settings.dynamic_metadata,
         };
         let domains = config.domains.len();
         let mut server = Server::new(config, Some(config_path.clone()), store, options).load_options(load_options);

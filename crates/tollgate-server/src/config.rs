@@ -346,6 +346,8 @@ pub struct Found<'a> {
     /// envoyproxy/ratelimit's stat key (without the domain) when it is not
     /// the rule's path (`detailed_metric`, `value_to_metric`).
     pub stat_key: Option<String>,
+    /// The `metadata` of the node holding the rule.
+    pub metadata: Option<&'a serde_json::Value>,
 }
 
 impl Found<'_> {
@@ -1264,14 +1266,14 @@ impl Domain {
                 }
             }
             if depth == entries.len() - 1 {
-                found = node.rule.as_ref();
+                found = node.rule.as_ref().map(|rule| (rule, node.metadata.as_ref()));
             }
             if node.descriptors.is_empty() {
                 break;
             }
             level = &node.descriptors;
         }
-        let rule = found?;
+        let (rule, metadata) = found?;
         let stat_key = if rule.detailed_metric {
             let mut detailed = String::new();
             for (depth, (key, value)) in entries.iter().enumerate() {
@@ -1297,7 +1299,12 @@ impl Domain {
         } else {
             valued.filter(|valued| *valued != rule.path)
         };
-        Some(Found { rule, shared, stat_key })
+        Some(Found {
+            rule,
+            shared,
+            stat_key,
+            metadata,
+        })
     }
 }
 

@@ -217,6 +217,8 @@ struct EnvoyResponseJson<'a> {
     statuses: Vec<EnvoyStatusJson<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<HeaderJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dynamic_metadata: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Serialize)]
@@ -274,6 +276,7 @@ fn envoy_response_json(answer: &CheckResponse) -> EnvoyResponseJson<'_> {
             .iter()
             .map(|(key, value)| HeaderJson { key, value })
             .collect(),
+        dynamic_metadata: answer.dynamic_metadata.as_ref(),
     }
 }
 

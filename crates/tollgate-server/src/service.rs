@@ -22,6 +22,7 @@
 //! each descriptor's code; the response headers are those of the most
 //! restrictive descriptor ([`restrictiveness`], the library's rule).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,11 @@ pub struct CheckResponse {
     /// remaining and reset headers, of the most restrictive descriptor, for
     /// `response_headers_to_add`.
     pub headers: Vec<(String, String)>,
+    /// With dynamic metadata enabled, envoyproxy/ratelimit's: `domain`,
+    /// `descriptors` (their `entries` as `key=value`, `limit`,
+    /// `hitsAddend`), the request's `hitsAddend`, and the `metadata` of the
+    /// rules of the descriptors that passed, merged (the first wins).
+    pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Why a request was not decided.
@@ -154,6 +160,9 @@ pub struct Options {
     /// Healthy only once a configuration with a domain is loaded
     /// (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub healthy_with_config_only: bool,
+    /// Answer with dynamic metadata: the request, and the `metadata` of the
+    /// rules it passed (`RESPONSE_DYNAMIC_METADATA`).
+    pub dynamic_metadata: bool,
 }
 
 impl Default for Options {
@@ -165,6 +174,7 @@ impl Default for Options {
             header_names: HeaderNames::default(),
             near_limit_ratio: 0.8,
             healthy_with_config_only: false,
+            dynamic_metadata: false,
         }
     }
 }
@@ -206,6 +216,8 @@ struct Matched<'a> {
     applied: Vec<Applied<'a>>,
     blocked: Vec<Blocked<'a>>,
     statuses: Vec<DescriptorStatus>,
+    /// Each descriptor's rule's metadata (none for unlimited or replaced rules).
+    metadata: Vec<Option<&'a serde_json::Value>>,
 }
 
 /// A descriptor whose limit applies in this request.
@@ -217,7 +229,7 @@ struct Applied<'a> {
     /// The counter's name.
     name: String,
     /// envoyproxy/ratelimit's stat key, without the domain.
-    stat_key: String,
+    stat_key: Cow<'a, str>,
     /// A fixed window's length (its reset is the window's end).
     window: Option<Duration>,
     shadow: bool,
@@ -229,7 +241,7 @@ struct Blocked<'a> {
     index: usize,
     rule: &'a Rule,
     hits: u64,
-    stat_key: String,
+    stat_key: Cow<'a, str>,
     quota: bool,
 }
 
@@ -331,6 +343,7 @@ impl Service {
         let mut applied: Vec<Applied<'a>> = Vec::new();
         let mut blocked: Vec<Blocked<'a>> = Vec::new();
         let mut replacing: Vec<&'a str> = Vec::new();
+        let mut metadata: Vec<Option<&'a serde_json::Value>> = vec![None; request.descriptors.len()];
         let mut statuses: Vec<DescriptorStatus> = request
             .descriptors
             .iter()
@@ -346,32 +359,7 @@ impl Service {
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let hits = descriptor.hits_addend.unwrap_or(hits);
             if let Some((requests, unit)) = descriptor.limit_override {
-                // As envoyproxy/ratelimit: a limit from Envoy is never in
-                // shadow mode, but follows the global quota mode.
-                let limit =
-                    Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
-                let requests_text = requests.to_string();
-                let entries = descriptor
-                    .entries
-                    .iter()
-                    .flat_map(|(key, value)| [key.as_str(), value.as_str()]);
-                applied.push(Applied {
-                    index,
-                    limit,
-                    rule: None,
-                    hits,
-                    name: Subject::from_parts(
-                        ["override", requests_text.as_str(), unit.name()]
-                            .into_iter()
-                            .chain(entries),
-                    )
-                    .as_key()
-                    .to_owned(),
-                    stat_key: override_stat_key(&descriptor.entries),
-                    window: Some(unit.duration()),
-                    shadow: false,
-                    quota: self.options.quota_mode,
-                });
+                applied.push(self.overridden(index, descriptor, hits, requests, unit)?);
                 continue;
             }
             let Some(found) = domain.and_then(|domain| domain.lookup(&descriptor.entries)) else {
@@ -379,6 +367,13 @@ impl Service {
             };
             let rule = found.rule;
             replacing.extend(rule.replaces.iter().map(String::as_str));
+            if !matches!(rule.quota, Quota::Unlimited) {
+                metadata[index] = found.metadata;
+            }
+            let stat_key = match found.stat_key {
+                Some(key) => Cow::Owned(key),
+                None => Cow::Borrowed(rule.path.as_str()),
+            };
             statuses[index].rule = Some(rule.path.clone());
             let quota = rule.quota_mode || self.options.quota_mode;
             match &rule.quota {
@@ -400,7 +395,7 @@ impl Service {
                         rule: Some(rule),
                         hits,
                         name: Subject::from_parts(entries).as_key().to_owned(),
-                        stat_key: found.stat_key().to_owned(),
+                        stat_key,
                         window: rule.quota.fixed_window(),
                         shadow: rule.shadow_mode,
                         quota,
@@ -412,7 +407,7 @@ impl Service {
                     index,
                     rule,
                     hits,
-                    stat_key: found.stat_key().to_owned(),
+                    stat_key,
                     quota,
                 }),
             }
@@ -424,6 +419,10 @@ impl Service {
         };
         for each in applied.iter().filter(|each| replaced(each.rule)) {
             statuses[each.index].rule = None;
+            metadata[each.index] = None;
+        }
+        for each in blocked.iter().filter(|each| replaced(Some(each.rule))) {
+            metadata[each.index] = None;
         }
         applied.retain(|each| !replaced(each.rule));
         blocked.retain(|each| !replaced(Some(each.rule)));
@@ -431,6 +430,41 @@ impl Service {
             applied,
             blocked,
             statuses,
+            metadata,
+        })
+    }
+
+    /// A descriptor with a limit sent by Envoy. As envoyproxy/ratelimit: it
+    /// is never in shadow mode, but follows the global quota mode.
+    fn overridden<'a>(
+        &self,
+        index: usize,
+        descriptor: &Descriptor,
+        hits: u64,
+        requests: u64,
+        unit: Unit,
+    ) -> Result<Applied<'a>, ServiceError> {
+        let limit = Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
+        let requests_text = requests.to_string();
+        let entries = descriptor
+            .entries
+            .iter()
+            .flat_map(|(key, value)| [key.as_str(), value.as_str()]);
+        let name = Subject::from_parts(
+            ["override", requests_text.as_str(), unit.name()]
+                .into_iter()
+                .chain(entries),
+        );
+        Ok(Applied {
+            index,
+            limit,
+            rule: None,
+            hits,
+            name: name.as_key().to_owned(),
+            stat_key: Cow::Owned(override_stat_key(&descriptor.entries)),
+            window: Some(unit.duration()),
+            shadow: false,
+            quota: self.options.quota_mode,
         })
     }
 
@@ -463,6 +497,7 @@ impl Service {
             applied,
             blocked,
             mut statuses,
+            metadata,
         } = self.match_rules(request, domain, hits)?;
         let subject = Subject::new(&request.domain);
         let mut decisions: Vec<Option<Decision>> = vec![None; statuses.len()];
@@ -521,10 +556,15 @@ impl Service {
         } else {
             Vec::new()
         };
+        let dynamic_metadata = self
+            .options
+            .dynamic_metadata
+            .then(|| dynamic_metadata(request, &statuses, &metadata));
         Ok(CheckResponse {
             overall,
             statuses,
             headers,
+            dynamic_metadata,
         })
     }
 
@@ -636,6 +676,67 @@ impl Service {
         })?;
         self.metrics.path(outcome.path);
         Ok(slot_of.into_iter().map(|slot| outcome.limits[slot].1.clone()).collect())
+    }
+}
+
+/// envoyproxy/ratelimit's dynamic metadata (see [`CheckResponse`]).
+fn dynamic_metadata(
+    request: &CheckRequest,
+    statuses: &[DescriptorStatus],
+    metadata: &[Option<&serde_json::Value>],
+) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::{json, Map, Value};
+    let descriptors: Vec<Value> = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            let mut fields = Map::new();
+            let entries: Vec<Value> = descriptor
+                .entries
+                .iter()
+                .map(|(key, value)| Value::String(format!("{key}={value}")))
+                .collect();
+            fields.insert("entries".to_owned(), Value::Array(entries));
+            if let Some((requests, unit)) = descriptor.limit_override {
+                fields.insert(
+                    "limit".to_owned(),
+                    Value::String(format!("requests_per_unit:{requests} unit:{}", unit.name())),
+                );
+            }
+            if let Some(hits) = descriptor.hits_addend {
+                fields.insert("hitsAddend".to_owned(), json!(hits));
+            }
+            Value::Object(fields)
+        })
+        .collect();
+    let mut fields = Map::new();
+    fields.insert("domain".to_owned(), Value::String(request.domain.clone()));
+    fields.insert("descriptors".to_owned(), Value::Array(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert("hitsAddend".to_owned(), json!(request.hits_addend));
+    }
+    let mut passed = Map::new();
+    for (status, metadata) in statuses.iter().zip(metadata) {
+        if let (Code::Ok, Some(Value::Object(metadata))) = (status.code, metadata) {
+            merge(&mut passed, metadata);
+        }
+    }
+    if !passed.is_empty() {
+        fields.insert("metadata".to_owned(), Value::Object(passed));
+    }
+    fields
+}
+
+/// Adds `from`'s fields missing in `into`, merging maps in both.
+fn merge(into: &mut serde_json::Map<String, serde_json::Value>, from: &serde_json::Map<String, serde_json::Value>) {
+    for (key, value) in from {
+        match (into.get_mut(key), value) {
+            (Some(serde_json::Value::Object(existing)), serde_json::Value::Object(more)) => merge(existing, more),
+            (Some(_), _) => {}
+            (None, _) => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
     }
 }
 

@@ -19,13 +19,14 @@
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | their names (`RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`) |
 //! | `NEAR_LIMIT_RATIO` (0.8) | what the `near_limit` metrics count |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | unhealthy until a domain is loaded |
+//! | `RESPONSE_DYNAMIC_METADATA` | answer with dynamic metadata: the request, and the `metadata` of the rules it passed |
 //! | `BACKEND_TYPE` (`redis`) | `redis` only (`memcache` is refused) |
 //! | `REDIS_URL`, `REDIS_SOCKET_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `--redis` (`host:port`, or a socket path; a password, or `user:password`; TLS) |
 //! | `REDIS_TYPE` | `SINGLE` only (`SENTINEL` and `CLUSTER` are refused) |
 //! | `CACHE_KEY_PREFIX` | `--prefix` |
 //! | `LOG_LEVEL`, `LOG_FORMAT` | the log filter (when `RUST_LOG` is not set), JSON logs |
 //! | `GRPC_SERVER_USE_TLS`, `GRPC_UDS` | refused: not supported (rather than served otherwise) |
-//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `REDIS_TIMEOUT`, `DEBUG_HOST`, `DEBUG_PORT`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `RESPONSE_DYNAMIC_METADATA`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store, and a refused request consumes nothing, as with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), keys expire exactly, one Redis holds every limit, and no statsd, debug listener or tracing exporter |
+//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `REDIS_TIMEOUT`, `DEBUG_HOST`, `DEBUG_PORT`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store, and a refused request consumes nothing, as with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), keys expire exactly, one Redis holds every limit, and no statsd, debug listener or tracing exporter |
 //!
 //! Command-line flags win over the environment.
 
@@ -75,6 +76,8 @@ pub struct Settings {
     pub near_limit_ratio: Option<f32>,
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
     pub healthy_with_config_only: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    pub dynamic_metadata: bool,
     /// A Redis URL built from `REDIS_*`.
     pub redis: Option<String>,
     /// `CACHE_KEY_PREFIX`, when not empty.
@@ -89,7 +92,7 @@ pub struct Settings {
 
 /// Settings accepted without effect (see the module docs); a name ending in
 /// `*` stands for every name it starts.
-const IGNORED: [&str; 20] = [
+const IGNORED: [&str; 19] = [
     "LOCAL_CACHE_SIZE_IN_BYTES",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "EXPIRATION_JITTER_MAX_SECONDS",
@@ -108,7 +111,6 @@ const IGNORED: [&str; 20] = [
     "USE_DOG_STATSD*",
     "GRPC_MAX_CONNECTION_AGE*",
     "TRACING_*",
-    "RESPONSE_DYNAMIC_METADATA",
     "EXTRA_TAGS",
 ];
 
@@ -195,6 +197,7 @@ impl Settings {
             settings.near_limit_ratio = Some(parsed);
         }
         settings.healthy_with_config_only = env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
+        settings.dynamic_metadata = env.flag("RESPONSE_DYNAMIC_METADATA")?;
 
         if let Some(backend) = env.text("BACKEND_TYPE") {
             if !backend.eq_ignore_ascii_case("redis") {

@@ -1304,3 +1304,67 @@ async fn grpc_health_and_healthcheck() {
     assert_eq!(status(&waiting, "ratelimit").await, ServingStatus::NotServing as i32);
     assert_eq!(healthcheck(&waiting).await, 500);
 }
+
+/// TestMetadataReturnedForPassedDescriptors and
+/// TestOverlappingMetadataReturnsTheFirstValue (test/config/metadata.yaml):
+/// with RESPONSE_DYNAMIC_METADATA the answer carries the request and the
+/// `metadata` of the rules whose descriptors passed, the first value winning.
+#[tokio::test]
+async fn dynamic_metadata_of_the_passed_rules() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+
+    let config = "domain: quota-domain\ndescriptors:\n  - key: regular\n    rate_limit:\n      unit: hour\n      requests_per_unit: 10\n    metadata:\n      name: service_1\n      nested: {a: 1}\n  - key: quota\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1\n    metadata:\n      name: service_2\n      nested: {b: 2}\n";
+    let server = serve(
+        config,
+        Options {
+            quota_mode: true,
+            dynamic_metadata: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let both = || {
+        let mut request = request(
+            "quota-domain",
+            vec![descriptor(&[("regular", "limit")]), descriptor(&[("quota", "limit")])],
+        );
+        request.hits_addend = 1;
+        request
+    };
+    let text = |value: Option<&envoy_types::pb::google::protobuf::Value>| match value.and_then(|v| v.kind.clone()) {
+        Some(Kind::StringValue(text)) => text,
+        other => panic!("not text: {other:?}"),
+    };
+    let nested = |value: Option<&envoy_types::pb::google::protobuf::Value>| match value.and_then(|v| v.kind.clone()) {
+        Some(Kind::StructValue(fields)) => fields,
+        other => panic!("not a struct: {other:?}"),
+    };
+    // Both pass: the first descriptor's value wins, structs merge.
+    let first = server.call(both()).await;
+    let metadata = first.dynamic_metadata.expect("dynamic metadata");
+    assert_eq!(text(metadata.fields.get("domain")), "quota-domain");
+    let passed = nested(metadata.fields.get("metadata"));
+    assert_eq!(text(passed.fields.get("name")), "service_1");
+    let merged = nested(passed.fields.get("nested"));
+    assert!(
+        merged.fields.contains_key("a") && merged.fields.contains_key("b"),
+        "{merged:?}"
+    );
+    // The quota one is over now: only the first one's metadata, overall OK.
+    let second = server.call(both()).await;
+    assert_eq!(second.overall_code, OK);
+    assert_eq!(second.statuses[1].code, OVER_LIMIT);
+    let passed = nested(second.dynamic_metadata.unwrap().fields.get("metadata"));
+    assert_eq!(text(passed.fields.get("name")), "service_1");
+    assert!(!nested(passed.fields.get("nested")).fields.contains_key("b"));
+    // The same over /json.
+    let (_, json) = server
+        .json(&json!({"domain": "quota-domain", "hitsAddend": 1, "descriptors": [{"entries": [{"key": "regular", "value": "limit"}]}]}))
+        .await;
+    assert_eq!(
+        json["dynamicMetadata"]["descriptors"][0]["entries"][0], "regular=limit",
+        "{json}"
+    );
+    assert_eq!(json["dynamicMetadata"]["hitsAddend"], 1, "{json}");
+    assert_eq!(json["dynamicMetadata"]["metadata"]["name"], "service_1", "{json}");
+}

@@ -630,3 +630,57 @@ fn a_directory_holds_one_domain_per_file_and_no_duplicates() {
     assert!(error.to_string().contains("duplicate domain \"one\""), "{error}");
     assert!(error.to_string().contains("c.yaml"), "{error}");
 }
+
+/// One rule for the most restrictive descriptor (the library's: the denial
+/// with the longest `retry_after`), in `/v1/check`'s decision and
+/// `Retry-After`, and in the headers of Envoy's protocol alike.
+#[tokio::test]
+async fn the_most_restrictive_denial_speaks_everywhere() {
+    let config = "domain: d\ndescriptors:\n  - key: minute\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: day\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
+    let server = start_with(
+        Store::Memory,
+        Options {
+            response_headers: true,
+            ..Options::default()
+        },
+        config,
+    )
+    .await;
+    let both = json!({"domain": "d", "descriptors": [
+        {"entries": [{"key": "minute", "value": "m"}]},
+        {"entries": [{"key": "day", "value": "x"}]},
+    ]});
+    // Use up both: the minute limit with one request, the day one with two.
+    server.post("/v1/check", both.to_string()).await;
+    let day = json!({"domain": "d", "descriptors": [{"entries": [{"key": "day", "value": "x"}]}]});
+    server.post("/v1/check", day.to_string()).await;
+
+    let response = server.post("/v1/check", both.to_string()).await;
+    assert_eq!(response.status(), 429);
+    let retry: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let decision: Value = response.json().await.unwrap();
+    assert_eq!(
+        decision["limit"], 2,
+        "the day limit (longest retry_after) speaks: {decision}"
+    );
+    assert!(
+        retry > 60 || decision["retry_after_ms"].as_f64().unwrap() > 60_000.0,
+        "{decision}"
+    );
+
+    let grpc = server
+        .grpc(RateLimitRequest {
+            domain: "d".to_owned(),
+            descriptors: vec![descriptor(&[("minute", "m")]), descriptor(&[("day", "x")])],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap();
+    let limit = grpc
+        .response_headers_to_add
+        .iter()
+        .find(|header| header.key == "RateLimit-Limit")
+        .map(|header| header.value.clone());
+    assert_eq!(limit.as_deref(), Some("2"), "{grpc:?}");
+    server.stop().await;
+}
