@@ -282,6 +282,43 @@ struct Run {
     errors_after_promotion: AtomicU64,
 }
 
+/// One worker of the failover test: decides for its share of the subjects
+/// (`worker`, `worker + workers`…) until told to stop; returns what each
+/// subject was allowed, and the errors each met.
+async fn decide_until_stopped(
+    limiter: Limiter<RedisStore>,
+    run: Arc<Run>,
+    worker: usize,
+    workers: usize,
+    subjects: usize,
+) -> (Vec<u64>, Vec<u64>) {
+    let (mut allowed, mut errors) = (vec![0u64; subjects], vec![0u64; subjects]);
+    let mut counted = false;
+    while !run.stop.load(Ordering::Relaxed) {
+        let after_promotion = run.promoted.load(Ordering::Relaxed);
+        let mut clean = true;
+        for index in (worker..subjects).step_by(workers) {
+            match limiter.check(&Subject::new("failover").and(index)).await {
+                Ok(decision) => allowed[index] += u64::from(decision.allowed),
+                Err(error) => {
+                    assert!(error.is_transient(), "{error}");
+                    clean = false;
+                    run.errors.fetch_add(1, Ordering::Relaxed);
+                    errors[index] += 1;
+                    if after_promotion {
+                        run.errors_after_promotion.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        if clean && after_promotion && !counted {
+            counted = true;
+            run.clean_after_promotion.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    (allowed, errors)
+}
+
 /// A master is killed while 4 tasks decide without pause for 90 subjects
 /// spread over the 3 masters: calls fail (typed, transient) until its
 /// replica is promoted, then every task completes a round without error.
@@ -307,33 +344,7 @@ fn decisions_resume_after_a_master_fails_over() {
     let tasks: Vec<_> = (0..workers)
         .map(|worker| {
             let (limiter, run) = (limiter.clone(), Arc::clone(&run));
-            runtime.spawn(async move {
-                let (mut allowed, mut errors) = (vec![0u64; subjects], vec![0u64; subjects]);
-                let mut counted = false;
-                while !run.stop.load(Ordering::Relaxed) {
-                    let after_promotion = run.promoted.load(Ordering::Relaxed);
-                    let mut clean = true;
-                    for index in (worker..subjects).step_by(workers) {
-                        match limiter.check(&Subject::new("failover").and(index)).await {
-                            Ok(decision) => allowed[index] += u64::from(decision.allowed),
-                            Err(error) => {
-                                assert!(error.is_transient(), "{error}");
-                                clean = false;
-                                run.errors.fetch_add(1, Ordering::Relaxed);
-                                errors[index] += 1;
-                                if after_promotion {
-                                    run.errors_after_promotion.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                        }
-                    }
-                    if clean && after_promotion && !counted {
-                        counted = true;
-                        run.clean_after_promotion.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                (allowed, errors)
-            })
+            runtime.spawn(decide_until_stopped(limiter, run, worker, workers, subjects))
         })
         .collect();
     // Every subject admitted something before the kill.
