@@ -289,6 +289,43 @@ struct Run {
     errors_after_promotion: AtomicU64,
 }
 
+/// One worker of the failover test: decides for its share of the subjects
+/// (`worker`, `worker + workers`…) until told to stop; returns what each
+/// subject was allowed, and the errors each met.
+async fn decide_until_stopped(
+    limiter: Limiter<RedisStore>,
+    run: Arc<Run>,
+    worker: usize,
+    workers: usize,
+    subjects: usize,
+) -> (Vec<u64>, Vec<u64>) {
+    let (mut allowed, mut errors) = (vec![0u64; subjects], vec![0u64; subjects]);
+    let mut counted = false;
+    while !run.stop.load(Ordering::Relaxed) {
+        let after_promotion = run.promoted.load(Ordering::Relaxed);
+        let mut clean = true;
+        for index in (worker..subjects).step_by(workers) {
+            match limiter.check(&Subject::new("failover").and(index)).await {
+                Ok(decision) => allowed[index] += u64::from(decision.allowed),
+                Err(error) => {
+                    assert!(error.is_transient(), "{error}");
+                    clean = false;
+                    run.errors.fetch_add(1, Ordering::Relaxed);
+                    errors[index] += 1;
+                    if after_promotion {
+                        run.errors_after_promotion.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        if clean && after_promotion && !counted {
+            counted = true;
+            run.clean_after_promotion.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    (allowed, errors)
+}
+
 /// A master is killed while 4 tasks decide without pause for 90 subjects
 /// spread over the 3 masters: calls fail (typed, transient) until its
 /// replica is promoted, then every task completes a round without error.
@@ -314,32 +351,7 @@ fn decisions_resume_after_a_master_fails_over() {
     let tasks: Vec<_> = (0..workers)
         .map(|worker| {
             let (limiter, run) = (limiter.clone(), Arc::clone(&run));
-            runtime.spawn(async move {
-                let mut allowed = vec![0u64; subjects];
-                let mut counted = false;
-                while !run.stop.load(Ordering::Relaxed) {
-                    let after_promotion = run.promoted.load(Ordering::Relaxed);
-                    let mut clean = true;
-                    for index in (worker..subjects).step_by(workers) {
-                        match limiter.check(&Subject::new("failover").and(index)).await {
-                            Ok(decision) => allowed[index] += u64::from(decision.allowed),
-                            Err(error) => {
-                                assert!(error.is_transient(), "{error}");
-                                clean = false;
-                                run.errors.fetch_add(1, Ordering::Relaxed);
-                                if after_promotion {
-                                    run.errors_after_promotion.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                        }
-                    }
-                    if clean && after_promotion && !counted {
-                        counted = true;
-                        run.clean_after_promotion.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                allowed
-            })
+            runtime.spawn(decide_until_stopped(limiter, run, worker, workers, subjects))
         })
         .collect();
     // Every subject admitted something before the kill.
@@ -349,6 +361,14 @@ fn decisions_resume_after_a_master_fails_over() {
 
     let master = cluster.masters()[0];
     let replica = cluster.replica_of(master);
+    // The subjects whose key lives on the master about to die.
+    let on_master: Vec<usize> = cluster
+        .node(master)
+        .cli(&["--scan"])
+        .lines()
+        .filter_map(|key| key.split_once("{failover:")?.1.split_once('}')?.0.parse().ok())
+        .collect();
+    assert!(!on_master.is_empty());
     cluster.node_mut(master).stop();
     let killed = Instant::now();
     wait_until("the replica's promotion", || cluster.is_master(replica));
@@ -359,12 +379,18 @@ fn decisions_resume_after_a_master_fails_over() {
     });
     let resumed = killed.elapsed();
     run.stop.store(true, Ordering::Relaxed);
-    let mut allowed = vec![0u64; subjects];
+    let (mut allowed, mut errors) = (vec![0u64; subjects], vec![0u64; subjects]);
     for task in tasks {
-        for (index, count) in runtime.block_on(task).unwrap().into_iter().enumerate() {
-            allowed[index] += count;
+        let (task_allowed, task_errors) = runtime.block_on(task).unwrap();
+        for index in 0..subjects {
+            allowed[index] += task_allowed[index];
+            errors[index] += task_errors[index];
         }
     }
+    let errors_elsewhere: u64 = (0..subjects)
+        .filter(|index| !on_master.contains(index))
+        .map(|index| errors[index])
+        .sum();
     // Take every subject to its limit, and past it.
     for (index, count) in allowed.iter_mut().enumerate() {
         for _ in 0..=limit {
@@ -381,12 +407,14 @@ fn decisions_resume_after_a_master_fails_over() {
     let under: u64 = allowed.iter().map(|&count| limit.saturating_sub(count)).sum();
     eprintln!(
         "master killed: replica promoted after {promoted:?}; every task's next round clean after {resumed:?} \
-         ({:?} after the promotion); {} failed calls, {} of them begun after the promotion; \
+         ({:?} after the promotion); {} failed calls, {} of them begun after the promotion, \
+         {errors_elsewhere} for the {} subjects of the other masters; \
          over-admission: {over} units over {over_subjects} of {subjects} subjects (limit {limit} each); \
          consumed by failed calls: {under} units",
         resumed.saturating_sub(promoted),
         run.errors.load(Ordering::Relaxed),
         run.errors_after_promotion.load(Ordering::Relaxed),
+        subjects - on_master.len(),
     );
     assert!(run.errors.load(Ordering::Relaxed) > 0, "the kill went unnoticed");
 }

@@ -52,6 +52,7 @@
 //! since the last call + the leases a denial's `retry_after` walks, at most
 //! the units it needs). `BENCHMARKS.md` has the measured figures.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_routing::Slot;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use sha2::{Digest, Sha256};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
@@ -95,8 +96,8 @@ pub const DEFAULT_PREFIX: &str = "tollgate";
 /// The most decisions one call carries, by default.
 const DEFAULT_MAX_BATCH: usize = 64;
 
-/// Calls under way at once from the batcher: one being decided while the
-/// next is on the wire.
+/// Calls under way at once from the batcher, per lane (per hash slot on a
+/// Cluster): one being decided while the next is on the wire.
 const CALLS_IN_FLIGHT: usize = 2;
 
 /// The op codes of `prelude.lua`.
@@ -386,57 +387,100 @@ fn fill(mut command: redis::Cmd, decisions: &[&Encoded]) -> redis::Cmd {
     command
 }
 
-/// The batcher: takes the decisions waiting, up to `max_batch`, sends them in
-/// one call, and hands each its reply. While [`CALLS_IN_FLIGHT`] rounds of
-/// calls are under way, decisions queue for the next one.
+/// The batcher: sends the decisions waiting, up to `max_batch` in one call,
+/// and hands each its reply. Calls go out by lane, at most
+/// [`CALLS_IN_FLIGHT`] at once per lane; decisions that arrive meanwhile wait
+/// in their lane for its next call.
 ///
-/// On a Cluster, the keys of one call must share a slot: the decisions taken
-/// together are grouped by the slot of their keys (all keys of one subject
-/// share it, through the `{subject}` hash tag), and each group is a call of
-/// its own, all sent at once; the round ends when the last one answers.
+/// On one server (or the master of Sentinels) there is one lane. On a
+/// Cluster the keys of one call must share a slot, so each hash slot is a
+/// lane (all keys of one subject share it, through the `{subject}` hash
+/// tag): a slow or dead master holds back its own slots' calls, never the
+/// others'. A decision whose keys span slots (an empty subject's: `{}` is no
+/// hash tag) is a call of its own, so that the error it meets is its own.
 async fn batch(client: Client, mut jobs: mpsc::UnboundedReceiver<Job>, max_batch: usize) {
-    let rounds = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
     let by_slot = client.connection.is_cluster();
-    while let Some(first) = jobs.recv().await {
-        let Ok(round) = Arc::clone(&rounds).acquire_owned().await else {
-            return;
-        };
-        let mut taken = vec![first];
-        while taken.len() < max_batch {
-            match jobs.try_recv() {
-                Ok(job) => taken.push(job),
-                Err(_) => break,
+    let (done, mut finished) = mpsc::unbounded_channel::<LaneKey>();
+    let mut lanes: HashMap<LaneKey, Lane> = HashMap::new();
+    let send = |lane: LaneKey, group: Vec<Job>, done: &mpsc::UnboundedSender<LaneKey>| {
+        let (client, done) = (client.clone(), done.clone());
+        tokio::spawn(async move {
+            let decisions: Vec<&Encoded> = group.iter().map(|job| &job.decision).collect();
+            let result = client.call(&decisions).await;
+            let _ = done.send(lane);
+            answer(group, result);
+        });
+    };
+    loop {
+        let mut touched = Vec::new();
+        tokio::select! {
+            job = jobs.recv() => {
+                let Some(job) = job else { return };
+                // Everything waiting now joins its lane.
+                let mut next = Some(job);
+                while let Some(job) = next {
+                    match lane_of(&job, by_slot) {
+                        // Keys in several slots: alone, and at once.
+                        LaneKey::Alone => send(LaneKey::Alone, vec![job], &done),
+                        lane => {
+                            lanes.entry(lane).or_default().waiting.push_back(job);
+                            touched.push(lane);
+                        }
+                    }
+                    next = jobs.try_recv().ok();
+                }
+            }
+            Some(lane) = finished.recv() => {
+                if let Some(state) = lanes.get_mut(&lane) {
+                    state.in_flight = state.in_flight.saturating_sub(1);
+                    touched.push(lane);
+                }
             }
         }
-        let round = Arc::new(round);
-        let groups = if by_slot { group_by_slot(taken) } else { vec![taken] };
-        for group in groups {
-            let (client, round) = (client.clone(), Arc::clone(&round));
-            tokio::spawn(async move {
-                let decisions: Vec<&Encoded> = group.iter().map(|job| &job.decision).collect();
-                let result = client.call(&decisions).await;
-                drop(round);
-                answer(group, result);
-            });
+        for lane in touched {
+            let Some(state) = lanes.get_mut(&lane) else {
+                continue;
+            };
+            while state.in_flight < CALLS_IN_FLIGHT && !state.waiting.is_empty() {
+                let take = state.waiting.len().min(max_batch);
+                let group: Vec<Job> = state.waiting.drain(..take).collect();
+                state.in_flight += 1;
+                send(lane, group, &done);
+            }
+            if state.in_flight == 0 && state.waiting.is_empty() {
+                lanes.remove(&lane);
+            }
         }
     }
 }
 
-/// `jobs` grouped by the hash slot of their keys, in order of arrival. A
-/// decision whose keys span slots (an empty subject's: `{}` is no hash tag)
-/// goes alone, so that the error it meets is its own.
-fn group_by_slot(jobs: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut groups: Vec<(Option<Slot>, Vec<Job>)> = Vec::new();
-    for job in jobs {
-        let mut slots = job.decision.keys.iter().map(Slot::for_key);
-        let first = slots.next();
-        let slot = first.filter(|first| slots.all(|slot| slot == *first));
-        match groups.iter_mut().find(|(other, _)| slot.is_some() && *other == slot) {
-            Some((_, group)) => group.push(job),
-            None => groups.push((slot, vec![job])),
-        }
+/// The decisions of one lane: waiting, and calls under way.
+#[derive(Default)]
+struct Lane {
+    waiting: VecDeque<Job>,
+    in_flight: usize,
+}
+
+/// Which lane a decision waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum LaneKey {
+    /// The one lane of a server that is not a Cluster.
+    One,
+    /// The hash slot of all the decision's keys.
+    Slot(Slot),
+    /// Keys in several slots: a call of its own.
+    Alone,
+}
+
+fn lane_of(job: &Job, by_slot: bool) -> LaneKey {
+    if !by_slot {
+        return LaneKey::One;
     }
-    groups.into_iter().map(|(_, group)| group).collect()
+    let mut slots = job.decision.keys.iter().map(Slot::for_key);
+    match slots.next() {
+        Some(first) if slots.all(|slot| slot == first) => LaneKey::Slot(first),
+        _ => LaneKey::Alone,
+    }
 }
 
 /// Hands each job of one call its part of the reply, or the call's fault.
@@ -712,29 +756,14 @@ mod tests {
     }
 
     #[test]
-    fn batches_are_grouped_by_slot_and_slot_spanning_decisions_go_alone() {
+    fn lanes_are_hash_slots_on_a_cluster_and_one_lane_elsewhere() {
         let spanning = ["t:{}:first", "t:{}:second"];
         assert_ne!(Slot::for_key(spanning[0]), Slot::for_key(spanning[1]));
-        assert_ne!(Slot::for_key("t:{a}:x"), Slot::for_key("t:{b}:x"));
-        let groups = group_by_slot(vec![
-            job(&["t:{a}:x", "t:{a}:y"]),
-            job(&["t:{b}:x"]),
-            job(&spanning),
-            job(&["t:{a}:z"]),
-            job(&spanning),
-        ]);
-        let keys: Vec<Vec<&str>> = groups
-            .iter()
-            .map(|group| group.iter().map(|job| job.decision.keys[0].as_str()).collect())
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                vec!["t:{a}:x", "t:{a}:z"],
-                vec!["t:{b}:x"],
-                vec!["t:{}:first"],
-                vec!["t:{}:first"]
-            ]
-        );
+        assert_eq!(lane_of(&job(&spanning), false), LaneKey::One);
+        assert_eq!(lane_of(&job(&spanning), true), LaneKey::Alone);
+        let a = lane_of(&job(&["t:{a}:x", "t:{a}:y"]), true);
+        assert_eq!(a, LaneKey::Slot(Slot::for_key("a")));
+        assert_eq!(lane_of(&job(&["t:{a}:z"]), true), a);
+        assert_ne!(lane_of(&job(&["t:{b}:x"]), true), a);
     }
 }
