@@ -79,8 +79,16 @@ impl RedisServer {
             sentinel,
         };
         // Another process may take the port between our probe and the bind: try again.
-        for _ in 0..5 {
+        for attempt in 0..5 {
             server.port = free_port();
+            if attempt > 0 {
+                // A Cluster bus port given among the arguments may be the one taken.
+                if let Some(at) = server.extra.iter().position(|arg| arg == "--cluster-port") {
+                    if let Some(bus) = server.extra.get_mut(at + 1) {
+                        *bus = free_port().to_string();
+                    }
+                }
+            }
             if server.launch() {
                 return server;
             }
@@ -136,10 +144,21 @@ impl RedisServer {
         } else {
             "Ready to accept connections"
         };
-        let ready = lines.by_ref().map_while(Result::ok).any(|line| line.contains(announce));
+        let mut seen = Vec::new();
+        let ready = lines.by_ref().map_while(Result::ok).any(|line| {
+            let ready = line.contains(announce);
+            seen.push(line);
+            ready
+        });
         if !ready {
             let _ = child.kill();
             let _ = child.wait();
+            let tail = seen.len().saturating_sub(5);
+            eprintln!(
+                "redis-server on port {} did not start: {}",
+                self.port,
+                seen[tail..].join(" | ")
+            );
             return false;
         }
         std::thread::spawn(move || lines.for_each(drop));
