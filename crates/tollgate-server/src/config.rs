@@ -23,7 +23,8 @@
 //! `rate_limit` (`unit`, `requests_per_unit`, `unlimited`, `name`,
 //! `replaces`). As there, a key of that set is accepted anywhere and ignored
 //! where it means nothing, any other key is refused, a scalar is read as the
-//! text it was written as (`value: 0123` is "0123"), and a file is refused for
+//! text it was written as (`value: 0123` is "0123"), YAML anchors, aliases
+//! and merge keys (`<<: *defaults`) apply, and a file is refused for
 //! the same faults: an empty domain or key, an unknown unit, a unit on an
 //! unlimited rule, an empty or self `replaces`, `share_threshold` without a
 //! wildcard, two descriptors of one list with the same `key_value`.
@@ -408,6 +409,10 @@ const KEYS: [&str; 16] = [
     "metadata",
 ];
 
+/// The error that sends a file with YAML merge keys (`<<: *defaults`) to be
+/// read again with its merges applied.
+const MERGE_KEY: &str = "a YAML merge key (<<)";
+
 /// Refuses a value with `message`, reported where the value starts.
 struct Refuse(String);
 
@@ -497,6 +502,11 @@ impl<'de> Deserialize<'de> for KeyName {
 /// What to do with a key no typed field takes: ignore a key of
 /// envoyproxy/ratelimit's set (checking its value as it does), refuse others.
 fn other_key<'de, A: MapAccess<'de>>(map: &mut A, key: &str) -> Result<(), A::Error> {
+    if key == "<<" {
+        // A YAML merge key: the file is read again with merges applied.
+        map.next_value::<de::IgnoredAny>()?;
+        return Err(de::Error::custom(MERGE_KEY));
+    }
     if KEYS.contains(&key) {
         map.next_value_seed(Generic)
     } else if key == "algorithm" {
@@ -1176,11 +1186,28 @@ impl Domain {
     /// What envoyproxy/ratelimit refuses (see the module docs), malformed
     /// YAML, and invalid `algorithm` blocks: with the line.
     pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
-        let raw: RawFile = serde_yaml_ng::from_str(text).map_err(|error| ConfigError {
+        let error_of = |error: serde_yaml_ng::Error| ConfigError {
             file: file.to_owned(),
             line: error.location().map(|location| location.line()),
             message: strip_location(&error.to_string()).replace('`', "\""),
-        })?;
+        };
+        let raw: RawFile = match serde_yaml_ng::from_str(text) {
+            Ok(raw) => raw,
+            Err(error) if error.to_string().contains(MERGE_KEY) => {
+                // As envoyproxy/ratelimit's parser, apply YAML merge keys; the
+                // expanded text has other lines, so errors name none.
+                let expanded = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+                    .and_then(|mut value| value.apply_merge().map(|()| value))
+                    .and_then(|value| serde_yaml_ng::to_string(&value))
+                    .map_err(error_of)?;
+                serde_yaml_ng::from_str(&expanded).map_err(|error| ConfigError {
+                    file: file.to_owned(),
+                    line: None,
+                    message: format!("{} (with its merge keys applied)", error_of(error).message),
+                })?
+            }
+            Err(error) => return Err(error_of(error)),
+        };
         let value_to_metric = any_node(&raw.descriptors, &|node| node.value_to_metric);
         Ok(Self {
             domain: raw.domain,

@@ -1368,3 +1368,22 @@ async fn dynamic_metadata_of_the_passed_rules() {
     assert_eq!(json["dynamicMetadata"]["hitsAddend"], 1, "{json}");
     assert_eq!(json["dynamicMetadata"]["metadata"]["name"], "service_1", "{json}");
 }
+
+/// envoyproxy/ratelimit's YAML parser applies merge keys (`<<: *anchor`)
+/// and aliases: such files load, with the merged fields.
+#[test]
+fn yaml_anchors_and_merge_keys() {
+    let domain = parse(
+        "domain: d\ndefaults: &per_minute\n  unit: minute\n  requests_per_unit: 20\ndescriptors:\n  - key: a\n    rate_limit: *per_minute\n  - key: b\n    rate_limit:\n      <<: *per_minute\n      requests_per_unit: 5\n",
+    );
+    // `defaults` is not a key of its schema: refused, as there.
+    assert!(domain.unwrap_err().to_string().contains("unknown key \"defaults\""));
+    let domain = parse(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &per_minute\n      unit: minute\n      requests_per_unit: 20\n  - key: b\n    rate_limit:\n      <<: *per_minute\n      requests_per_unit: 5\n",
+    )
+    .unwrap();
+    assert_eq!(lookup(&domain, &[("a", "x")]).unwrap().0, Some(20));
+    assert_eq!(lookup(&domain, &[("b", "x")]).unwrap().0, Some(5));
+    let b = domain.lookup(&[("b".to_owned(), "x".to_owned())]).unwrap();
+    assert_eq!(b.rule.unit, Some(tollgate_server::config::Unit::Minute));
+}
