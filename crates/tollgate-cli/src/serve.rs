@@ -29,7 +29,7 @@ pub struct Args {
     /// (`/srv/runtime_data/current/config`), every file under it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// A Redis URL (`redis://`, `rediss://`) to share limits between
+    /// A Redis URL (`redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://`) to share limits between
     /// replicas; without it (or `REDIS_URL`), the embedded memory store.
     #[arg(long)]
     redis: Option<String>,
