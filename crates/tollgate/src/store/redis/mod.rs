@@ -30,7 +30,8 @@
 //! **Cluster and Sentinel.** On a Redis Cluster (`redis+cluster://`) each
 //! call goes to the master of its keys' slot, and redirections during a
 //! resharding or a failover are followed; the library is loaded on every
-//! master, and the batcher sends one call per slot. With Sentinels
+//! master, and the batcher batches per hash slot (a call never mixes slots,
+//! and a slow master holds back only its own slots). With Sentinels
 //! (`redis+sentinel://`) the store talks to the master they name and asks
 //! them again when that master fails or is demoted. See the `connection`
 //! module for the details.
