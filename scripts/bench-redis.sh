@@ -24,14 +24,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source-path=SCRIPTDIR source=lib/bench.sh
 source scripts/lib/bench.sh
 
-case "${1:-}" in
-  "") ;;
-  -h | --help)
-    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-    exit 0
-    ;;
-  *) die "unknown argument \"$1\" (usage: $0)" ;;
-esac
+no_arguments "$@"
 DURATION=${DURATION:-5s}
 KEYS=${KEYS:-1000}
 RB_REQUESTS=${RB_REQUESTS:-2000000}

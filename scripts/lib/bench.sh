@@ -18,6 +18,19 @@ note() {
   echo "$(basename "$0"): $*" >&2
 }
 
+# no_arguments "$@": a script that takes none prints its header comment for
+# -h / --help and refuses anything else.
+no_arguments() {
+  case "${1:-}" in
+    "") ;;
+    -h | --help)
+      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+      exit 0
+      ;;
+    *) die "unknown argument \"$1\" (usage: $0)" ;;
+  esac
+}
+
 # need BINARY [HINT]: fails with a clear message when BINARY is not on PATH.
 need() {
   command -v "$1" >/dev/null 2>&1 || die "$1 is required but not installed${2:+ ($2)}"

@@ -358,8 +358,7 @@ struct Tally {
     first_error: Option<String>,
     /// Latency of each request, in ns.
     latency: Histogram<u64>,
-    /// Decisions by the path that decided them (`Path::as_str` order of
-    /// [`PATHS`]).
+    /// Decisions by the path that decided them, in the order of `Path::ALL`.
     paths: [u64; 4],
     /// Latency of the requests not decided by the store (a fault answered
     /// by the failure policy, or the error itself), in ns.
@@ -368,9 +367,6 @@ struct Tally {
     /// since the Unix epoch).
     recovered_at_ms: Option<u64>,
 }
-
-/// The paths a decision can take, in the order tallies count them.
-pub(crate) const PATHS: [Path; 4] = [Path::Store, Path::Local, Path::Policy, Path::DenyCache];
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -611,8 +607,7 @@ impl Worker {
             self.shared.answered.fetch_add(1, Ordering::Relaxed);
             match &result {
                 Ok(outcome) => {
-                    let path = PATHS.iter().position(|path| *path == outcome.path).unwrap_or(0);
-                    tally.paths[path] += 1;
+                    tally.paths[outcome.path.index()] += 1;
                     if outcome.path == Path::Store && in_fault {
                         in_fault = false;
                         tally.recovered_at_ms = Some(unix_ms());

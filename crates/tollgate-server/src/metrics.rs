@@ -39,13 +39,10 @@ struct PathLabels {
     path: String,
 }
 
-/// The paths a decision can take, with a counter each.
-const PATHS: [Path; 4] = [Path::Store, Path::Local, Path::Policy, Path::DenyCache];
-
-/// Registers `decisions_by_path` and returns its counters, in the order of [`PATHS`].
+/// Registers `decisions_by_path` and returns its counters, in the order of [`Path::ALL`].
 fn register_paths(registry: &mut Registry) -> [Counter; 4] {
     let paths = Family::<PathLabels, Counter>::default();
-    let counters = PATHS.map(|path| {
+    let counters = Path::ALL.map(|path| {
         paths
             .get_or_create(&PathLabels {
                 path: path.as_str().to_owned(),
@@ -150,7 +147,7 @@ pub struct Metrics {
     within_limit: Family<RuleLabels, Counter>,
     shadow_mode: Family<RuleLabels, Counter>,
     store_errors: Family<DomainLabels, Counter>,
-    /// Decisions by path, in the order of [`PATHS`].
+    /// Decisions by path, in the order of [`Path::ALL`].
     paths: [Counter; 4],
     latency: HistogramFamily,
     config_reloads: Counter,
@@ -390,9 +387,7 @@ impl Metrics {
 
     /// Counts a decision of the store by the path that made it.
     pub fn path(&self, path: Path) {
-        if let Some(index) = PATHS.iter().position(|each| *each == path) {
-            self.paths[index].inc();
-        }
+        self.paths[path.index()].inc();
     }
 
     /// Records how long a request took to decide.

@@ -153,6 +153,19 @@ pub enum Path {
 }
 
 impl Path {
+    /// Every path, in the order of [`Path::index`]: for counting by path.
+    pub const ALL: [Self; 4] = [Self::Store, Self::Local, Self::Policy, Self::DenyCache];
+
+    /// The position of this path in [`Path::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Self::Store => 0,
+            Self::Local => 1,
+            Self::Policy => 2,
+            Self::DenyCache => 3,
+        }
+    }
+
     /// The name used in metrics and JSON: `store`, `local`, `policy`, `deny_cache`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::{histogram, Plan, Tally, PATHS};
+use tollgate::Path;
+
+use super::{histogram, Plan, Tally};
 
 /// What was loaded, and what only that kind of run reports.
 #[derive(Debug)]
@@ -47,7 +49,7 @@ pub struct Report {
     p50_ns: u64,
     p99_ns: u64,
     max_ns: u64,
-    /// With a failure policy: decisions by path (as [`PATHS`]), the p99 of
+    /// With a failure policy: decisions by path (as `Path::ALL`), the p99 of
     /// those the store did not decide, and when the store decided again
     /// after a fault (ms since the Unix epoch; the earliest of the tasks'
     /// last recoveries).
@@ -262,7 +264,7 @@ impl Report {
             }
         }
         if let Some(resilience) = &self.resilience {
-            for (path, count) in PATHS.iter().zip(resilience.paths) {
+            for (path, count) in Path::ALL.iter().zip(resilience.paths) {
                 object.insert(format!("path_{}", path.as_str()), count.into());
             }
             object.insert("fallback_p99_us".to_owned(), micros(resilience.fallback_p99_ns).into());
@@ -317,7 +319,7 @@ impl Report {
             micros(self.max_ns)
         );
         if let Some(resilience) = &self.resilience {
-            let paths: Vec<String> = PATHS
+            let paths: Vec<String> = Path::ALL
                 .iter()
                 .zip(resilience.paths)
                 .map(|(path, count)| format!("{} {count}", path.as_str()))

@@ -23,12 +23,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::{MemoryStore, Store};
 use crate::clock::Sleep;
@@ -328,8 +329,7 @@ impl<S: Store> ResilientStore<S> {
                         decision
                     }
                 });
-                let decisions: Vec<Decision> = decisions.collect();
-                let mut outcome = policy.outcome(&request.op, allowed, request.cost, decisions.into_iter());
+                let mut outcome = policy.outcome(&request.op, allowed, request.cost, decisions);
                 outcome.path = Path::Policy;
                 inner.counts.policy.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
@@ -442,8 +442,12 @@ impl Breaker {
 
     /// A call succeeded; true when that closed an open breaker.
     fn succeeded(&self) -> bool {
-        self.failures.store(0, Ordering::Relaxed);
-        if self.open_until.swap(0, Ordering::AcqRel) == 0 {
+        // Read before writing: a healthy store's decisions leave the shared
+        // lines untouched.
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        if self.open_until.load(Ordering::Acquire) == 0 || self.open_until.swap(0, Ordering::AcqRel) == 0 {
             return false;
         }
         self.backoff.store(self.first_backoff, Ordering::Relaxed);
@@ -503,13 +507,18 @@ impl FaultLog {
     }
 }
 
-/// Denials by subject, answered again until their `retry_after`.
+/// Denials by subject and policy, answered again until their `retry_after`.
+/// Looked up under a read lock and by a hash of the subject and the limit
+/// names, so that a decision that finds nothing allocates nothing.
 struct DenyCache {
     capacity: usize,
-    entries: Mutex<HashMap<String, Denial>>,
+    hasher: foldhash::fast::RandomState,
+    entries: RwLock<HashMap<u64, Denial>>,
 }
 
 struct Denial {
+    /// The subject's key, to tell apart subjects whose hashes meet.
+    subject: String,
     policy: Policy,
     op: Op,
     cost: u64,
@@ -523,7 +532,8 @@ impl DenyCache {
     fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            entries: Mutex::new(HashMap::new()),
+            hasher: foldhash::fast::RandomState::default(),
+            entries: RwLock::new(HashMap::new()),
         }
     }
 
@@ -533,16 +543,16 @@ impl DenyCache {
             && matches!(request.op, Op::Check | Op::CheckAtMost | Op::Reserve { .. })
     }
 
-    /// Where the denials of `policy` for `subject` are kept: the subject and
-    /// the names of the policy's limits (a server decides many policies for
-    /// one subject).
-    fn key(subject: &Subject, policy: &Policy) -> String {
-        let mut key = subject.as_key().to_owned();
+    /// Where the denials of `policy` for `subject` are kept: a hash of the
+    /// subject and the names of the policy's limits (a server decides many
+    /// policies for one subject).
+    fn key(&self, subject: &Subject, policy: &Policy) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        subject.as_key().hash(&mut hasher);
         for (name, _) in policy.limits() {
-            key.push('\0');
-            key.push_str(name);
+            name.hash(&mut hasher);
         }
-        key
+        hasher.finish()
     }
 
     /// The remembered denial of this very request, its times brought to now.
@@ -550,15 +560,15 @@ impl DenyCache {
         if !Self::cacheable(policy, request) {
             return None;
         }
-        let key = Self::key(subject, policy);
-        let mut entries = self.entries.lock();
-        let denial = entries.get(&key)?;
+        let entries = self.entries.read();
+        let denial = entries.get(&self.key(subject, policy))?;
         let now = Instant::now();
+        // An expired denial is replaced by the next one, or swept when full.
         if now >= denial.until {
-            entries.remove(&key);
             return None;
         }
-        let same = denial.op == request.op
+        let same = denial.subject == subject.as_key()
+            && denial.op == request.op
             && denial.cost == request.cost
             && denial.costs == request.costs
             && denial.policy == *policy;
@@ -588,8 +598,8 @@ impl DenyCache {
         let Some(until) = at.checked_add(retry_after) else {
             return;
         };
-        let key = Self::key(subject, policy);
-        let mut entries = self.entries.lock();
+        let key = self.key(subject, policy);
+        let mut entries = self.entries.write();
         if entries.len() >= self.capacity && !entries.contains_key(&key) {
             entries.retain(|_, denial| denial.until > at);
             if entries.len() >= self.capacity {
@@ -600,6 +610,7 @@ impl DenyCache {
         entries.insert(
             key,
             Denial {
+                subject: subject.as_key().to_owned(),
                 policy: policy.clone(),
                 op: request.op.clone(),
                 cost: request.cost,
@@ -612,7 +623,8 @@ impl DenyCache {
     }
 
     fn forget(&self, subject: &Subject, policy: &Policy) {
-        self.entries.lock().remove(&Self::key(subject, policy));
+        let key = self.key(subject, policy);
+        self.entries.write().remove(&key);
     }
 }
 
