@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::clock::Timestamp;
+
 /// The outcome of one check against a limit or a policy.
 ///
 /// A denial is a `Decision` with `allowed == false`, never an error. When a
@@ -132,6 +134,10 @@ pub struct Outcome {
     /// What decided: the store, or, behind a
     /// [`ResilientStore`](crate::ResilientStore), its fallbacks.
     pub path: Path,
+    /// The instant the decision was made at: the request's `now`, else the
+    /// store's clock (in Redis, the server's `TIME`). What an
+    /// [`Op::Refund`](crate::Op::Refund) of this decision's units names.
+    pub decided_at: Timestamp,
 }
 
 /// What decided an [`Outcome`].

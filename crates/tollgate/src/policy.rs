@@ -40,6 +40,24 @@ pub enum Op {
         /// The lease to end.
         lease: String,
     },
+    /// Give back `cost` units an earlier request took at `at` (its
+    /// [`Outcome::decided_at`]): a reservation cancelled, or the part of a
+    /// decision that another store denied. Never denied; each limit reports
+    /// as a release does (what is left, no wait). Window counts (fixed window, sliding window,
+    /// sliding log) give back only while the units taken at `at` still
+    /// count; buckets and TATs give back up to full; a concurrency limit
+    /// releases `lease` (nothing without one).
+    ///
+    /// A refund restores exactly the state the limit would hold had the
+    /// units never been taken when nothing else consumed on it in between;
+    /// otherwise a bucket or TAT may give back units whose effect had
+    /// already lapsed, at most the refunded cost.
+    Refund {
+        /// When the units were taken.
+        at: Timestamp,
+        /// The lease to end on concurrency limits.
+        lease: Option<String>,
+    },
 }
 
 /// One decision to make: the operation, its cost, and optionally the instant
@@ -80,6 +98,22 @@ impl Request {
     /// The cost limit `index` sees.
     pub(crate) fn cost_of(&self, index: usize) -> u64 {
         self.costs.get(index).copied().unwrap_or(self.cost)
+    }
+
+    /// This request as the limits at `indices` of its policy see it, with
+    /// operation `op`.
+    pub(crate) fn part(&self, op: Op, indices: &[usize]) -> Self {
+        let costs = if self.costs.is_empty() {
+            Vec::new()
+        } else {
+            indices.iter().map(|&index| self.cost_of(index)).collect()
+        };
+        Self {
+            op,
+            cost: self.cost,
+            now: self.now,
+            costs,
+        }
     }
 
     /// Decides at `now` instead of the store's time (tests, simulations, replays).
@@ -144,6 +178,34 @@ impl Policy {
             }
         }
         Ok(Self { limits, named: true })
+    }
+
+    /// Builds a policy whose limits live under several subjects, for
+    /// [`Store::decide_spread`](crate::Store::decide_spread): as
+    /// [`Policy::new`], except that a name may repeat (a limit is told apart
+    /// by its subject too).
+    ///
+    /// # Errors
+    ///
+    /// When there is no limit, or a name is not 1 to 200 letters, digits or
+    /// any of `_-.~/@=+!,;%:#`.
+    pub fn spread<N: Into<String>>(limits: impl IntoIterator<Item = (N, Limit)>) -> Result<Self> {
+        let limits: Vec<(String, Limit)> = limits.into_iter().map(|(name, limit)| (name.into(), limit)).collect();
+        if limits.is_empty() {
+            return Err(Error::invalid_limit("a policy needs at least one limit"));
+        }
+        for (name, _) in &limits {
+            check_name(name)?;
+        }
+        Ok(Self { limits, named: true })
+    }
+
+    /// The policy of the limits at `indices`, in that order (names kept).
+    pub(crate) fn part(&self, indices: &[usize]) -> Self {
+        Self {
+            limits: indices.iter().map(|&index| self.limits[index].clone()).collect(),
+            named: true,
+        }
     }
 
     /// Reads a limit (`{"algorithm": …}`) or a policy of named limits
@@ -213,6 +275,10 @@ impl Policy {
                 max_wait: max_wait.map(micros),
             },
             Op::Release { lease } => Action::Release(lease),
+            Op::Refund { at, lease } => Action::Refund {
+                at: at.as_micros(),
+                lease: lease.as_deref(),
+            },
         }
     }
 
@@ -275,6 +341,7 @@ impl Policy {
         if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
             return Ok(self.decide_single(
                 request,
+                now,
                 || limit.available(*state, now),
                 |action, cost| limit.decide(*state, now, action, cost),
                 |change, ttl| write(0, change, ttl),
@@ -311,7 +378,7 @@ impl Policy {
                 write(index, change, micros(step.decision.reset_after));
             }
         }
-        Ok(self.outcome(op, allowed, cost, steps.into_iter().map(|step| step.decision)))
+        Ok(self.outcome(op, allowed, cost, now, steps.into_iter().map(|step| step.decision)))
     }
 
     /// A policy of one limit, whose decision is the policy's: `available()`
@@ -323,6 +390,7 @@ impl Policy {
     pub(crate) fn decide_single<'r, C>(
         &self,
         request: &'r Request,
+        now: u64,
         available: impl FnOnce() -> u64,
         decide: impl FnOnce(Action<'r>, u64) -> Step<C>,
         write: impl FnOnce(C, u64),
@@ -334,16 +402,18 @@ impl Policy {
         if let Some(change) = step.change {
             write(change, micros(step.decision.reset_after));
         }
-        self.outcome(op, allowed, cost, std::iter::once(step.decision))
+        self.outcome(op, allowed, cost, now, std::iter::once(step.decision))
     }
 
-    /// Assembles the outcome from each limit's decision (in the policy's order).
+    /// Assembles the outcome from each limit's decision (in the policy's
+    /// order), made at `now` (µs since the epoch).
     #[inline]
     pub(crate) fn outcome(
         &self,
         op: &Op,
         allowed: bool,
         cost: u64,
+        now: u64,
         decisions: impl ExactSizeIterator<Item = Decision>,
     ) -> Outcome {
         let lease = match op {
@@ -360,6 +430,7 @@ impl Policy {
                     lease,
                     limits: Vec::new(),
                     path: Path::Store,
+                    decided_at: Timestamp::from_micros(now),
                 };
             }
         }
@@ -375,6 +446,7 @@ impl Policy {
             lease,
             limits: if self.named { limits } else { Vec::new() },
             path: Path::Store,
+            decided_at: Timestamp::from_micros(now),
         }
     }
 }

@@ -189,4 +189,13 @@ function concurrency.store(key, _, _, change, _, ttl, stale)
   rcall("PEXPIRE", key, expire_ms(ttl))
 end
 
+-- Gives back what lease `lease` holds (an acquire undone), as a release;
+-- without a lease, a peek.
+function concurrency.refund(p, s, now, _, _, lease)
+  if lease == nil then
+    return concurrency.decide(p, s, now, CHECK, 0)
+  end
+  return concurrency.decide(p, s, now, RELEASE, 0, nil, lease)
+end
+
 ALGORITHMS[8] = concurrency

@@ -64,4 +64,14 @@ function fixed_window.store(key, _, _, change, _, ttl)
   rcall("SET", key, "f" .. fmt(change.window_end) .. ":" .. fmt(change.count), "PX", expire_ms(ttl))
 end
 
+-- Gives back units taken at `at` from the count of the window holding `at`,
+-- when that window is still the one counted; reports as a peek after.
+function fixed_window.refund(p, s, now, at, cost)
+  if s == nil or at >= s.window_end or at + p.window < s.window_end or cost == 0 then
+    return fixed_window.decide(p, s, now, RELEASE, 0)
+  end
+  local left = { window_end = s.window_end, count = sat_sub(s.count, cost) }
+  return fixed_window.decide(p, left, now, RELEASE, 0), left
+end
+
 ALGORITHMS[1] = fixed_window

@@ -72,4 +72,22 @@ impl FixedWindow {
         }
         Step::changed(decision, FixedWindowState { end, count })
     }
+
+    /// Gives back units taken at `at` from the count of the window holding
+    /// `at`, when that window is still the one counted. The new state, or
+    /// `None` when nothing changes.
+    pub(crate) fn refunded(
+        &self,
+        state: Option<&FixedWindowState>,
+        now: u64,
+        at: u64,
+        cost: u64,
+    ) -> Option<FixedWindowState> {
+        let state = state.filter(|state| state.end > now && cost > 0)?;
+        let counted = at < state.end && at + self.window >= state.end;
+        counted.then(|| FixedWindowState {
+            end: state.end,
+            count: state.count.saturating_sub(cost),
+        })
+    }
 }

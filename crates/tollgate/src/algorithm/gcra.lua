@@ -50,4 +50,14 @@ function gcra.store(key, p, _, new_ahead, now, ttl)
   store_tat(key, gcra.tag, at, frac, ttl)
 end
 
+-- Gives back `cost` cells: the TAT moves back by their emission time,
+-- never behind now; reports as a peek after.
+function gcra.refund(p, s, now, _, cost)
+  if s == nil or cost == 0 then
+    return gcra.decide(p, s, now, RELEASE, 0)
+  end
+  local ahead = sat_sub(s, cost * p.unit)
+  return gcra.decide(p, ahead, now, RELEASE, 0), ahead
+end
+
 ALGORITHMS[7] = gcra

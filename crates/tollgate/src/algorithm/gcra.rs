@@ -67,4 +67,10 @@ impl Gcra {
         }
         Step::changed(decision, Tat::after(now, new_ahead, ticks))
     }
+
+    /// Gives back `cost` cells: the TAT moves back by their emission time,
+    /// never behind `now`. The new state, or `None` when nothing changes.
+    pub(crate) fn refunded(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Option<GcraState> {
+        Tat::refunded(state, now, cost, self.ticks)
+    }
 }

@@ -56,4 +56,13 @@ function leaky_bucket.store(key, p, _, queued_after, now, ttl)
   store_tat(key, leaky_bucket.tag, at, frac, ttl)
 end
 
+-- Gives back `cost` units: they leave the queue; reports as a peek after.
+function leaky_bucket.refund(p, s, now, _, cost)
+  if s == nil or cost == 0 then
+    return leaky_bucket.decide(p, s, now, RELEASE, 0)
+  end
+  local queued = sat_sub(s, cost * p.unit)
+  return leaky_bucket.decide(p, queued, now, RELEASE, 0), queued
+end
+
 ALGORITHMS[6] = leaky_bucket

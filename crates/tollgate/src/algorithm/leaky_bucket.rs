@@ -79,4 +79,10 @@ impl LeakyBucket {
         }
         Step::changed(decision, Tat::after(now, queued_after, ticks))
     }
+
+    /// Gives back `cost` units: they leave the queue. The new state, or
+    /// `None` when nothing changes.
+    pub(crate) fn refunded(&self, state: Option<&LeakyBucketState>, now: u64, cost: u64) -> Option<LeakyBucketState> {
+        Tat::refunded(state, now, cost, self.ticks)
+    }
 }

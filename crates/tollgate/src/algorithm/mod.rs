@@ -94,6 +94,9 @@ pub(crate) enum Action<'a> {
     },
     /// Give a lease back; other limits only report.
     Release(&'a str),
+    /// Give back `cost` units taken at `at` (µs) and, on concurrency
+    /// limits, the lease; never refused, reported as a peek after.
+    Refund { at: u64, lease: Option<&'a str> },
 }
 
 impl Action<'_> {
@@ -852,9 +855,12 @@ impl Limit {
                 }
             };
         }
+        if let Action::Refund { at, lease } = action {
+            return self.refund(state, now, at, cost, lease);
+        }
         let cost = action.check_cost(cost);
         let (max_wait, lease) = match action {
-            Action::Check | Action::Release(_) => (None, None),
+            Action::Check | Action::Release(_) | Action::Refund { .. } => (None, None),
             Action::Reserve(max_wait) => (max_wait, None),
             Action::Acquire { lease, max_wait } => (max_wait, lease),
         };
@@ -908,6 +914,67 @@ impl Limit {
             }
         };
         step.map(Change::Put)
+    }
+
+    /// Gives back `cost` units taken at `at` (see [`Action::Refund`]); every
+    /// limit reports as a peek after the refund.
+    fn refund<'a>(
+        &self,
+        state: Option<&State>,
+        now: u64,
+        at: u64,
+        cost: u64,
+        lease: Option<&'a str>,
+    ) -> Step<Change<'a>> {
+        macro_rules! state {
+            ($variant:ident) => {
+                match state {
+                    Some(State::$variant(state)) => Some(state),
+                    _ => None,
+                }
+            };
+        }
+        let refunded = match &self.kind {
+            Kind::FixedWindow(p) => p.refunded(state!(FixedWindow), now, at, cost).map(State::FixedWindow),
+            Kind::SlidingWindow(p) => p
+                .refunded(state!(SlidingWindow), now, at, cost)
+                .map(State::SlidingWindow),
+            Kind::TokenBucket(p) => p.refunded(state!(TokenBucket), now, cost).map(State::TokenBucket),
+            Kind::Reservation(p) => p.refunded(state!(Reservation), now, cost).map(State::Reservation),
+            Kind::LeakyBucket(p) => p.refunded(state!(LeakyBucket), now, cost).map(State::LeakyBucket),
+            Kind::Gcra(p) => p.refunded(state!(Gcra), now, cost).map(State::Gcra),
+            Kind::SlidingLog(p) => {
+                let state = state!(SlidingLog).map(|log| &**log);
+                let step = p.refund(state, now, at, cost);
+                return edit(
+                    state,
+                    step,
+                    SlidingLogState::apply,
+                    State::SlidingLog,
+                    Change::SlidingLog,
+                );
+            }
+            Kind::Concurrency(p) => {
+                let state = state!(Concurrency).map(|leases| &**leases);
+                let step = match lease {
+                    Some(lease) => p.release(state, now, lease),
+                    None => p.acquire(state, now, 0, None),
+                };
+                return edit(
+                    state,
+                    step,
+                    ConcurrencyState::apply,
+                    State::Concurrency,
+                    Change::Concurrency,
+                );
+            }
+        };
+        // What the limit says after the refund, as a peek (a release only reports).
+        let peek = |state: Option<&State>| self.decide(state, now, Action::Release(""), 0).decision;
+        match refunded {
+            Some(new) => Step::changed(peek(Some(&new)), Change::Put(new)),
+            None => Step::unchanged(peek(state)),
+        }
     }
 
     /// The algorithm's numeric parameters as the Lua script reads them:

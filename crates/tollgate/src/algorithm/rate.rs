@@ -102,6 +102,18 @@ impl Tat {
             frac: backlog % rate.per_micro,
         }
     }
+
+    /// What a refund of `cost` units leaves of `tat`: the instant moved back
+    /// by their ticks, never behind `now`. `None` when it gives nothing
+    /// back (no cost, or the instant has passed: nothing is owed).
+    pub(crate) fn refunded(tat: Option<&Self>, now: u64, cost: u64, rate: Rate) -> Option<Self> {
+        let backlog = tat?.backlog(now, rate);
+        if backlog == 0 || cost == 0 {
+            return None;
+        }
+        let backlog = backlog.saturating_sub(cost.saturating_mul(rate.unit));
+        Some(Self::after(now, backlog, rate))
+    }
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {

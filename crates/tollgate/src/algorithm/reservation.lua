@@ -71,4 +71,14 @@ function reservation.store(key, p, _, missing_after, now, ttl)
   store_tat(key, reservation.tag, at, frac, ttl)
 end
 
+-- Gives back `cost` permits (a reservation cancelled): the permits missing
+-- from a full store shrink by them; reports as a peek after.
+function reservation.refund(p, s, now, _, cost)
+  if s == nil or cost == 0 then
+    return reservation.decide(p, s, now, RELEASE, 0)
+  end
+  local m = sat_sub(s, cost * p.unit)
+  return reservation.decide(p, m, now, RELEASE, 0), m
+end
+
 ALGORITHMS[5] = reservation

@@ -100,4 +100,11 @@ impl Reservation {
         }
         Step::changed(decision, Tat::after(now, missing_after, ticks))
     }
+
+    /// Gives back `cost` permits (a reservation cancelled): the permits
+    /// missing from a full store shrink by them. The new state, or `None`
+    /// when nothing changes.
+    pub(crate) fn refunded(&self, state: Option<&ReservationState>, now: u64, cost: u64) -> Option<ReservationState> {
+        Tat::refunded(state, now, cost, self.ticks)
+    }
 }

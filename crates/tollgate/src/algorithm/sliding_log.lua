@@ -125,8 +125,74 @@ function sliding_log.decide(p, s, now, action, cost)
   return allow(p.limit, remaining - cost, stamp + p.window - now, 0), { stamp = stamp, cost = cost }
 end
 
+-- Gives back units admitted at `at`: they leave the entry stamped `at`,
+-- while it counts, and every later total drops by them (an admission made
+-- after the clock went back, stamped at the newest entry's instant, finds
+-- none and gets nothing back). Walks back from the newest entry, so it
+-- costs O(log n + entries newer than `at`). Reports as a peek after.
+function sliding_log.refund(p, s, now, at, cost)
+  if s == nil or cost == 0 then
+    return sliding_log.decide(p, s, now, RELEASE, 0)
+  end
+  -- Entries stamped at or after `at`, newest first; the total before them
+  -- and the stamp of the entry before them (nil: none).
+  local newer, before, before_at = {}, nil, nil
+  local offset = 0
+  while before == nil do
+    local page = rcall("ZRANGE", s.key, -(offset + TRIM_BATCH), -(offset + 1), "WITHSCORES")
+    for i = #page - 1, 1, -2 do
+      local member = page[i]
+      if member == BASE or member == EXPIRES then
+        before = tonumber(page[i + 1])
+        break
+      end
+      local stamp = tonumber(member)
+      if stamp < at then
+        before, before_at = tonumber(page[i + 1]), stamp
+        break
+      end
+      newer[#newer + 1] = { member, stamp, tonumber(page[i + 1]) }
+    end
+    if #page < 2 * TRIM_BATCH then
+      break
+    end
+    offset = offset + TRIM_BATCH
+  end
+  local own = newer[#newer]
+  if own == nil or before == nil or own[2] ~= at or own[2] + p.window <= now then
+    return sliding_log.decide(p, s, now, RELEASE, 0)
+  end
+  local units = own[3] - before
+  local removed = min(cost, units)
+  local total = s.last_total - removed - s.base
+  local newest = s.last_at
+  if removed == units and #newer == 1 then
+    newest = before_at
+  end
+  local reset_after = 0
+  if total > 0 then
+    reset_after = newest + p.window - now
+  end
+  local decision = allow(p.limit, sat_sub(p.limit, total), reset_after, 0)
+  return decision, { refund = newer, removed = removed, emptied = removed == units }
+end
+
 function sliding_log.store(key, _, s, change, now, ttl, stale)
   local expires = -(now + ttl)
+  if change.refund then
+    local newer = change.refund
+    for i = 1, #newer - 1 do
+      rcall("ZINCRBY", key, -change.removed, newer[i][1])
+    end
+    if change.emptied then
+      rcall("ZREM", key, newer[#newer][1])
+    else
+      rcall("ZINCRBY", key, -change.removed, newer[#newer][1])
+    end
+    rcall("ZADD", key, expires, EXPIRES)
+    rcall("PEXPIRE", key, expire_ms(ttl))
+    return
+  end
   if s == nil then
     if stale then
       rcall("DEL", key)

@@ -40,13 +40,15 @@ pub struct SlidingLogState {
     base: u64,
 }
 
-/// What an admission does to the log: drop the `expired` oldest entries and
-/// add `units` at `at` (merged into the newest entry when it is at `at`).
+/// An edit of the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LogChange {
-    expired: usize,
-    at: u64,
-    units: u64,
+pub(crate) enum LogChange {
+    /// An admission: drop the `expired` oldest entries and add `units` at
+    /// `at` (merged into the newest entry when it is at `at`).
+    Admit { expired: usize, at: u64, units: u64 },
+    /// A refund: take `units` out of entry `index` (dropping it when that
+    /// empties it) and so out of every later total.
+    Refund { index: usize, units: u64 },
 }
 
 impl SlidingLogState {
@@ -60,17 +62,30 @@ impl SlidingLogState {
         index.checked_sub(1).map_or(0, |last| self.through(last))
     }
 
-    /// Commits an admission.
+    /// Commits an edit.
     pub(crate) fn apply(&mut self, change: LogChange) {
-        if change.expired > 0 {
-            self.base = self.entries[change.expired - 1].1;
-            self.entries.drain(..change.expired);
+        let (expired, at, units) = match change {
+            LogChange::Admit { expired, at, units } => (expired, at, units),
+            LogChange::Refund { index, units } => {
+                let emptied = self.through(index) - self.before(index) == units;
+                for (_, sum) in self.entries.range_mut(index..) {
+                    *sum = sum.wrapping_sub(units);
+                }
+                if emptied {
+                    self.entries.remove(index);
+                }
+                return;
+            }
+        };
+        if expired > 0 {
+            self.base = self.entries[expired - 1].1;
+            self.entries.drain(..expired);
         }
         match self.entries.back_mut() {
-            Some((at, sum)) if *at == change.at => *sum = sum.wrapping_add(change.units),
+            Some((newest, sum)) if *newest == at => *sum = sum.wrapping_add(units),
             newest => {
-                let sum = newest.map_or(self.base, |&mut (_, sum)| sum).wrapping_add(change.units);
-                self.entries.push_back((change.at, sum));
+                let sum = newest.map_or(self.base, |&mut (_, sum)| sum).wrapping_add(units);
+                self.entries.push_back((at, sum));
             }
         }
     }
@@ -144,13 +159,45 @@ impl SlidingLog {
         // Kept in order of time: when the clock went back, at the newest instant.
         let newest = live.as_ref().and_then(|live| live.state.entries.back());
         let at = newest.map_or(now, |&(newest, _)| newest.max(now));
-        let change = LogChange {
+        let change = LogChange::Admit {
             expired: live.as_ref().map_or(0, |live| live.expired),
             at,
             units: cost,
         };
         let decision = Decision::allow(self.limit, remaining - cost, at + self.window - now, 0);
         Step::changed(decision, change)
+    }
+
+    /// Gives back units admitted at `at`: they leave the entry stamped `at`,
+    /// while it counts, and every later total drops by them. (An admission
+    /// made after the clock went back is stamped at the newest entry's
+    /// instant: its refund finds no entry at `at` and gives nothing back.)
+    /// Costs O(log n + entries newer than `at`). Reports as a peek after.
+    pub(crate) fn refund(&self, state: Option<&SlidingLogState>, now: u64, at: u64, cost: u64) -> Step<LogChange> {
+        let peek = || self.check(state, now, 0);
+        let Some(state) = state.filter(|_| cost > 0) else {
+            return peek();
+        };
+        let index = state.entries.partition_point(|&(stamp, _)| stamp < at);
+        match state.entries.get(index) {
+            Some(&(stamp, _)) if stamp == at && stamp + self.window > now => {}
+            _ => return peek(),
+        }
+        let units = state.through(index) - state.before(index);
+        let removed = units.min(cost);
+        let total = self.live(state, now).total - removed;
+        let last = state.entries.len() - 1;
+        let newest = if removed == units && index == last {
+            index.checked_sub(1).map(|before| state.entries[before].0)
+        } else {
+            Some(state.entries[last].0)
+        };
+        let reset_after = match newest {
+            Some(newest) if total > 0 => newest + self.window - now,
+            _ => 0,
+        };
+        let decision = Decision::allow(self.limit, self.limit.saturating_sub(total), reset_after, 0);
+        Step::changed(decision, LogChange::Refund { index, units: removed })
     }
 }
 

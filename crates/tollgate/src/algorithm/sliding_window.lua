@@ -118,8 +118,41 @@ function sliding_window.store(key, _, s, change, now, ttl, stale)
   elseif s and #s.dead > 0 then
     rcall("HDEL", key, unpack(s.dead))
   end
-  rcall("HSET", key, fmt(change.index), fmt(change.count), "x", fmt(now + ttl))
+  if change.count > 0 then
+    rcall("HSET", key, fmt(change.index), fmt(change.count), "x", fmt(now + ttl))
+  else
+    -- A refund emptied the sub-interval.
+    rcall("HDEL", key, fmt(change.index))
+    rcall("HSET", key, "x", fmt(now + ttl))
+  end
   rcall("PEXPIRE", key, expire_ms(ttl))
+end
+
+-- Gives back units taken at `at` from the count of the sub-interval holding
+-- `at`, while it counts; reports as a peek after.
+function sliding_window.refund(p, s, now, at, cost)
+  if s == nil or cost == 0 then
+    return sliding_window.decide(p, s, now, RELEASE, 0)
+  end
+  local index = at - imod(at, sub(p))
+  local counts, change = { dead = s.dead }, nil
+  for _, entry in ipairs(s) do
+    if entry[1] == index then
+      change = { index = index, count = sat_sub(entry[2], cost) }
+      if change.count > 0 then
+        counts[#counts + 1] = { index, change.count }
+      end
+    else
+      counts[#counts + 1] = entry
+    end
+  end
+  if change == nil then
+    return sliding_window.decide(p, s, now, RELEASE, 0)
+  end
+  if #counts == 0 then
+    counts = nil
+  end
+  return sliding_window.decide(p, counts, now, RELEASE, 0), change
 end
 
 ALGORITHMS[2] = sliding_window

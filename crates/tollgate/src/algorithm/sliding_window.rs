@@ -116,4 +116,29 @@ impl SlidingWindow {
         let decision = Decision::allow(self.limit, remaining - cost, self.reset_after(&counts, now), 0);
         Step::changed(decision, SlidingWindowState { counts })
     }
+
+    /// Gives back units taken at `at` from the count of the sub-interval
+    /// holding `at`, while it counts. The new state, or `None` when nothing
+    /// changes.
+    pub(crate) fn refunded(
+        &self,
+        state: Option<&SlidingWindowState>,
+        now: u64,
+        at: u64,
+        cost: u64,
+    ) -> Option<SlidingWindowState> {
+        if cost == 0 {
+            return None;
+        }
+        let (mut counts, _) = self.live(state, now);
+        let index = at - at % self.sub();
+        let position = counts.iter().position(|&(start, _)| start == index)?;
+        let left = counts[position].1.saturating_sub(cost);
+        if left == 0 {
+            counts.remove(position);
+        } else {
+            counts[position].1 = left;
+        }
+        Some(SlidingWindowState { counts })
+    }
 }

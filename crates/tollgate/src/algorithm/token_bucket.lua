@@ -154,4 +154,20 @@ function token_bucket.store(key, p, _, change, now, ttl)
   end
 end
 
+-- Gives back `cost` tokens, up to a full bucket; reports as a peek after.
+-- No level is stored for a bucket that has none.
+function token_bucket.refund(p, s, now, _, cost)
+  if s == nil or s == OTHER_MODE or cost == 0 then
+    return (token_bucket.decide(p, s, now, RELEASE, 0))
+  end
+  local level
+  if p.smooth then
+    level = sat_sub(s, cost * p.unit)
+  else
+    local tokens, boundary = tokens_at(p, s, now)
+    level = { tokens = min(tokens + cost, p.capacity), boundary = boundary }
+  end
+  return token_bucket.decide(p, level, now, RELEASE, 0), level
+end
+
 ALGORITHMS[4] = token_bucket

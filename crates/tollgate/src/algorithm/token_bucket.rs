@@ -181,4 +181,23 @@ impl TokenBucket {
         }
         Step::changed(decision, TokenBucketState::Interval { tokens, boundary })
     }
+
+    /// Gives back `cost` tokens, up to a full bucket. The new state, or
+    /// `None` when nothing changes (no level is stored for a bucket that has
+    /// none, or one of the other mode).
+    pub(crate) fn refunded(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Option<TokenBucketState> {
+        match (self.mode, state?) {
+            (Refill::Smooth, TokenBucketState::Smooth(full_at)) => {
+                Tat::refunded(Some(full_at), now, cost, self.rate).map(TokenBucketState::Smooth)
+            }
+            (Refill::Interval, TokenBucketState::Interval { .. }) if cost > 0 => {
+                let (tokens, boundary) = self.tokens(state, now);
+                Some(TokenBucketState::Interval {
+                    tokens: tokens.saturating_add(cost).min(self.capacity),
+                    boundary,
+                })
+            }
+            _ => None,
+        }
+    }
 }

@@ -39,6 +39,16 @@ impl Store for AnyStore {
         }
     }
 
+    async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
+        match self {
+            Self::Memory(store) => store.decide_spread(subjects, policy, request).await,
+            #[cfg(feature = "redis")]
+            Self::Redis(store) => store.decide_spread(subjects, policy, request).await,
+            #[cfg(feature = "redis")]
+            Self::Resilient(store) => store.decide_spread(subjects, policy, request).await,
+        }
+    }
+
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         match self {
             Self::Memory(store) => store.reset(subject, policy).await,

@@ -9,6 +9,7 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 mod resilient;
+pub(crate) mod spread;
 
 use std::future::Future;
 use std::time::Duration;
@@ -42,6 +43,29 @@ pub trait Store: Clone + Send + Sync + 'static {
         policy: &Policy,
         request: &Request,
     ) -> impl Future<Output = Result<Outcome>> + Send;
+
+    /// Decides `request` over every limit of `policy`, limit `i` being kept
+    /// under `subjects[i]` (a gateway's descriptors, each its own subject, so
+    /// that they spread over a Redis Cluster). All-or-nothing: limits one
+    /// atomic step reaches — one subject in memory; on Redis every key of
+    /// one server, or of one Cluster hash slot — are decided together;
+    /// across steps each consumes and, when any denies, the others give
+    /// their units back ([`Op::Refund`](crate::Op::Refund)). For the time of
+    /// that refund another request can see the units taken and be denied by
+    /// them; none is admitted beyond a limit.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::decide`]; `subjects` not one per limit, a limit of one
+    /// subject given twice, or `check_at_most` over more than one step.
+    fn decide_spread(
+        &self,
+        subjects: &[Subject],
+        policy: &Policy,
+        request: &Request,
+    ) -> impl Future<Output = Result<Outcome>> + Send {
+        spread::by_subject(self, subjects, policy, request)
+    }
 
     /// Forgets the state of every limit of `policy` for `subject`.
     ///

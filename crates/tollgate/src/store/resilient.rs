@@ -23,6 +23,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::{MemoryStore, Store};
-use crate::clock::Sleep;
+use super::{spread, MemoryStore, Store};
+use crate::clock::{Clock as _, Sleep, SystemClock};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
@@ -267,8 +268,8 @@ impl<S: Store> ResilientStore<S> {
         }
     }
 
-    /// Calls the store within the deadline, unless the breaker is open.
-    async fn call(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
+    /// Runs `decision`, the store's, within the deadline, unless the breaker is open.
+    async fn call(&self, decision: impl Future<Output = Result<Outcome>>) -> Result<Outcome> {
         let inner = &self.inner;
         if !inner.breaker.admits() {
             return Err(Error::new(
@@ -276,7 +277,7 @@ impl<S: Store> ResilientStore<S> {
                 "store unavailable: the circuit breaker is open after consecutive faults",
             ));
         }
-        let result = match tokio::time::timeout(inner.timeout, inner.store.decide(subject, policy, request)).await {
+        let result = match tokio::time::timeout(inner.timeout, decision).await {
             Ok(result) => result,
             Err(_) => Err(Error::new(
                 ErrorKind::Timeout,
@@ -302,15 +303,22 @@ impl<S: Store> ResilientStore<S> {
         result
     }
 
-    /// The failure policy's decision after `fault`.
-    fn fallback(&self, subject: &Subject, policy: &Policy, request: &Request, fault: Error) -> Result<Outcome> {
+    /// The failure policy's decision after `fault`; `local` is the
+    /// in-process store's.
+    async fn fallback(
+        &self,
+        policy: &Policy,
+        request: &Request,
+        fault: Error,
+        local: impl Future<Output = Result<Outcome>>,
+    ) -> Result<Outcome> {
         let inner = &self.inner;
         inner.counts.faults.fetch_add(1, Ordering::Relaxed);
         inner.log.fault(&fault, inner.on_error);
         match inner.on_error {
             OnStoreError::Error => Err(fault),
             OnStoreError::Local => {
-                let mut outcome = inner.local.decide_now(subject, policy, request)?;
+                let mut outcome = local.await?;
                 outcome.path = Path::Local;
                 inner.counts.local.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
@@ -329,7 +337,8 @@ impl<S: Store> ResilientStore<S> {
                         decision
                     }
                 });
-                let mut outcome = policy.outcome(&request.op, allowed, request.cost, decisions);
+                let now = request.now.unwrap_or_else(|| SystemClock.now()).as_micros();
+                let mut outcome = policy.outcome(&request.op, allowed, request.cost, now, decisions);
                 outcome.path = Path::Policy;
                 inner.counts.policy.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
@@ -348,7 +357,7 @@ impl<S: Store> Store for ResilientStore<S> {
                 return Ok(outcome);
             }
         }
-        match self.call(subject, policy, request).await {
+        match self.call(inner.store.decide(subject, policy, request)).await {
             Ok(outcome) => {
                 inner.counts.store.fetch_add(1, Ordering::Relaxed);
                 if let Some(denials) = &inner.denials {
@@ -357,7 +366,29 @@ impl<S: Store> Store for ResilientStore<S> {
                 Ok(outcome)
             }
             Err(error) if error.is_invalid() => Err(error),
-            Err(fault) => self.fallback(subject, policy, request, fault),
+            Err(fault) => {
+                let local = inner.local.decide(subject, policy, request);
+                self.fallback(policy, request, fault, local).await
+            }
+        }
+    }
+
+    /// The inner store's spread decision, behind the same deadline, breaker
+    /// and failure policy (the deny cache answers single-subject decisions
+    /// only).
+    async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
+        let inner = &self.inner;
+        spread::check(subjects, policy, request)?;
+        match self.call(inner.store.decide_spread(subjects, policy, request)).await {
+            Ok(outcome) => {
+                inner.counts.store.fetch_add(1, Ordering::Relaxed);
+                Ok(outcome)
+            }
+            Err(error) if error.is_invalid() => Err(error),
+            Err(fault) => {
+                let local = inner.local.decide_spread(subjects, policy, request);
+                self.fallback(policy, request, fault, local).await
+            }
         }
     }
 

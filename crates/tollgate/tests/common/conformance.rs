@@ -311,6 +311,180 @@ pub async fn huge_waits_are_unbounded<S: Store>(store: S) {
     }
 }
 
+/// Every algorithm: a refund of a check's units, at its instant, leaves
+/// each limit exactly as a peek saw it before the check; a concurrency
+/// limit's refund ends the lease. A refund is never denied.
+pub async fn a_refund_undoes_a_check<S: Store>(store: S) {
+    let second = Duration::from_secs(1);
+    let limits = [
+        Limit::fixed_window(5, second).unwrap(),
+        Limit::sliding_window(5, second, 10).unwrap(),
+        Limit::sliding_log(5, second).unwrap(),
+        Limit::token_bucket(5, 1, Duration::from_millis(300)).unwrap(),
+        tollgate::LimitSpec::TokenBucket(tollgate::TokenBucketSpec {
+            capacity: 5,
+            refill: 2,
+            interval: second,
+            mode: tollgate::Refill::Interval,
+            initial: Some(4),
+        })
+        .build()
+        .unwrap(),
+        Limit::reservation(7, second, 3).unwrap(),
+        Limit::leaky_bucket(7, second, 5).unwrap(),
+        Limit::gcra(7, second, 5).unwrap(),
+        Limit::concurrency(5, second).unwrap(),
+    ];
+    for (index, limit) in limits.into_iter().enumerate() {
+        let name = limit.algorithm();
+        let policy = Policy::new([
+            ("limit", limit.clone()),
+            ("other", Limit::gcra(1000, second, 100).unwrap()),
+        ])
+        .unwrap();
+        let subject = Subject::new("refund").and(index);
+        let at = |offset: u64| Timestamp::from_micros(T0 + offset);
+        let lease = || Op::Acquire {
+            lease: "taken".to_owned(),
+            max_wait: None,
+        };
+        // A release of a lease nobody holds: every limit reports, as after a refund.
+        let peek = |offset| {
+            Request::new(
+                Op::Release {
+                    lease: "nobody".to_owned(),
+                },
+                0,
+            )
+            .at(at(offset))
+        };
+        // Some history first: two units taken a little earlier.
+        let op = if limit.is_concurrency() {
+            Op::Acquire {
+                lease: "earlier".to_owned(),
+                max_wait: None,
+            }
+        } else {
+            Op::Check
+        };
+        let earlier = store
+            .decide(&subject, &policy, &Request::new(op, 2).at(at(0)))
+            .await
+            .unwrap();
+        assert!(earlier.decision.allowed, "{name}: {earlier:?}");
+        let before = store.decide(&subject, &policy, &peek(40_000)).await.unwrap();
+        let op = if limit.is_concurrency() { lease() } else { Op::Check };
+        let taken = store
+            .decide(&subject, &policy, &Request::new(op, 2).at(at(40_000)))
+            .await
+            .unwrap();
+        assert!(taken.decision.allowed, "{name}: {taken:?}");
+        assert_eq!(taken.decided_at, at(40_000), "{name}");
+        let lease = limit.is_concurrency().then(|| "taken".to_owned());
+        let refund = Request::new(
+            Op::Refund {
+                at: taken.decided_at,
+                lease,
+            },
+            2,
+        )
+        .at(at(40_000));
+        let refunded = store.decide(&subject, &policy, &refund).await.unwrap();
+        assert!(
+            refunded.decision.allowed,
+            "{name}: a refund is never denied: {refunded:?}"
+        );
+        assert_eq!(
+            refunded.limits, before.limits,
+            "{name}: the refund reports as a peek after it"
+        );
+        let after = store.decide(&subject, &policy, &peek(40_000)).await.unwrap();
+        assert_eq!(after.limits, before.limits, "{name}: the refund restores the state");
+        // A refund of units taken in a window no longer counted gives nothing back.
+        if limit.window().is_some() {
+            let late = Request::new(Op::Refund { at: at(0), lease: None }, 2).at(at(2_500_000));
+            let taken = store
+                .decide(&subject, &policy, &Request::new(Op::Check, 1).at(at(2_500_000)))
+                .await
+                .unwrap();
+            let refunded = store.decide(&subject, &policy, &late).await.unwrap();
+            assert_eq!(refunded.limits[0].1, taken.limits[0].1, "{name}: nothing to give back");
+        }
+    }
+}
+
+/// A decision over limits of several subjects is all-or-nothing: when one
+/// subject's limit denies, the others keep what they had.
+pub async fn a_spread_decision_is_all_or_nothing<S: Store>(store: S) {
+    let minute = Duration::from_secs(60);
+    let subjects = [
+        Subject::new("spread").and("ip").and("203.0.113.7"),
+        Subject::new("spread").and("user").and("alice"),
+        Subject::new("spread").and("path").and("/search"),
+    ];
+    let policy = Policy::spread([
+        ("rule", Limit::fixed_window(10, minute).unwrap()),
+        ("rule", Limit::gcra(10, minute, 5).unwrap()),
+        ("rule", Limit::sliding_log(3, minute).unwrap()),
+    ])
+    .unwrap();
+    let at = Timestamp::from_micros(T0);
+    let decide = |cost| {
+        let store = store.clone();
+        let subjects = subjects.clone();
+        let policy = policy.clone();
+        async move {
+            store
+                .decide_spread(&subjects, &policy, &Request::new(Op::Check, cost).at(at))
+                .await
+                .unwrap()
+        }
+    };
+    let first = decide(2).await;
+    assert!(first.decision.allowed, "{first:?}");
+    assert_eq!(first.limits.len(), 3);
+    assert_eq!(
+        first.limits.iter().map(|(_, d)| d.remaining).collect::<Vec<_>>(),
+        [8, 3, 1]
+    );
+    // 2 more: the log (1 left) denies; the others give their units back.
+    let denied = decide(2).await;
+    assert!(!denied.decision.allowed, "{denied:?}");
+    assert_eq!(denied.granted, 0);
+    assert_eq!(
+        denied
+            .limits
+            .iter()
+            .map(|(_, d)| (d.allowed, d.remaining))
+            .collect::<Vec<_>>(),
+        [(true, 8), (true, 3), (false, 1)]
+    );
+    let peek = decide(0).await;
+    assert_eq!(
+        peek.limits.iter().map(|(_, d)| d.remaining).collect::<Vec<_>>(),
+        [8, 3, 1]
+    );
+    // One unit fits all three.
+    assert!(decide(1).await.decision.allowed);
+    // One subject's limit named twice is refused.
+    let twice = store
+        .decide_spread(
+            &[subjects[0].clone(), subjects[0].clone()],
+            &Policy::spread([
+                ("rule", Limit::gcra(1, minute, 1).unwrap()),
+                ("rule", Limit::gcra(1, minute, 1).unwrap()),
+            ])
+            .unwrap(),
+            &Request::new(Op::Check, 1).at(at),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        twice.is_invalid() && twice.to_string().contains("given twice"),
+        "{twice}"
+    );
+}
+
 /// Runs the whole suite, each test on a fresh store made by `make`.
 pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn() -> F) {
     policy_is_all_or_nothing(make().await).await;
@@ -324,4 +498,6 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     policies_share_limits_by_name(make().await).await;
     subject_and_name_do_not_run_together(make().await).await;
     huge_waits_are_unbounded(make().await).await;
+    a_refund_undoes_a_check(make().await).await;
+    a_spread_decision_is_all_or_nothing(make().await).await;
 }

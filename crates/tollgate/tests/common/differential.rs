@@ -18,6 +18,9 @@ pub enum StepOp {
     Reserve(Option<u64>),
     Acquire(u8),
     Release(u8),
+    /// Give back the step's cost taken `k` steps ago (at that step's
+    /// instant), with a lease when given.
+    Refund(u8, Option<u8>),
     Reset,
 }
 
@@ -107,6 +110,7 @@ pub fn any_steps() -> impl Strategy<Value = Vec<Step>> {
         2 => proptest::option::of(0u64..2_000_000).prop_map(StepOp::Reserve),
         3 => (0u8..6).prop_map(StepOp::Acquire),
         2 => (0u8..6).prop_map(StepOp::Release),
+        2 => (0u8..3, proptest::option::of(0u8..6)).prop_map(|(k, lease)| StepOp::Refund(k, lease)),
         1 => Just(StepOp::Reset),
     ];
     let dt = prop_oneof![3 => Just(0u64), 3 => 0u64..100_000, 2 => 0u64..3_000_000];
@@ -142,8 +146,10 @@ pub fn any_policies_sharing_names() -> impl Strategy<Value = [Policy; 3]> {
 pub async fn replay<S: Store>(store: &S, policies: &[Policy], steps: &[Step], subjects: &[Subject; 2]) -> Vec<String> {
     let mut now = super::conformance::T0;
     let mut answers = Vec::new();
+    let mut instants = Vec::new();
     for step in steps {
         now += step.dt;
+        instants.push(now);
         let subject = &subjects[usize::from(step.key)];
         let policy = &policies[usize::from(step.policy) % policies.len()];
         let op = match step.op {
@@ -158,6 +164,10 @@ pub async fn replay<S: Store>(store: &S, policies: &[Policy], steps: &[Step], su
             },
             StepOp::Release(lease) => Op::Release {
                 lease: format!("lease-{lease}"),
+            },
+            StepOp::Refund(back, lease) => Op::Refund {
+                at: Timestamp::from_micros(instants[instants.len().saturating_sub(1 + usize::from(back))]),
+                lease: lease.map(|lease| format!("lease-{lease}")),
             },
             StepOp::Reset => {
                 answers.push(format!(

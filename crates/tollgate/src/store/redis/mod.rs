@@ -66,7 +66,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
-use super::Store;
+use super::{spread, Store};
 use crate::algorithm::{Limit, LimitSpec};
 use crate::clock::{micros, Clock, Sleep, Timestamp};
 use crate::decision::{Decision, Outcome};
@@ -105,6 +105,11 @@ const CALLS_IN_FLIGHT: usize = 2;
 const ACQUIRE: i64 = 4;
 const RELEASE: i64 = 5;
 const RESET: i64 = 6;
+const REFUND: i64 = 7;
+
+/// The integers of a decision's reply before its limits': status, granted,
+/// the instant decided at. A refused decision's reply is only these.
+const REPLY_HEAD: usize = 3;
 
 fn op_code(op: &Op) -> i64 {
     match op {
@@ -113,6 +118,7 @@ fn op_code(op: &Op) -> i64 {
         Op::Reserve { .. } => 3,
         Op::Acquire { .. } => ACQUIRE,
         Op::Release { .. } => RELEASE,
+        Op::Refund { .. } => REFUND,
     }
 }
 
@@ -490,7 +496,13 @@ fn answer(jobs: Vec<Job>, result: Result<Vec<i64>>) {
         Ok(reply) => {
             let mut rest = reply.as_slice();
             for job in jobs {
-                let len = job.decision.reply_len.min(rest.len());
+                // A decision refused for a foreign value replies with its head only.
+                let len = if rest.first() == Some(&-1) {
+                    REPLY_HEAD
+                } else {
+                    job.decision.reply_len
+                };
+                let len = len.min(rest.len());
                 let (own, tail) = rest.split_at(len);
                 rest = tail;
                 let _ = job.reply.send(Ok(own.to_vec()));
@@ -586,16 +598,30 @@ impl RedisStore {
         }
     }
 
+    /// The keys of `policy`'s limits for `subject`.
+    fn keys(&self, subject: &Subject, policy: &Policy) -> Vec<String> {
+        policy.limits().map(|(name, _)| self.key(subject, name)).collect()
+    }
+
+    /// Runs one decision on `keys` (one per limit of `policy`) and reads its reply.
+    async fn decide_keys(&self, keys: Vec<String>, policy: &Policy, request: &Request) -> Result<Outcome> {
+        let reply = self
+            .run(self.encode(keys, policy, request, op_code(&request.op)))
+            .await?;
+        read_reply(policy, &request.op, &reply)
+    }
+
     /// Encodes one decision in the library's calling convention.
-    fn encode(&self, subject: &Subject, policy: &Policy, request: &Request, op: i64) -> Encoded {
-        let keys = policy.limits().map(|(name, _)| self.key(subject, name)).collect();
+    fn encode(&self, keys: Vec<String>, policy: &Policy, request: &Request, op: i64) -> Encoded {
         let (max_wait, lease) = match &request.op {
-            Op::Reserve { max_wait } => (*max_wait, ""),
-            Op::Acquire { lease, max_wait } => (*max_wait, lease.as_str()),
+            Op::Reserve { max_wait } => (max_wait.map(micros), ""),
+            Op::Acquire { lease, max_wait } => (max_wait.map(micros), lease.as_str()),
             Op::Release { lease } => (None, lease.as_str()),
+            // A refund sends the instant the units were taken where others send max_wait.
+            Op::Refund { at, lease } => (Some(at.as_micros()), lease.as_deref().unwrap_or("")),
             Op::Check | Op::CheckAtMost => (None, ""),
         };
-        let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(micros(max_wait)).unwrap_or(i64::MAX));
+        let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(max_wait).unwrap_or(i64::MAX));
         let now = request
             .now
             .or_else(|| self.inner.clock.as_ref().map(|clock| clock.0.now()))
@@ -604,13 +630,17 @@ impl RedisStore {
             });
         let mut args = Vec::with_capacity(2 + policy.len());
         args.push(format!("{op}:{}:{}:{max_wait}:{now}", request.cost, policy.len()));
-        if op == ACQUIRE || op == RELEASE {
+        if op == ACQUIRE || op == RELEASE || op == REFUND {
             args.push(lease.to_owned());
         }
         for (index, (_, limit)) in policy.limits().enumerate() {
             args.push(format!("{}:{}", script_params(limit), request.cost_of(index)));
         }
-        let reply_len = if op == RESET { 2 } else { 2 + 6 * policy.len() };
+        let reply_len = if op == RESET {
+            REPLY_HEAD
+        } else {
+            REPLY_HEAD + 6 * policy.len()
+        };
         Encoded { keys, args, reply_len }
     }
 }
@@ -678,7 +708,7 @@ fn unsigned(value: i64) -> Result<u64> {
 
 /// Reads one decision's reply: `status, granted, 6 × n numbers`.
 fn read_reply(policy: &Policy, op: &Op, reply: &[i64]) -> Result<Outcome> {
-    let [status, granted, fields @ ..] = reply else {
+    let [status, granted, now, fields @ ..] = reply else {
         return Err(malformed());
     };
     if *status == -1 {
@@ -698,28 +728,62 @@ fn read_reply(policy: &Policy, op: &Op, reply: &[i64]) -> Result<Outcome> {
             wait: Duration::from_micros(unsigned(chunk[5])?),
         });
     }
-    Ok(policy.outcome(op, *status == 1, unsigned(*granted)?, decisions.into_iter()))
+    Ok(policy.outcome(
+        op,
+        *status == 1,
+        unsigned(*granted)?,
+        unsigned(*now)?,
+        decisions.into_iter(),
+    ))
+}
+
+/// Refuses a lease name the library cannot store.
+fn check_lease(request: &Request) -> Result<()> {
+    if let Op::Acquire { lease, .. } | Op::Release { lease } | Op::Refund { lease: Some(lease), .. } = &request.op {
+        if lease.is_empty() || lease.starts_with('\0') {
+            return Err(Error::invalid_argument(
+                "a lease name must not be empty or start with a NUL byte",
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Store for RedisStore {
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         policy.validate(request)?;
-        if let Op::Acquire { lease, .. } | Op::Release { lease } = &request.op {
-            if lease.is_empty() || lease.starts_with('\0') {
-                return Err(Error::invalid_argument(
-                    "a lease name must not be empty or start with a NUL byte",
-                ));
-            }
+        check_lease(request)?;
+        self.decide_keys(self.keys(subject, policy), policy, request).await
+    }
+
+    /// One call on one server; on a Cluster one call per hash slot, refunded
+    /// when another slot denies.
+    async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
+        spread::check(subjects, policy, request)?;
+        check_lease(request)?;
+        let keys: Vec<String> = policy
+            .limits()
+            .zip(subjects)
+            .map(|((name, _), subject)| self.key(subject, name))
+            .collect();
+        if !self.inner.client.connection.is_cluster() {
+            return self.decide_keys(keys, policy, request).await;
         }
-        let reply = self
-            .run(self.encode(subject, policy, request, op_code(&request.op)))
-            .await?;
-        read_reply(policy, &request.op, &reply)
+        let parts = spread::group(keys.len(), |index| Slot::for_key(&keys[index]));
+        if parts.len() == 1 {
+            return self.decide_keys(keys, policy, request).await;
+        }
+        spread::decide_parts(policy, request, &parts, |part, policy, request| {
+            let keys = parts[part].iter().map(|&index| keys[index].clone()).collect();
+            async move { self.decide_keys(keys, &policy, &request).await }
+        })
+        .await
     }
 
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         let request = Request::new(Op::Check, 0);
-        self.run(self.encode(subject, policy, &request, RESET)).await?;
+        self.run(self.encode(self.keys(subject, policy), policy, &request, RESET))
+            .await?;
         Ok(())
     }
 

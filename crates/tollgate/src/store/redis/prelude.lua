@@ -89,7 +89,7 @@ local function deny(limit, remaining, retry_after, reset_after)
 end
 
 -- What a request asks of each limit (the op codes of store/redis/mod.rs).
-local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET = 1, 2, 3, 4, 5, 6
+local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET, REFUND = 1, 2, 3, 4, 5, 6, 7
 
 -- How a borrowing or shaping limit (reservation, leaky bucket) runs an
 -- action, as Limit::decide does: a release only reports (never denied, never
@@ -246,5 +246,8 @@ end
 --     holds a set or hash of another algorithm that a write must clear;
 --   available(p, s, now) -> units a check would admit now;
 --   decide(p, s, now, action, cost, max_wait, lease) -> decision, change;
---   store(key, p, s, change, now, ttl, stale): writes what changed.
+--   refund(p, s, now, at, cost, lease) -> decision, change: gives back
+--     `cost` units taken at `at` (a lease's, on leases), reporting as a peek;
+--   store(key, p, s, change, now, ttl, stale): writes what changed (a
+--     change whose state says nothing more, ttl 0, is a DEL instead).
 local ALGORITHMS = {}

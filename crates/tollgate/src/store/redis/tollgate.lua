@@ -4,17 +4,17 @@
 -- Calling convention (few arguments: Redis turns each into a Lua string):
 --   KEYS: the keys of every limit of every decision, in order.
 --   args[1]: the number of decisions; then per decision:
---     "<op>:<cost>:<n>:<max_wait>:<now>": op (CHECK … RESET), cost, n
---     limits, max_wait in µs (-1: none), now in µs (empty: the server's
---     TIME);
---     the lease name, for ACQUIRE and RELEASE only;
+--     "<op>:<cost>:<n>:<max_wait>:<now>": op (CHECK … REFUND), cost, n
+--     limits, max_wait in µs (-1: none; for REFUND, the instant the units
+--     were taken), now in µs (empty: the server's TIME);
+--     the lease name, for ACQUIRE, RELEASE and REFUND only (empty: none);
 --     per limit: "<algorithm id>:<its parameters>:<cost it sees>".
 --   Texts are parsed once and kept (a server sees few distinct limits and
 --   requests), except a head with an explicit now.
 -- Returns integers, per decision: status (1 allowed, 0 denied, -1 a key
--- holds a value Tollgate did not write), granted, then per limit (none for
--- a reset or a refusal): allowed, limit, remaining, retry_after (-1: never),
--- reset_after, wait.
+-- holds a value Tollgate did not write), granted, the instant decided at,
+-- then per limit (none for a reset or a refusal): allowed, limit,
+-- remaining, retry_after (-1: never), reset_after, wait.
 
 -- Tables reused from call to call (cleared by overwriting the first n
 -- entries), so that a decision allocates nothing it can avoid.
@@ -61,10 +61,49 @@ local function head_of(text)
   end
   local n = numbers(text)
   head = { n[1], n[2], n[3], n[4] >= 0 and n[4] or nil, n[5] }
-  if n[5] ~= nil then
+  if n[5] ~= nil or n[1] == REFUND then
     return head
   end
   return keep(text, head)
+end
+
+-- Writes limit i's change: its state stops mattering after `ttl` µs (0: now).
+local function store(key, i, now, ttl)
+  if ttl == 0 then
+    rcall("DEL", key)
+  else
+    local p = LIMITS[i]
+    p.algorithm.store(key, p, STATES[i], CHANGES[i], now, ttl, STALE[i])
+  end
+end
+
+-- Appends a decision's integers to the reply.
+local function answer(reply, status, granted, now, n)
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3] = status, granted, now
+  at = at + 3
+  for i = 1, n do
+    local d = SLOTS[i]
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5], reply[at + 6] =
+      d[1], d[2], d[3], d[4], d[5], d[6]
+    at = at + 6
+  end
+end
+
+-- Gives back `COSTS[i]` units taken at `at` on every limit: never refused.
+local function refund(keys, first, n, now, at, cost, lease, reply)
+  for i = 1, n do
+    local p = LIMITS[i]
+    use_slot(i)
+    local _
+    _, CHANGES[i] = p.algorithm.refund(p, STATES[i], now, at, COSTS[i], lease)
+  end
+  for i = 1, n do
+    if CHANGES[i] ~= nil then
+      store(keys[first + i], i, now, SLOTS[i][5])
+    end
+  end
+  answer(reply, 1, cost, now, n)
 end
 
 local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
@@ -74,9 +113,14 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
     if s == FOREIGN then
       reply[#reply + 1] = -1
       reply[#reply + 1] = 0
+      reply[#reply + 1] = now
       return
     end
     STATES[i], STALE[i] = s, stale
+  end
+  if op == REFUND then
+    refund(keys, first, n, now, max_wait, cost, lease, reply)
+    return
   end
   local action = op
   if op == CHECK_AT_MOST then
@@ -122,16 +166,7 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
       p.algorithm.store(keys[first + i], p, STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
     end
   end
-  local at = #reply
-  reply[at + 1] = allowed and 1 or 0
-  reply[at + 2] = allowed and cost or 0
-  at = at + 2
-  for i = 1, n do
-    local d = SLOTS[i]
-    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5], reply[at + 6] =
-      d[1], d[2], d[3], d[4], d[5], d[6]
-    at = at + 6
-  end
+  answer(reply, allowed and 1 or 0, allowed and cost or 0, now, n)
 end
 
 local function run(keys, args)
@@ -154,9 +189,12 @@ local function run(keys, args)
       now = server_now
     end
     local lease = nil
-    if op == ACQUIRE or op == RELEASE then
+    if op == ACQUIRE or op == RELEASE or op == REFUND then
       lease = args[at]
       at = at + 1
+      if lease == "" then
+        lease = nil
+      end
     end
     for i = 1, n do
       local p = limit_of(args[at])
@@ -169,6 +207,7 @@ local function run(keys, args)
       end
       reply[#reply + 1] = 1
       reply[#reply + 1] = 0
+      reply[#reply + 1] = now
     else
       decide(keys, first, n, now, op, cost, max_wait, lease, reply)
     end
