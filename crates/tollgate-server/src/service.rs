@@ -1,12 +1,16 @@
 //! The rate limit service: one request of descriptors in, one status per
 //! descriptor out, whatever the protocol (gRPC or HTTP).
 //!
-//! All descriptors of a request are decided together, in one store call:
-//! when any is over its limit, none consumes. (envoyproxy/ratelimit counts
-//! every descriptor's hits even when another is over; Tollgate does not, so a
-//! request that is refused costs nothing.) For that, every limit of a domain
-//! lives under one subject — the domain — and each descriptor is a limit of
-//! it, named by its entries; in Redis Cluster a domain's keys share one slot.
+//! All descriptors of a request are decided together: when any is over its
+//! limit, none consumes. (envoyproxy/ratelimit counts every descriptor's hits
+//! even when another is over; Tollgate does not, so a request that is refused
+//! costs nothing.) Each descriptor is its own subject — the domain and the
+//! descriptor's entries — so that one domain's keys spread over a Redis
+//! Cluster; a descriptor's limit is named `rule` (or, for a limit Envoy
+//! sends, `override.<requests>.<unit>`). The store decides them with
+//! [`Store::decide_spread`]: in one call on one Redis server; on a Cluster
+//! in one call per hash slot, giving back what the other slots took when one
+//! denies.
 //!
 //! Rules in `shadow_mode` are decided apart, each alone: they count and
 //! consume like any limit, but never refuse. A rule in `quota_mode` (or every
@@ -33,6 +37,9 @@ use tollgate::{AnyStore, Decision, Limit, Op, Policy, Request, Restrictiveness, 
 
 use crate::config::{Config, Quota, Rule, Unit};
 use crate::metrics::Metrics;
+
+/// The name of a configured rule's limit within its descriptor's subject.
+const RULE: &str = "rule";
 
 /// The most hits one request or descriptor may add.
 pub const MAX_HITS: u64 = u32::MAX as u64;
@@ -226,7 +233,9 @@ struct Applied<'a> {
     limit: Limit,
     rule: Option<&'a Rule>,
     hits: u64,
-    /// The counter's name.
+    /// The descriptor: the domain and its entries.
+    subject: Subject,
+    /// The counter's name within the subject.
     name: String,
     /// envoyproxy/ratelimit's stat key, without the domain.
     stat_key: Cow<'a, str>,
@@ -359,7 +368,7 @@ impl Service {
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let hits = descriptor.hits_addend.unwrap_or(hits);
             if let Some((requests, unit)) = descriptor.limit_override {
-                applied.push(self.overridden(index, descriptor, hits, requests, unit)?);
+                applied.push(self.overridden(&request.domain, index, descriptor, hits, requests, unit)?);
                 continue;
             }
             let Some(found) = domain.and_then(|domain| domain.lookup(&descriptor.entries)) else {
@@ -378,9 +387,9 @@ impl Service {
             let quota = rule.quota_mode || self.options.quota_mode;
             match &rule.quota {
                 Quota::Limited(limit) => {
-                    // Limit names are subject encodings: injective, and
-                    // hashed when long. A share_threshold wildcard puts its
-                    // pattern in place of the value, so its matches share.
+                    // Subjects are injective encodings, hashed when long. A
+                    // share_threshold wildcard puts its pattern in place of
+                    // the value, so its matches share.
                     let entries = descriptor.entries.iter().enumerate().flat_map(|(at, (key, value))| {
                         let value = found
                             .shared
@@ -394,7 +403,8 @@ impl Service {
                         limit: limit.clone(),
                         rule: Some(rule),
                         hits,
-                        name: Subject::from_parts(entries).as_key().to_owned(),
+                        subject: Subject::from_parts(std::iter::once(request.domain.as_str()).chain(entries)),
+                        name: RULE.to_owned(),
                         stat_key,
                         window: rule.quota.fixed_window(),
                         shadow: rule.shadow_mode,
@@ -438,6 +448,7 @@ impl Service {
     /// is never in shadow mode, but follows the global quota mode.
     fn overridden<'a>(
         &self,
+        domain: &str,
         index: usize,
         descriptor: &Descriptor,
         hits: u64,
@@ -445,22 +456,17 @@ impl Service {
         unit: Unit,
     ) -> Result<Applied<'a>, ServiceError> {
         let limit = Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
-        let requests_text = requests.to_string();
         let entries = descriptor
             .entries
             .iter()
             .flat_map(|(key, value)| [key.as_str(), value.as_str()]);
-        let name = Subject::from_parts(
-            ["override", requests_text.as_str(), unit.name()]
-                .into_iter()
-                .chain(entries),
-        );
         Ok(Applied {
             index,
             limit,
             rule: None,
             hits,
-            name: name.as_key().to_owned(),
+            subject: Subject::from_parts(std::iter::once(domain).chain(entries)),
+            name: format!("override.{requests}.{}", unit.name()),
             stat_key: Cow::Owned(override_stat_key(&descriptor.entries)),
             window: Some(unit.duration()),
             shadow: false,
@@ -499,9 +505,8 @@ impl Service {
             mut statuses,
             metadata,
         } = self.match_rules(request, domain, hits)?;
-        let subject = Subject::new(&request.domain);
         let mut decisions: Vec<Option<Decision>> = vec![None; statuses.len()];
-        let decided = self.decide_all(&subject, &applied, &blocked, &mut decisions).await;
+        let decided = self.decide_all(&applied, &blocked, &mut decisions).await;
         if let Err(error) = decided {
             self.metrics.store_error(&request.domain);
             return Err(ServiceError::Unavailable(error));
@@ -597,13 +602,12 @@ impl Service {
     /// leaving each descriptor's decision in `decisions`.
     async fn decide_all(
         &self,
-        subject: &Subject,
         applied: &[Applied<'_>],
         blocked: &[Blocked<'_>],
         decisions: &mut [Option<Decision>],
     ) -> Result<(), String> {
         for shadow in applied.iter().filter(|each| each.shadow) {
-            let outcome = self.decide_together(subject, &[shadow]).await?;
+            let outcome = self.decide_together(&[shadow]).await?;
             decisions[shadow.index] = outcome.into_iter().next();
         }
         let enforced: Vec<&Applied<'_>> = applied.iter().filter(|each| !each.shadow && !each.quota).collect();
@@ -621,7 +625,7 @@ impl Service {
             if batch.is_empty() {
                 return Ok(());
             }
-            let outcome = self.decide_together(subject, &batch).await?;
+            let outcome = self.decide_together(&batch).await?;
             let mut enforced_denied = false;
             let mut newly_failed = 0;
             for (each, decision) in batch.iter().zip(outcome) {
@@ -646,28 +650,31 @@ impl Service {
     }
 
     /// Decides `applied` as one all-or-nothing policy; returns each one's decision.
-    async fn decide_together(&self, subject: &Subject, applied: &[&Applied<'_>]) -> Result<Vec<Decision>, String> {
+    async fn decide_together(&self, applied: &[&Applied<'_>]) -> Result<Vec<Decision>, String> {
         if applied.is_empty() {
             return Ok(Vec::new());
         }
         // A descriptor sent twice is one limit, weighing the sum of its hits.
+        let mut subjects: Vec<Subject> = Vec::new();
         let mut limits: Vec<(String, Limit)> = Vec::new();
         let mut costs: Vec<u64> = Vec::new();
         let mut slot_of = Vec::with_capacity(applied.len());
         for each in applied {
-            if let Some(slot) = limits.iter().position(|(name, _)| *name == each.name) {
+            let same = |(subject, (name, _)): (&Subject, &(String, Limit))| *subject == each.subject && *name == each.name;
+            if let Some(slot) = subjects.iter().zip(&limits).position(same) {
                 costs[slot] = costs[slot].saturating_add(each.hits);
                 slot_of.push(slot);
             } else {
                 slot_of.push(limits.len());
+                subjects.push(each.subject.clone());
                 limits.push((each.name.clone(), each.limit.clone()));
                 costs.push(each.hits);
             }
         }
-        let policy = Policy::new(limits).map_err(|error| error.to_string())?;
+        let policy = Policy::spread(limits).map_err(|error| error.to_string())?;
         let cost = costs.iter().copied().max().unwrap_or(1);
         let request = Request::new(gateway_op(&policy), cost).with_costs(costs);
-        let outcome = self.store.decide(subject, &policy, &request).await.map_err(|error| {
+        let outcome = self.store.decide_spread(&subjects, &policy, &request).await.map_err(|error| {
             if error.is_invalid() {
                 format!("invalid request: {error}")
             } else {
