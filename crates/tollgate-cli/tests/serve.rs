@@ -2,8 +2,10 @@
 
 mod common;
 
+use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
 use common::tollgate;
+use serde_json::{json, Value};
 
 fn examples() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/config")
@@ -118,4 +120,84 @@ async fn a_stopped_redis_is_answered_by_the_failure_policy() {
             assert!(metrics.contains(&line), "{policy}: no {line} in\n{metrics}");
         }
     }
+}
+
+/// `tollgate serve` on a Redis Cluster of 3 masters: each descriptor is its
+/// own subject, so 10 000 descriptors of one domain spread over the masters
+/// (none holds more than half of the keys); a request whose descriptors
+/// live in different slots is all-or-nothing (the one over its limit
+/// refuses it, and the other gives its unit back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_domain_spreads_over_a_cluster_and_a_refused_request_takes_nothing() {
+    let cluster = RedisCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("spread.yaml");
+    std::fs::write(
+        &config,
+        "domain: spread\n\
+         descriptors:\n\
+         \x20 - key: remote_address\n\
+         \x20   rate_limit: {unit: minute, requests_per_unit: 1}\n\
+         \x20 - key: user\n\
+         \x20   rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    )
+    .unwrap();
+    let url = cluster.url();
+    // A loaded two-core machine runs the six nodes: a generous deadline.
+    let server = common::Serve::start_with(&config, &["--redis", url.as_str(), "--store-timeout", "5s"]);
+    let client = reqwest::Client::new();
+    let send = |descriptors: Vec<(&str, String)>| {
+        let descriptors: Vec<Value> = descriptors
+            .into_iter()
+            .map(|(key, value)| json!({"entries": [{"key": key, "value": value}]}))
+            .collect();
+        let body = json!({"domain": "spread", "descriptors": descriptors}).to_string();
+        let request = client.post(format!("http://{}/json", server.http)).body(body).send();
+        async move {
+            let response = request.await.unwrap();
+            let status = response.status().as_u16();
+            let answer = response.text().await.unwrap();
+            let answer: Value = serde_json::from_str(&answer).unwrap();
+            let expected = if answer["overallCode"] == "OVER_LIMIT" {
+                429
+            } else {
+                200
+            };
+            assert_eq!(status, expected, "{answer}");
+            answer
+        }
+    };
+
+    // 10 000 subjects of one domain, 100 descriptors per request.
+    for batch in 0..100 {
+        let descriptors = (0..100)
+            .map(|index| ("remote_address", format!("10.0.{batch}.{index}")))
+            .collect();
+        let answer = send(descriptors).await;
+        assert_eq!(answer["overallCode"], "OK", "{answer}");
+    }
+    let keys = cluster.keys_per_master();
+    let total: u64 = keys.iter().sum();
+    eprintln!("10 000 descriptors of one domain, keys per master: {keys:?}");
+    assert_eq!(total, 10_000, "{keys:?}");
+    assert!(keys.iter().all(|&held| held * 2 <= total), "keys per master: {keys:?}");
+
+    // Across slots: the address (1 a minute, now spent) refuses; the user's
+    // unit is given back, so the user still has 10 - 1 left afterwards.
+    let user = || ("user", "alice".to_owned());
+    let address = || ("remote_address", "10.0.0.0".to_owned());
+    let alone = send(vec![user()]).await;
+    assert_eq!(alone["statuses"][0]["limitRemaining"], 9, "{alone}");
+    for _ in 0..20 {
+        let refused = send(vec![address(), user()]).await;
+        assert_eq!(refused["overallCode"], "OVER_LIMIT", "{refused}");
+        assert_eq!(refused["statuses"][0]["code"], "OVER_LIMIT", "{refused}");
+        assert_eq!(refused["statuses"][1]["code"], "OK", "{refused}");
+        assert_eq!(refused["statuses"][1]["limitRemaining"], 9, "{refused}");
+    }
+    let after = send(vec![user()]).await;
+    assert_eq!(
+        after["statuses"][0]["limitRemaining"], 8,
+        "20 refused requests took nothing: {after}"
+    );
 }

@@ -660,7 +660,8 @@ impl Service {
         let mut costs: Vec<u64> = Vec::new();
         let mut slot_of = Vec::with_capacity(applied.len());
         for each in applied {
-            let same = |(subject, (name, _)): (&Subject, &(String, Limit))| *subject == each.subject && *name == each.name;
+            let same =
+                |(subject, (name, _)): (&Subject, &(String, Limit))| *subject == each.subject && *name == each.name;
             if let Some(slot) = subjects.iter().zip(&limits).position(same) {
                 costs[slot] = costs[slot].saturating_add(each.hits);
                 slot_of.push(slot);
@@ -674,13 +675,17 @@ impl Service {
         let policy = Policy::spread(limits).map_err(|error| error.to_string())?;
         let cost = costs.iter().copied().max().unwrap_or(1);
         let request = Request::new(gateway_op(&policy), cost).with_costs(costs);
-        let outcome = self.store.decide_spread(&subjects, &policy, &request).await.map_err(|error| {
-            if error.is_invalid() {
-                format!("invalid request: {error}")
-            } else {
-                error.to_string()
-            }
-        })?;
+        let outcome = self
+            .store
+            .decide_spread(&subjects, &policy, &request)
+            .await
+            .map_err(|error| {
+                if error.is_invalid() {
+                    format!("invalid request: {error}")
+                } else {
+                    error.to_string()
+                }
+            })?;
         self.metrics.path(outcome.path);
         Ok(slot_of.into_iter().map(|slot| outcome.limits[slot].1.clone()).collect())
     }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use tollgate::{Limit, Limiter, Policy, RedisStore, Subject};
+use tollgate::{Limit, Limiter, Policy, RedisStore, Store as _, Subject};
 
 use common::differential::{any_policies_sharing_names, any_policy, memory_and_store_agree};
 use common::redis_cluster::{wait_until, RedisCluster, SentinelSet};
@@ -204,6 +204,69 @@ fn concurrent_decisions_over_many_subjects_stay_exact() {
     eprintln!("{decisions} decisions over {subjects} subjects took {calls} calls");
     assert!(calls < decisions, "{decisions} decisions took {calls} calls");
     assert!(cluster.keys_per_master().iter().all(|&keys| keys > 0));
+}
+
+/// Limits of subjects in different slots: each slot is one call; when one
+/// denies, the other gives its unit back (consume, then refund), so a
+/// refused decision leaves every limit as it was. Prints how long a refused
+/// decision takes, consume to refund: the window in which another caller
+/// can see the units taken.
+#[test]
+fn a_decision_across_slots_is_refunded_when_one_slot_denies() {
+    let _serial = one_at_a_time();
+    let cluster = RedisCluster::start();
+    let runtime = runtime();
+    let redis = runtime.block_on(store(&cluster.url()));
+    let slot = |subject: &Subject| {
+        cluster
+            .node(0)
+            .cli(&["CLUSTER", "KEYSLOT", &redis.key(subject, "rule")])
+    };
+    let full = Subject::new("across").and("ip").and("203.0.113.7");
+    let other = Subject::new("across").and("user").and("alice");
+    assert_ne!(slot(&full), slot(&other), "the test needs two slots");
+    let minute = Duration::from_secs(60);
+    let policy = Policy::spread([
+        ("rule", Limit::fixed_window(1, minute).unwrap()),
+        ("rule", Limit::gcra(10, minute, 10).unwrap()),
+    ])
+    .unwrap();
+    let subjects = [full.clone(), other.clone()];
+    let request = |cost| tollgate::Request::new(tollgate::Op::Check, cost);
+    let (mut latencies, calls) = runtime.block_on(async {
+        let first = redis.decide_spread(&subjects, &policy, &request(1)).await.unwrap();
+        assert!(first.decision.allowed, "{first:?}");
+        for master in cluster.masters() {
+            assert_eq!(cluster.node(master).cli(&["CONFIG", "RESETSTAT"]), "OK");
+        }
+        let mut latencies = Vec::new();
+        for _ in 0..200 {
+            let started = Instant::now();
+            let refused = redis.decide_spread(&subjects, &policy, &request(1)).await.unwrap();
+            latencies.push(started.elapsed());
+            assert!(!refused.decision.allowed, "{refused:?}");
+            assert_eq!(refused.granted, 0);
+            assert_eq!(
+                refused.limits[1].1.remaining, 9,
+                "the other slot reports after its refund"
+            );
+        }
+        let calls = library_calls(&cluster);
+        let peek = redis.decide_spread(&subjects, &policy, &request(0)).await.unwrap();
+        assert_eq!(peek.limits[0].1.remaining, 0);
+        assert_eq!(peek.limits[1].1.remaining, 9, "200 refused decisions took nothing");
+        (latencies, calls)
+    });
+    // Each refused decision: one call per slot, and the refund.
+    assert_eq!(calls, 3 * 200);
+    latencies.sort();
+    let at = |share: usize| latencies[latencies.len() * share / 100 - 1];
+    eprintln!(
+        "a decision refused across two slots (consume, then refund): p50 {:?}, p99 {:?}, max {:?}",
+        at(50),
+        at(99),
+        latencies[latencies.len() - 1]
+    );
 }
 
 /// Tasks decide without pause while 1 000 slots move from one master to

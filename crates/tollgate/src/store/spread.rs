@@ -8,7 +8,9 @@
 //! the time of that second round trip another request can see the units
 //! taken and be denied by them; none is ever admitted beyond a limit.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::hash::Hash;
 
 use futures_util::future::join_all;
 
@@ -29,9 +31,9 @@ pub(crate) fn check(subjects: &[Subject], policy: &Policy, request: &Request) ->
             policy.len()
         )));
     }
-    let limits: Vec<(&Subject, &str)> = subjects.iter().zip(policy.limits().map(|(name, _)| name)).collect();
-    for (at, (subject, name)) in limits.iter().enumerate() {
-        if limits[..at].contains(&(*subject, *name)) {
+    let mut seen = HashSet::with_capacity(subjects.len());
+    for (subject, (name, _)) in subjects.iter().zip(policy.limits()) {
+        if !seen.insert((subject, name)) {
             return Err(Error::invalid_argument(format!(
                 "limit \"{name}\" of subject \"{subject}\" is given twice"
             )));
@@ -42,16 +44,17 @@ pub(crate) fn check(subjects: &[Subject], policy: &Policy, request: &Request) ->
 
 /// The indices `0..len` grouped by `part_of(index)`, in order of first
 /// appearance.
-pub(crate) fn group<K: PartialEq>(len: usize, part_of: impl Fn(usize) -> K) -> Vec<Vec<usize>> {
-    let mut parts: Vec<(K, Vec<usize>)> = Vec::new();
+pub(crate) fn group<K: Hash + Eq>(len: usize, part_of: impl Fn(usize) -> K) -> Vec<Vec<usize>> {
+    let mut part_by_key: HashMap<K, usize> = HashMap::new();
+    let mut parts: Vec<Vec<usize>> = Vec::new();
     for index in 0..len {
-        let key = part_of(index);
-        match parts.iter_mut().find(|(part, _)| *part == key) {
-            Some((_, indices)) => indices.push(index),
-            None => parts.push((key, vec![index])),
-        }
+        let part = *part_by_key.entry(part_of(index)).or_insert_with(|| {
+            parts.push(Vec::new());
+            parts.len() - 1
+        });
+        parts[part].push(index);
     }
-    parts.into_iter().map(|(_, indices)| indices).collect()
+    parts
 }
 
 /// The default [`Store::decide_spread`]: one decision per subject.
