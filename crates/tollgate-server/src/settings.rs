@@ -22,7 +22,7 @@
 //! | `RESPONSE_DYNAMIC_METADATA` | answer with dynamic metadata: the request, and the `metadata` of the rules it passed |
 //! | `BACKEND_TYPE` (`redis`) | `redis` only (`memcache` is refused) |
 //! | `REDIS_URL`, `REDIS_SOCKET_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `--redis` (`host:port`, or a socket path; a password, or `user:password`; TLS) |
-//! | `REDIS_TYPE` | `SINGLE` only (`SENTINEL` and `CLUSTER` are refused) |
+//! | `REDIS_TYPE` | `SINGLE`; `CLUSTER` (`REDIS_URL` = `host:port,…`, seed nodes); `SENTINEL` (`REDIS_URL` = `<master name>,host:port,…`, the Sentinels) |
 //! | `CACHE_KEY_PREFIX` | `--prefix` |
 //! | `LOG_LEVEL`, `LOG_FORMAT` | the log filter (when `RUST_LOG` is not set), JSON logs |
 //! | `GRPC_SERVER_USE_TLS`, `GRPC_UDS` | refused: not supported (rather than served otherwise) |
@@ -307,13 +307,13 @@ fn redis_url(env: &Env<'_>) -> Result<Option<String>, String> {
     let Some(address) = env.text("REDIS_URL") else {
         return Ok(None);
     };
-    if let Some(kind) = env.text("REDIS_TYPE") {
-        if !kind.eq_ignore_ascii_case("single") {
-            return Err(format!(
-                "REDIS_TYPE={kind}: only SINGLE is supported (Redis Sentinel and Cluster are not yet)"
-            ));
-        }
-    }
+    let kind = env.text("REDIS_TYPE").unwrap_or_else(|| "single".to_owned());
+    let kind = match kind.to_ascii_lowercase().as_str() {
+        "single" => Kind::Single,
+        "cluster" => Kind::Cluster,
+        "sentinel" => Kind::Sentinel,
+        _ => return Err(format!("REDIS_TYPE={kind}: expected SINGLE, CLUSTER or SENTINEL")),
+    };
     if address.contains("://") {
         return Ok(Some(address));
     }
@@ -340,13 +340,38 @@ fn redis_url(env: &Env<'_>) -> Result<Option<String>, String> {
         };
         return Ok(Some(format!("redis+unix://{address}{query}")));
     }
-    let scheme = if env.flag("REDIS_TLS")? { "rediss" } else { "redis" };
+    let tls = env.flag("REDIS_TLS")?;
     let credentials = match (user, password) {
         (Some(user), Some(password)) => format!("{}:{}@", encode(&user), encode(&password)),
         (None, Some(password)) => format!(":{}@", encode(&password)),
         _ => String::new(),
     };
-    Ok(Some(format!("{scheme}://{credentials}{address}")))
+    let scheme = if tls { "rediss" } else { "redis" };
+    match kind {
+        Kind::Single => Ok(Some(format!("{scheme}://{credentials}{address}"))),
+        Kind::Cluster => Ok(Some(format!("{scheme}+cluster://{credentials}{address}"))),
+        Kind::Sentinel => {
+            if tls {
+                return Err("REDIS_TLS: TLS to Sentinels is not supported".to_owned());
+            }
+            match address.split_once(',') {
+                Some((master, sentinels)) if !master.is_empty() && !sentinels.is_empty() => Ok(Some(format!(
+                    "redis+sentinel://{credentials}{sentinels}/{}",
+                    encode(master)
+                ))),
+                _ => Err(format!(
+                    "REDIS_URL={address}: with REDIS_TYPE=SENTINEL, expected <master name>,host:port[,host:port…]"
+                )),
+            }
+        }
+    }
+}
+
+/// `REDIS_TYPE`: what `REDIS_URL` names.
+enum Kind {
+    Single,
+    Cluster,
+    Sentinel,
 }
 
 /// Percent-encodes all but URL's unreserved characters.
@@ -454,6 +479,28 @@ mod tests {
             Some("rediss://:pw@localhost:6379")
         );
         assert_eq!(url(&[("REDIS_URL", "redis://h:1/2")]).as_deref(), Some("redis://h:1/2"));
+        assert_eq!(
+            url(&[
+                ("REDIS_URL", "a:7000,b:7001"),
+                ("REDIS_TYPE", "CLUSTER"),
+                ("REDIS_AUTH", "pw")
+            ])
+            .as_deref(),
+            Some("redis+cluster://:pw@a:7000,b:7001")
+        );
+        assert_eq!(
+            url(&[
+                ("REDIS_URL", "a:7000"),
+                ("REDIS_TYPE", "cluster"),
+                ("REDIS_TLS", "true")
+            ])
+            .as_deref(),
+            Some("rediss+cluster://a:7000")
+        );
+        assert_eq!(
+            url(&[("REDIS_URL", "mymaster,a:26379,b:26379"), ("REDIS_TYPE", "SENTINEL")]).as_deref(),
+            Some("redis+sentinel://a:26379,b:26379/mymaster")
+        );
     }
 
     #[test]
@@ -463,7 +510,8 @@ mod tests {
             (&[("PORT", "http")][..], "PORT"),
             (&[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..], "CONFIG_TYPE"),
             (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
-            (&[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "CLUSTER")][..], "REDIS_TYPE"),
+            (&[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "RING")][..], "REDIS_TYPE"),
+            (&[("REDIS_URL", "a:1"), ("REDIS_TYPE", "SENTINEL")][..], "REDIS_URL"),
             (&[("GRPC_SERVER_USE_TLS", "true")][..], "GRPC_SERVER_USE_TLS"),
             (&[("GRPC_UDS", "/tmp/rl.sock")][..], "GRPC_UDS"),
             (&[("NEAR_LIMIT_RATIO", "most")][..], "NEAR_LIMIT_RATIO"),
