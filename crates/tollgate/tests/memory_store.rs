@@ -163,3 +163,45 @@ fn explicit_now_overrides_the_clock() {
             .allowed
     );
 }
+
+proptest::proptest! {
+    /// Any limit, after any history: a check (an acquire, on leases) and its
+    /// refund at the same instant leave every limit as a peek saw it before.
+    #[test]
+    fn a_check_and_its_refund_leave_every_limit_as_it_was(
+        limit in common::differential::any_limit(),
+        history in proptest::collection::vec((0u64..400_000, 0u64..4), 0..12),
+        cost in 1u64..5,
+    ) {
+        let store = MemoryStore::new();
+        let policy = Policy::new([("limit", limit.clone())]).unwrap();
+        let subject = Subject::new("refund");
+        let take = |index: usize| {
+            if limit.is_concurrency() {
+                Op::Acquire { lease: format!("lease-{index}"), max_wait: None }
+            } else {
+                Op::Check
+            }
+        };
+        let mut now = common::conformance::T0;
+        for (index, (dt, units)) in history.into_iter().enumerate() {
+            now += dt;
+            let request = Request::new(take(index), units).at(Timestamp::from_micros(now));
+            store.decide_now(&subject, &policy, &request).unwrap();
+        }
+        let at = Timestamp::from_micros(now);
+        let peek = || {
+            let release = Request::new(Op::Release { lease: "nobody".to_owned() }, 0).at(at);
+            store.decide_now(&subject, &policy, &release).unwrap().limits
+        };
+        let before = peek();
+        let taken = store.decide_now(&subject, &policy, &Request::new(take(99), cost).at(at)).unwrap();
+        if taken.decision.allowed {
+            let lease = limit.is_concurrency().then(|| "lease-99".to_owned());
+            let refund = Request::new(Op::Refund { at: taken.decided_at, lease }, cost).at(at);
+            let refunded = store.decide_now(&subject, &policy, &refund).unwrap();
+            proptest::prop_assert_eq!(&refunded.limits, &before);
+            proptest::prop_assert_eq!(peek(), before);
+        }
+    }
+}
