@@ -15,9 +15,24 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::Step;
 use crate::decision::Decision;
+use crate::duration::serde_text;
+
+/// At most `limit` units in flight; a lease ends by itself after `ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySpec {
+    /// Units held at once by live leases.
+    pub limit: u64,
+    /// How long a lease lives unless released.
+    #[serde(with = "serde_text")]
+    pub ttl: Duration,
+}
 
 /// Parameters of a concurrency limiter, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,9 +10,27 @@
 //! **Bound:** over any interval `[a, b]` the admitted cost is at most
 //! `burst + rate · (b − a) / period`.
 
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat};
 use super::Step;
 use crate::decision::Decision;
+use crate::duration::serde_text;
+
+/// `rate` cells per `period`, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcraSpec {
+    /// Cells per `period`.
+    pub rate: u64,
+    /// The period of `rate`.
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    /// Cells admitted at once.
+    pub burst: u64,
+}
 
 /// Parameters of a GCRA limit, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,9 +13,27 @@
 //! time of the request ahead, so departures in `[a, b]` carry at most
 //! `rate · (b − a) / period` units plus one request's cost.
 
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat};
 use super::Step;
 use crate::decision::Decision;
+use crate::duration::serde_text;
+
+/// Draining `rate` units per `period`, holding at most `capacity` units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeakyBucketSpec {
+    /// Units leaving per `period`.
+    pub rate: u64,
+    /// The period of `rate`.
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    /// The most units in the bucket, queued or leaving.
+    pub capacity: u64,
+}
 
 /// Parameters of a leaky bucket, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

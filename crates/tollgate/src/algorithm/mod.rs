@@ -37,19 +37,21 @@ use crate::decision::Decision;
 use crate::duration::{serde_text, MAX_MICROS};
 use crate::error::{Error, Result};
 
+pub use self::concurrency::ConcurrencySpec;
 use self::concurrency::{Concurrency, ConcurrencyState, LeaseChange};
 use self::fixed_window::{FixedWindow, FixedWindowState};
+pub use self::gcra::GcraSpec;
 use self::gcra::{Gcra, GcraState};
+pub use self::leaky_bucket::LeakyBucketSpec;
 use self::leaky_bucket::{LeakyBucket, LeakyBucketState};
 use self::rate::{Rate, MAX_TICKS};
+pub use self::reservation::ReservationSpec;
 use self::reservation::{Reservation, ReservationState};
 use self::sliding_log::{LogChange, SlidingLog, SlidingLogState};
-use self::sliding_window::{SlidingWindow, SlidingWindowState};
-pub use self::token_bucket::Refill;
+pub use self::sliding_window::SlidingWindowSpec;
+use self::sliding_window::{SlidingWindow, SlidingWindowState, MAX_BUCKETS};
+pub use self::token_bucket::{Refill, TokenBucketSpec};
 use self::token_bucket::{TokenBucket, TokenBucketState};
-
-/// The most sub-intervals a sliding window may have.
-pub const MAX_BUCKETS: u64 = 1_000;
 
 /// What an algorithm returns: its decision, and the change to its state when
 /// it changed (for most algorithms, the whole new state).
@@ -211,96 +213,6 @@ pub struct WindowSpec {
     /// The window's length.
     #[serde(with = "serde_text")]
     pub window: Duration,
-}
-
-/// `limit` units per `window`, counted in `buckets` sub-intervals (default 10).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SlidingWindowSpec {
-    /// Units admitted in any window.
-    pub limit: u64,
-    /// The window's length.
-    #[serde(with = "serde_text")]
-    pub window: Duration,
-    /// Sub-intervals the window is counted in (default 10, at most 1000).
-    #[serde(default = "default_buckets")]
-    pub buckets: u64,
-}
-
-fn default_buckets() -> u64 {
-    10
-}
-
-/// `capacity` tokens, `refill` more per `interval`; `initial` defaults to `capacity`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenBucketSpec {
-    /// The most tokens the bucket holds.
-    pub capacity: u64,
-    /// Tokens gained per `interval`.
-    pub refill: u64,
-    /// The refill period.
-    #[serde(with = "serde_text")]
-    pub interval: Duration,
-    /// Continuous ([`Refill::Smooth`], the default) or whole amounts at interval boundaries.
-    #[serde(default)]
-    pub mode: Refill,
-    /// Tokens of a key with no state (default `capacity`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial: Option<u64>,
-}
-
-/// `rate` permits per `period`, storing up to `max_burst`; `initial` defaults to `max_burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReservationSpec {
-    /// Permits per `period`.
-    pub rate: u64,
-    /// The period of `rate`.
-    #[serde(with = "serde_text")]
-    pub period: Duration,
-    /// Permits stored while idle.
-    pub max_burst: u64,
-    /// Stored permits of a key with no state (default `max_burst`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial: Option<u64>,
-}
-
-/// Draining `rate` units per `period`, holding at most `capacity` units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LeakyBucketSpec {
-    /// Units leaving per `period`.
-    pub rate: u64,
-    /// The period of `rate`.
-    #[serde(with = "serde_text")]
-    pub period: Duration,
-    /// The most units in the bucket, queued or leaving.
-    pub capacity: u64,
-}
-
-/// `rate` cells per `period`, `burst` at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GcraSpec {
-    /// Cells per `period`.
-    pub rate: u64,
-    /// The period of `rate`.
-    #[serde(with = "serde_text")]
-    pub period: Duration,
-    /// Cells admitted at once.
-    pub burst: u64,
-}
-
-/// At most `limit` units in flight; a lease ends by itself after `ttl`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConcurrencySpec {
-    /// Units held at once by live leases.
-    pub limit: u64,
-    /// How long a lease lives unless released.
-    #[serde(with = "serde_text")]
-    pub ttl: Duration,
 }
 
 /// A validated limit: one algorithm with its parameters.

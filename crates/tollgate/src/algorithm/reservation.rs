@@ -20,9 +20,30 @@
 //! carry at most `max_burst + rate · (b − a) / period` units plus the cost of
 //! the last one.
 
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat, MAX_TICKS};
 use super::Step;
 use crate::decision::Decision;
+use crate::duration::serde_text;
+
+/// `rate` permits per `period`, storing up to `max_burst`; `initial` defaults to `max_burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationSpec {
+    /// Permits per `period`.
+    pub rate: u64,
+    /// The period of `rate`.
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    /// Permits stored while idle.
+    pub max_burst: u64,
+    /// Stored permits of a key with no state (default `max_burst`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u64>,
+}
 
 /// Parameters of a reservation limiter, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

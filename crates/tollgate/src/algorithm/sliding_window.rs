@@ -10,8 +10,34 @@
 //! **Bound:** any interval of length `window` (both ends included) admits at
 //! most `limit` units.
 
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::Step;
 use crate::decision::Decision;
+use crate::duration::serde_text;
+
+/// The most sub-intervals a sliding window may have.
+pub const MAX_BUCKETS: u64 = 1_000;
+
+/// `limit` units per `window`, counted in `buckets` sub-intervals (default 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlidingWindowSpec {
+    /// Units admitted in any window.
+    pub limit: u64,
+    /// The window's length.
+    #[serde(with = "serde_text")]
+    pub window: Duration,
+    /// Sub-intervals the window is counted in (default 10, at most 1000).
+    #[serde(default = "default_buckets")]
+    pub buckets: u64,
+}
+
+fn default_buckets() -> u64 {
+    10
+}
 
 /// Parameters of a sliding window counter, validated (`window` is a multiple
 /// of `buckets`).

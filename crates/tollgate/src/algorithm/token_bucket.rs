@@ -16,13 +16,18 @@
 //! `capacity + refill · (b − a) / interval` (smooth), or
 //! `capacity + refill · (number of interval boundaries in (a, b])` (interval).
 
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat};
 use super::Step;
 use crate::decision::Decision;
+use crate::duration::serde_text;
 
 /// How a token bucket refills.
 #[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Refill {
     /// Continuously: `refill / interval` tokens per microsecond, exactly.
@@ -30,6 +35,25 @@ pub enum Refill {
     Smooth,
     /// `refill` whole tokens at each multiple of `interval` since the epoch.
     Interval,
+}
+
+/// `capacity` tokens, `refill` more per `interval`; `initial` defaults to `capacity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBucketSpec {
+    /// The most tokens the bucket holds.
+    pub capacity: u64,
+    /// Tokens gained per `interval`.
+    pub refill: u64,
+    /// The refill period.
+    #[serde(with = "serde_text")]
+    pub interval: Duration,
+    /// Continuous ([`Refill::Smooth`], the default) or whole amounts at interval boundaries.
+    #[serde(default)]
+    pub mode: Refill,
+    /// Tokens of a key with no state (default `capacity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u64>,
 }
 
 /// Parameters of a token bucket, validated.
