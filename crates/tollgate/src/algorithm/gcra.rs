@@ -10,14 +10,16 @@
 //! **Bound:** over any interval `[a, b]` the admitted cost is at most
 //! `burst + rate · (b − a) / period`.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::rate::{Rate, Tat};
-use super::Step;
+use super::{at_least_one, positive, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
 use crate::duration::serde_text;
+use crate::error::Result;
 
 /// `rate` cells per `period`, `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,12 +55,6 @@ impl Gcra {
         tolerance + emission_interval
     }
 
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&GcraState>, now: u64) -> u64 {
-        let ahead = state.map_or(0, |tat| tat.backlog(now, self.ticks));
-        self.ticks.units(self.horizon().saturating_sub(ahead))
-    }
-
     /// Admits `cost` cells if they conform.
     pub(crate) fn check(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Step<GcraState> {
         let ticks = self.ticks;
@@ -84,5 +80,54 @@ impl Gcra {
             return Step::unchanged(decision);
         }
         Step::changed(decision, Tat::after(now, new_ahead, ticks))
+    }
+}
+
+impl Algorithm for Gcra {
+    type Spec = GcraSpec;
+    type State = GcraState;
+    type Stored = GcraState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "gcra";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 7;
+
+    fn build(spec: &GcraSpec) -> Result<Self> {
+        let rate = at_least_one(spec.rate, "rate")?;
+        let period = positive(spec.period, "period")?;
+        let burst = at_least_one(spec.burst, "burst")?;
+        let ticks = Rate::new(rate, period, burst, ["rate", "period", "burst"])?;
+        Ok(Self {
+            rate,
+            period,
+            burst,
+            ticks,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.burst
+    }
+
+    fn available(&self, state: Option<&GcraState>, now: u64) -> u64 {
+        let ahead = state.map_or(0, |tat| tat.backlog(now, self.ticks));
+        self.ticks.units(self.horizon().saturating_sub(ahead))
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&GcraState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<GcraState, Infallible>> {
+        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.burst, self.ticks.unit, self.ticks.per_micro]
     }
 }

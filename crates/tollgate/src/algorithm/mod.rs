@@ -27,6 +27,8 @@ pub(crate) mod token_bucket;
 #[cfg(test)]
 mod properties;
 
+use std::borrow::{Borrow, BorrowMut};
+use std::convert::Infallible;
 use std::fmt;
 use std::time::Duration;
 
@@ -44,12 +46,12 @@ pub use self::gcra::GcraSpec;
 use self::gcra::{Gcra, GcraState};
 pub use self::leaky_bucket::LeakyBucketSpec;
 use self::leaky_bucket::{LeakyBucket, LeakyBucketState};
-use self::rate::{Rate, MAX_TICKS};
+use self::rate::MAX_TICKS;
 pub use self::reservation::ReservationSpec;
 use self::reservation::{Reservation, ReservationState};
 use self::sliding_log::{LogChange, SlidingLog, SlidingLogState};
 pub use self::sliding_window::SlidingWindowSpec;
-use self::sliding_window::{SlidingWindow, SlidingWindowState, MAX_BUCKETS};
+use self::sliding_window::{SlidingWindow, SlidingWindowState};
 pub use self::token_bucket::{Refill, TokenBucketSpec};
 use self::token_bucket::{TokenBucket, TokenBucketState};
 
@@ -111,6 +113,122 @@ impl Action<'_> {
     }
 }
 
+/// One algorithm, implemented by its validated parameters in its own file:
+/// its spec, its state, its decision and its encoding for its Lua twin.
+///
+/// Every function is pure: the state is read, never written; a decision
+/// returns the [`Update`] a store commits.
+pub(crate) trait Algorithm: Copy {
+    /// The parameters as written in JSON or YAML, before validation.
+    type Spec;
+    /// The state of one subject.
+    type State;
+    /// How a store holds the state: the state itself, or boxed when it grows
+    /// with traffic, so that the states of a few numbers stay small.
+    type Stored: Borrow<Self::State> + BorrowMut<Self::State>;
+    /// An edit of the state made in place, for a state that grows with
+    /// traffic; [`Infallible`] for a state replaced whole.
+    type Edit<'a>: Edit<Self::State>;
+
+    /// The algorithm's name, as written in `"algorithm"`.
+    const NAME: &'static str;
+    /// The id of the Lua twin in the Redis library (`ALGORITHMS[ID]`).
+    #[cfg(feature = "redis")]
+    const ID: u8;
+    /// True for the shaping and borrowing limits, which grant a request at a
+    /// later moment rather than refusing it, and take `reserve`.
+    const SHAPING: bool = false;
+    /// True for a limit taken with leases.
+    const LEASES: bool = false;
+
+    /// Validates `spec`.
+    ///
+    /// # Errors
+    ///
+    /// An invalid limit, naming the field at fault.
+    fn build(spec: &Self::Spec) -> Result<Self>;
+
+    /// The most unit-cost requests admitted at once.
+    fn capacity(&self) -> u64;
+
+    /// The window a count-per-window limit counts over.
+    fn window(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Units that would be admitted now (`u64::MAX`: any cost).
+    fn available(&self, state: Option<&Self::State>, now: u64) -> u64;
+
+    /// Whether this limit can run `action` for `cost` units: by default,
+    /// anything but `reserve` on a limit that neither borrows nor shapes.
+    ///
+    /// # Errors
+    ///
+    /// An invalid argument, saying why.
+    fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
+        let _ = cost;
+        if matches!(action, Action::Reserve(_)) && !Self::SHAPING {
+            return Err(unsupported_reserve(Self::NAME));
+        }
+        Ok(())
+    }
+
+    /// Runs `action` for `cost` units against `state` (none: a subject never
+    /// seen, or whose state has lapsed) at `now`.
+    fn decide<'a>(
+        &self,
+        state: Option<&Self::State>,
+        now: u64,
+        action: Action<'a>,
+        cost: u64,
+    ) -> Step<Update<Self::Stored, Self::Edit<'a>>>;
+
+    /// The numbers the Lua twin's `params` reads, in order (after the id).
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64>;
+}
+
+/// What a decision does to one algorithm's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Update<S, E> {
+    /// The whole new state.
+    Put(S),
+    /// An edit of the state the decision was made on.
+    Edit(E),
+}
+
+/// An edit of a state of type `S`, made in place.
+pub(crate) trait Edit<S> {
+    /// Commits the edit to `state`, the state it was decided on.
+    fn apply(self, state: &mut S);
+}
+
+/// A state of a few numbers is replaced whole, never edited.
+impl<S> Edit<S> for Infallible {
+    fn apply(self, _: &mut S) {
+        match self {}
+    }
+}
+
+/// An edit made of `state` is committed in place, later; made of no state,
+/// it is committed at once to an empty state, which becomes the whole new one.
+fn edit<S: Default, E: Edit<S>>(state: Option<&S>, step: Step<E>) -> Step<Update<Box<S>, E>> {
+    step.map(|change| {
+        if state.is_some() {
+            Update::Edit(change)
+        } else {
+            let mut new = Box::<S>::default();
+            change.apply(&mut new);
+            Update::Put(new)
+        }
+    })
+}
+
+/// The state `A` holds in `stored`.
+fn held<A: Algorithm>(stored: &A::Stored) -> &A::State {
+    stored.borrow()
+}
+
 /// The stored state of one limit for one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
@@ -143,8 +261,8 @@ impl Change<'_> {
     pub(crate) fn apply(self, state: &mut State) {
         match (self, state) {
             (Change::Put(new), state) => *state = new,
-            (Change::SlidingLog(change), State::SlidingLog(log)) => log.apply(change),
-            (Change::Concurrency(change), State::Concurrency(leases)) => leases.apply(change),
+            (Change::SlidingLog(change), State::SlidingLog(log)) => change.apply(&mut **log),
+            (Change::Concurrency(change), State::Concurrency(leases)) => change.apply(&mut **leases),
             // An edit is only made of a state of its own algorithm.
             (change, state) => debug_assert!(false, "{change:?} does not apply to {state:?}"),
         }
@@ -158,26 +276,6 @@ impl Change<'_> {
             Change::SlidingLog(_) | Change::Concurrency(_) => None,
         }
     }
-}
-
-/// An edit made of `state` is committed in place, later; made of no state,
-/// it is committed at once to an empty state, which becomes the whole new one.
-fn edit<'a, S: Default, C>(
-    state: Option<&S>,
-    step: Step<C>,
-    apply: impl FnOnce(&mut S, C),
-    put: impl FnOnce(Box<S>) -> State,
-    edit: impl FnOnce(C) -> Change<'a>,
-) -> Step<Change<'a>> {
-    step.map(|change| {
-        if state.is_some() {
-            edit(change)
-        } else {
-            let mut new = Box::<S>::default();
-            apply(&mut new, change);
-            Change::Put(put(new))
-        }
-    })
 }
 
 /// Parameters of one limit, as written in JSON or YAML: the
@@ -282,88 +380,15 @@ impl LimitSpec {
     /// An [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) error
     /// naming the field at fault.
     pub fn build(self) -> Result<Limit> {
-        let kind = match self {
-            Self::FixedWindow(spec) => Kind::FixedWindow(FixedWindow {
-                limit: at_least_one(spec.limit, "limit")?,
-                window: positive(spec.window, "window")?,
-            }),
-            Self::SlidingWindow(spec) => {
-                let limit = at_least_one(spec.limit, "limit")?;
-                let window = positive(spec.window, "window")?;
-                let buckets = at_least_one(spec.buckets, "buckets")?;
-                if buckets > MAX_BUCKETS {
-                    return Err(Error::invalid_limit(format!("buckets must be at most {MAX_BUCKETS}")));
-                }
-                if window % buckets != 0 {
-                    return Err(Error::invalid_limit(format!(
-                        "window ({window} us) must be a whole number of microseconds per bucket ({buckets} buckets)"
-                    )));
-                }
-                Kind::SlidingWindow(SlidingWindow { limit, window, buckets })
-            }
-            Self::SlidingLog(spec) => Kind::SlidingLog(SlidingLog {
-                limit: at_least_one(spec.limit, "limit")?,
-                window: positive(spec.window, "window")?,
-            }),
-            Self::TokenBucket(spec) => {
-                let capacity = at_least_one(spec.capacity, "capacity")?;
-                let refill = at_least_one(spec.refill, "refill")?;
-                let interval = positive(spec.interval, "interval")?;
-                let initial = at_most(spec.initial, capacity, "initial", "capacity")?;
-                let rate = Rate::new(refill, interval, capacity, ["refill", "interval", "capacity"])?;
-                Kind::TokenBucket(TokenBucket {
-                    capacity,
-                    refill,
-                    interval,
-                    mode: spec.mode,
-                    initial,
-                    rate,
-                })
-            }
-            Self::Reservation(spec) => {
-                let rate = at_least_one(spec.rate, "rate")?;
-                let period = positive(spec.period, "period")?;
-                if spec.max_burst > MAX_TICKS {
-                    return Err(Error::invalid_limit(format!("max_burst must be at most {MAX_TICKS}")));
-                }
-                let initial = at_most(spec.initial, spec.max_burst, "initial", "max_burst")?;
-                let ticks = Rate::new(rate, period, spec.max_burst, ["rate", "period", "max_burst"])?;
-                Kind::Reservation(Reservation {
-                    rate,
-                    period,
-                    max_burst: spec.max_burst,
-                    initial,
-                    ticks,
-                })
-            }
-            Self::LeakyBucket(spec) => {
-                let rate = at_least_one(spec.rate, "rate")?;
-                let period = positive(spec.period, "period")?;
-                let capacity = at_least_one(spec.capacity, "capacity")?;
-                let ticks = Rate::new(rate, period, capacity, ["rate", "period", "capacity"])?;
-                Kind::LeakyBucket(LeakyBucket {
-                    rate,
-                    period,
-                    capacity,
-                    ticks,
-                })
-            }
-            Self::Gcra(spec) => {
-                let rate = at_least_one(spec.rate, "rate")?;
-                let period = positive(spec.period, "period")?;
-                let burst = at_least_one(spec.burst, "burst")?;
-                let ticks = Rate::new(rate, period, burst, ["rate", "period", "burst"])?;
-                Kind::Gcra(Gcra {
-                    rate,
-                    period,
-                    burst,
-                    ticks,
-                })
-            }
-            Self::Concurrency(spec) => Kind::Concurrency(Concurrency {
-                limit: at_least_one(spec.limit, "limit")?,
-                ttl: positive(spec.ttl, "ttl")?,
-            }),
+        let kind = match &self {
+            Self::FixedWindow(spec) => Kind::FixedWindow(FixedWindow::build(spec)?),
+            Self::SlidingWindow(spec) => Kind::SlidingWindow(SlidingWindow::build(spec)?),
+            Self::SlidingLog(spec) => Kind::SlidingLog(SlidingLog::build(spec)?),
+            Self::TokenBucket(spec) => Kind::TokenBucket(TokenBucket::build(spec)?),
+            Self::Reservation(spec) => Kind::Reservation(Reservation::build(spec)?),
+            Self::LeakyBucket(spec) => Kind::LeakyBucket(LeakyBucket::build(spec)?),
+            Self::Gcra(spec) => Kind::Gcra(Gcra::build(spec)?),
+            Self::Concurrency(spec) => Kind::Concurrency(Concurrency::build(spec)?),
         };
         Ok(Limit { spec: self, kind })
     }
@@ -429,6 +454,17 @@ fn parse_fields<T: serde::de::DeserializeOwned>(fields: serde_json::Value) -> Re
             Error::invalid_limit(format!("{path}: {message}"))
         }
     })
+}
+
+/// The state of algorithm `$variant` in a stored state (a state of another
+/// algorithm counts as none: the limit was redefined).
+macro_rules! state {
+    ($state:ident, $variant:ident) => {
+        match $state {
+            Some(State::$variant(stored)) => Some(held::<$variant>(stored)),
+            _ => None,
+        }
+    };
 }
 
 impl Limit {
@@ -650,15 +686,15 @@ impl Limit {
 
     /// The most unit-cost requests admitted at once (the decision's `limit`).
     pub fn capacity(&self) -> u64 {
-        match self.kind {
-            Kind::FixedWindow(p) => p.limit,
-            Kind::SlidingWindow(p) => p.limit,
-            Kind::SlidingLog(p) => p.limit,
-            Kind::TokenBucket(p) => p.capacity,
-            Kind::Reservation(p) => p.max_burst + 1,
-            Kind::LeakyBucket(p) => p.capacity,
-            Kind::Gcra(p) => p.burst,
-            Kind::Concurrency(p) => p.limit,
+        match &self.kind {
+            Kind::FixedWindow(p) => p.capacity(),
+            Kind::SlidingWindow(p) => p.capacity(),
+            Kind::SlidingLog(p) => p.capacity(),
+            Kind::TokenBucket(p) => p.capacity(),
+            Kind::Reservation(p) => p.capacity(),
+            Kind::LeakyBucket(p) => p.capacity(),
+            Kind::Gcra(p) => p.capacity(),
+            Kind::Concurrency(p) => p.capacity(),
         }
     }
 
@@ -666,22 +702,45 @@ impl Limit {
     /// which grant a request at a later moment (`Decision::wait`) rather
     /// than refusing it.
     pub fn is_shaping(&self) -> bool {
-        matches!(self.kind, Kind::Reservation(_) | Kind::LeakyBucket(_))
+        match &self.kind {
+            Kind::FixedWindow(_) => FixedWindow::SHAPING,
+            Kind::SlidingWindow(_) => SlidingWindow::SHAPING,
+            Kind::SlidingLog(_) => SlidingLog::SHAPING,
+            Kind::TokenBucket(_) => TokenBucket::SHAPING,
+            Kind::Reservation(_) => Reservation::SHAPING,
+            Kind::LeakyBucket(_) => LeakyBucket::SHAPING,
+            Kind::Gcra(_) => Gcra::SHAPING,
+            Kind::Concurrency(_) => Concurrency::SHAPING,
+        }
     }
 
     /// The window a count-per-window limit counts over (fixed window,
     /// sliding window, sliding log); `None` for the others.
     pub fn window(&self) -> Option<Duration> {
-        match &self.spec {
-            LimitSpec::FixedWindow(spec) | LimitSpec::SlidingLog(spec) => Some(spec.window),
-            LimitSpec::SlidingWindow(spec) => Some(spec.window),
-            _ => None,
+        match &self.kind {
+            Kind::FixedWindow(p) => p.window(),
+            Kind::SlidingWindow(p) => p.window(),
+            Kind::SlidingLog(p) => p.window(),
+            Kind::TokenBucket(p) => p.window(),
+            Kind::Reservation(p) => p.window(),
+            Kind::LeakyBucket(p) => p.window(),
+            Kind::Gcra(p) => p.window(),
+            Kind::Concurrency(p) => p.window(),
         }
     }
 
     /// True for the concurrency limiter, which is taken with leases.
     pub fn is_concurrency(&self) -> bool {
-        matches!(self.kind, Kind::Concurrency(_))
+        match &self.kind {
+            Kind::FixedWindow(_) => FixedWindow::LEASES,
+            Kind::SlidingWindow(_) => SlidingWindow::LEASES,
+            Kind::SlidingLog(_) => SlidingLog::LEASES,
+            Kind::TokenBucket(_) => TokenBucket::LEASES,
+            Kind::Reservation(_) => Reservation::LEASES,
+            Kind::LeakyBucket(_) => LeakyBucket::LEASES,
+            Kind::Gcra(_) => Gcra::LEASES,
+            Kind::Concurrency(_) => Concurrency::LEASES,
+        }
     }
 
     /// The parameters of a GCRA limit, whose whole state is one instant (the
@@ -700,23 +759,15 @@ impl Limit {
 
     /// Units that would be admitted now (`u64::MAX`: any cost).
     pub(crate) fn available(&self, state: Option<&State>, now: u64) -> u64 {
-        match (&self.kind, state) {
-            (Kind::FixedWindow(p), Some(State::FixedWindow(s))) => p.available(Some(s), now),
-            (Kind::FixedWindow(p), _) => p.available(None, now),
-            (Kind::SlidingWindow(p), Some(State::SlidingWindow(s))) => p.available(Some(s), now),
-            (Kind::SlidingWindow(p), _) => p.available(None, now),
-            (Kind::SlidingLog(p), Some(State::SlidingLog(s))) => p.available(Some(&**s), now),
-            (Kind::SlidingLog(p), _) => p.available(None, now),
-            (Kind::TokenBucket(p), Some(State::TokenBucket(s))) => p.available(Some(s), now),
-            (Kind::TokenBucket(p), _) => p.available(None, now),
-            (Kind::Reservation(p), Some(State::Reservation(s))) => p.available(Some(s), now),
-            (Kind::Reservation(p), _) => p.available(None, now),
-            (Kind::LeakyBucket(p), Some(State::LeakyBucket(s))) => p.available(Some(s), now),
-            (Kind::LeakyBucket(p), _) => p.available(None, now),
-            (Kind::Gcra(p), Some(State::Gcra(s))) => p.available(Some(s), now),
-            (Kind::Gcra(p), _) => p.available(None, now),
-            (Kind::Concurrency(p), Some(State::Concurrency(s))) => p.available(Some(&**s), now),
-            (Kind::Concurrency(p), _) => p.available(None, now),
+        match &self.kind {
+            Kind::FixedWindow(p) => p.available(state!(state, FixedWindow), now),
+            Kind::SlidingWindow(p) => p.available(state!(state, SlidingWindow), now),
+            Kind::SlidingLog(p) => p.available(state!(state, SlidingLog), now),
+            Kind::TokenBucket(p) => p.available(state!(state, TokenBucket), now),
+            Kind::Reservation(p) => p.available(state!(state, Reservation), now),
+            Kind::LeakyBucket(p) => p.available(state!(state, LeakyBucket), now),
+            Kind::Gcra(p) => p.available(state!(state, Gcra), now),
+            Kind::Concurrency(p) => p.available(state!(state, Concurrency), now),
         }
     }
 
@@ -727,16 +778,15 @@ impl Limit {
     /// `reserve` on a limit that neither borrows nor shapes; `check` (or
     /// `acquire` without a lease) of a positive cost on a concurrency limit.
     pub(crate) fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
-        match (&self.kind, action) {
-            (Kind::Concurrency(_), Action::Reserve(_)) => Err(unsupported_reserve("concurrency")),
-            (Kind::Concurrency(_), Action::Check | Action::Acquire { lease: None, .. }) if cost > 0 => {
-                Err(Error::invalid_argument(
-                    "a concurrency limit is taken with acquire (and given back with release), not check",
-                ))
-            }
-            (Kind::Reservation(_) | Kind::LeakyBucket(_) | Kind::Concurrency(_), _) => Ok(()),
-            (_, Action::Reserve(_)) => Err(unsupported_reserve(self.algorithm())),
-            _ => Ok(()),
+        match &self.kind {
+            Kind::FixedWindow(p) => p.supports(action, cost),
+            Kind::SlidingWindow(p) => p.supports(action, cost),
+            Kind::SlidingLog(p) => p.supports(action, cost),
+            Kind::TokenBucket(p) => p.supports(action, cost),
+            Kind::Reservation(p) => p.supports(action, cost),
+            Kind::LeakyBucket(p) => p.supports(action, cost),
+            Kind::Gcra(p) => p.supports(action, cost),
+            Kind::Concurrency(p) => p.supports(action, cost),
         }
     }
 
@@ -756,96 +806,90 @@ impl Limit {
         action: Action<'a>,
         cost: u64,
     ) -> Step<Change<'a>> {
-        macro_rules! state {
-            ($variant:ident) => {
-                match state {
-                    Some(State::$variant(state)) => Some(state),
-                    _ => None,
-                }
-            };
-        }
-        let cost = action.check_cost(cost);
-        let (max_wait, lease) = match action {
-            Action::Check | Action::Release(_) => (None, None),
-            Action::Reserve(max_wait) => (max_wait, None),
-            Action::Acquire { lease, max_wait } => (max_wait, lease),
-        };
-        // The states of a few numbers are replaced whole; the log and the
-        // leases are edited.
-        let step = match &self.kind {
-            Kind::FixedWindow(p) => p.check(state!(FixedWindow), now, cost).map(State::FixedWindow),
-            Kind::SlidingWindow(p) => p.check(state!(SlidingWindow), now, cost).map(State::SlidingWindow),
-            Kind::SlidingLog(p) => {
-                let state = state!(SlidingLog).map(|log| &**log);
-                let step = p.check(state, now, cost);
-                return edit(
-                    state,
-                    step,
-                    SlidingLogState::apply,
-                    State::SlidingLog,
-                    Change::SlidingLog,
-                );
+        match &self.kind {
+            Kind::FixedWindow(p) => {
+                p.decide(state!(state, FixedWindow), now, action, cost)
+                    .map(|update| match update {
+                        Update::Put(new) => Change::Put(State::FixedWindow(new)),
+                        Update::Edit(edit) => match edit {},
+                    })
             }
-            Kind::TokenBucket(p) => p.check(state!(TokenBucket), now, cost).map(State::TokenBucket),
-            Kind::Gcra(p) => p.check(state!(Gcra), now, cost).map(State::Gcra),
-            // A release only reports: it is never denied and never waits.
-            Kind::Reservation(p) if matches!(action, Action::Release(_)) => {
-                report(p.reserve(state!(Reservation), now, 0, None)).map(State::Reservation)
+            Kind::SlidingWindow(p) => {
+                p.decide(state!(state, SlidingWindow), now, action, cost)
+                    .map(|update| match update {
+                        Update::Put(new) => Change::Put(State::SlidingWindow(new)),
+                        Update::Edit(edit) => match edit {},
+                    })
             }
-            Kind::LeakyBucket(p) if matches!(action, Action::Release(_)) => {
-                report(p.reserve(state!(LeakyBucket), now, 0, None)).map(State::LeakyBucket)
+            Kind::SlidingLog(p) => p
+                .decide(state!(state, SlidingLog), now, action, cost)
+                .map(|update| match update {
+                    Update::Put(new) => Change::Put(State::SlidingLog(new)),
+                    Update::Edit(edit) => Change::SlidingLog(edit),
+                }),
+            Kind::TokenBucket(p) => {
+                p.decide(state!(state, TokenBucket), now, action, cost)
+                    .map(|update| match update {
+                        Update::Put(new) => Change::Put(State::TokenBucket(new)),
+                        Update::Edit(edit) => match edit {},
+                    })
             }
-            // `check` on a borrowing limit waits for nothing; on a shaping one, for anything.
             Kind::Reservation(p) => {
-                let max_wait = if action == Action::Check { Some(0) } else { max_wait };
-                p.reserve(state!(Reservation), now, cost, max_wait)
-                    .map(State::Reservation)
+                p.decide(state!(state, Reservation), now, action, cost)
+                    .map(|update| match update {
+                        Update::Put(new) => Change::Put(State::Reservation(new)),
+                        Update::Edit(edit) => match edit {},
+                    })
             }
-            Kind::LeakyBucket(p) => p
-                .reserve(state!(LeakyBucket), now, cost, max_wait)
-                .map(State::LeakyBucket),
+            Kind::LeakyBucket(p) => {
+                p.decide(state!(state, LeakyBucket), now, action, cost)
+                    .map(|update| match update {
+                        Update::Put(new) => Change::Put(State::LeakyBucket(new)),
+                        Update::Edit(edit) => match edit {},
+                    })
+            }
+            Kind::Gcra(p) => p
+                .decide(state!(state, Gcra), now, action, cost)
+                .map(|update| match update {
+                    Update::Put(new) => Change::Put(State::Gcra(new)),
+                    Update::Edit(edit) => match edit {},
+                }),
             Kind::Concurrency(p) => {
-                let state = state!(Concurrency).map(|leases| &**leases);
-                let step = match action {
-                    Action::Release(lease) => p.release(state, now, lease),
-                    _ => p.acquire(state, now, cost, lease),
-                };
-                return edit(
-                    state,
-                    step,
-                    ConcurrencyState::apply,
-                    State::Concurrency,
-                    Change::Concurrency,
-                );
+                p.decide(state!(state, Concurrency), now, action, cost)
+                    .map(|update| match update {
+                        Update::Put(new) => Change::Put(State::Concurrency(new)),
+                        Update::Edit(edit) => Change::Concurrency(edit),
+                    })
             }
-        };
-        step.map(Change::Put)
+        }
     }
 
-    /// The algorithm's numeric parameters as the Lua script reads them:
-    /// seven integers, of which the Redis store sends each Lua twin's
-    /// `params` the ones it reads.
+    /// The limit as the Redis library reads it: its algorithm's id, then
+    /// the numbers its Lua twin's `params` reads, joined by ':'.
     #[cfg(feature = "redis")]
-    pub(crate) fn script_params(&self) -> [u64; 7] {
-        match self.kind {
-            Kind::FixedWindow(p) => [p.limit, p.window, 0, 0, 0, 0, 0],
-            Kind::SlidingWindow(p) => [p.limit, p.window, p.buckets, 0, 0, 0, 0],
-            Kind::SlidingLog(p) => [p.limit, p.window, 0, 0, 0, 0, 0],
-            Kind::TokenBucket(p) => [
-                p.capacity,
-                p.refill,
-                p.interval,
-                u64::from(p.mode == Refill::Interval),
-                p.initial,
-                p.rate.unit,
-                p.rate.per_micro,
-            ],
-            Kind::Reservation(p) => [p.max_burst, p.initial, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
-            Kind::LeakyBucket(p) => [p.capacity, 0, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
-            Kind::Gcra(p) => [p.burst, 0, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
-            Kind::Concurrency(p) => [p.limit, p.ttl, 0, 0, 0, 0, 0],
+    pub(crate) fn script_params(&self) -> String {
+        match &self.kind {
+            Kind::FixedWindow(p) => script_params(FixedWindow::ID, p.script_params()),
+            Kind::SlidingWindow(p) => script_params(SlidingWindow::ID, p.script_params()),
+            Kind::SlidingLog(p) => script_params(SlidingLog::ID, p.script_params()),
+            Kind::TokenBucket(p) => script_params(TokenBucket::ID, p.script_params()),
+            Kind::Reservation(p) => script_params(Reservation::ID, p.script_params()),
+            Kind::LeakyBucket(p) => script_params(LeakyBucket::ID, p.script_params()),
+            Kind::Gcra(p) => script_params(Gcra::ID, p.script_params()),
+            Kind::Concurrency(p) => script_params(Concurrency::ID, p.script_params()),
         }
     }
+}
+
+/// `id:param:param:…`.
+#[cfg(feature = "redis")]
+fn script_params(id: u8, params: impl IntoIterator<Item = u64>) -> String {
+    use std::fmt::Write as _;
+    let mut text = id.to_string();
+    for param in params {
+        let _ = write!(text, ":{param}");
+    }
+    text
 }
 
 /// A step that only reports: no wait asked of the caller.

@@ -10,13 +10,15 @@
 //! **Bound:** any interval of length `window` (both ends included) admits at
 //! most `limit` units.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Step;
+use super::{at_least_one, positive, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
 use crate::duration::serde_text;
+use crate::error::{Error, Result};
 
 /// The most sub-intervals a sliding window may have.
 pub const MAX_BUCKETS: u64 = 1_000;
@@ -88,11 +90,6 @@ impl SlidingWindow {
         counts.last().map_or(0, |&(index, _)| self.leaves(index) - now)
     }
 
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&SlidingWindowState>, now: u64) -> u64 {
-        self.limit.saturating_sub(self.live(state, now).1)
-    }
-
     /// Admits `cost` units if the window has room.
     pub(crate) fn check(&self, state: Option<&SlidingWindowState>, now: u64, cost: u64) -> Step<SlidingWindowState> {
         let (mut counts, total) = self.live(state, now);
@@ -141,5 +138,59 @@ impl SlidingWindow {
         }
         let decision = Decision::allow(self.limit, remaining - cost, self.reset_after(&counts, now), 0);
         Step::changed(decision, SlidingWindowState { counts })
+    }
+}
+
+impl Algorithm for SlidingWindow {
+    type Spec = SlidingWindowSpec;
+    type State = SlidingWindowState;
+    type Stored = SlidingWindowState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "sliding_window";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 2;
+
+    fn build(spec: &SlidingWindowSpec) -> Result<Self> {
+        let limit = at_least_one(spec.limit, "limit")?;
+        let window = positive(spec.window, "window")?;
+        let buckets = at_least_one(spec.buckets, "buckets")?;
+        if buckets > MAX_BUCKETS {
+            return Err(Error::invalid_limit(format!("buckets must be at most {MAX_BUCKETS}")));
+        }
+        if window % buckets != 0 {
+            return Err(Error::invalid_limit(format!(
+                "window ({window} us) must be a whole number of microseconds per bucket ({buckets} buckets)"
+            )));
+        }
+        Ok(Self { limit, window, buckets })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Option<Duration> {
+        Some(Duration::from_micros(self.window))
+    }
+
+    fn available(&self, state: Option<&SlidingWindowState>, now: u64) -> u64 {
+        self.limit.saturating_sub(self.live(state, now).1)
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&SlidingWindowState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<SlidingWindowState, Infallible>> {
+        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.limit, self.window, self.buckets]
     }
 }

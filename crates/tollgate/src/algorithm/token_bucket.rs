@@ -16,14 +16,16 @@
 //! `capacity + refill · (b − a) / interval` (smooth), or
 //! `capacity + refill · (number of interval boundaries in (a, b])` (interval).
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::rate::{Rate, Tat};
-use super::Step;
+use super::{at_least_one, at_most, positive, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
 use crate::duration::serde_text;
+use crate::error::Result;
 
 /// How a token bucket refills.
 #[non_exhaustive]
@@ -107,16 +109,6 @@ impl TokenBucket {
             // Counted in a newer interval (the clock went back): no refill, keep its boundary.
             Some(&TokenBucketState::Interval { tokens, boundary: then }) => (tokens, then),
             _ => (self.initial, boundary),
-        }
-    }
-
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
-        match self.mode {
-            Refill::Smooth => self
-                .rate
-                .units(self.capacity * self.rate.unit - self.deficit(state, now)),
-            Refill::Interval => self.tokens(state, now).0,
         }
     }
 
@@ -204,5 +196,70 @@ impl TokenBucket {
             return untouched(decision);
         }
         Step::changed(decision, TokenBucketState::Interval { tokens, boundary })
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type Spec = TokenBucketSpec;
+    type State = TokenBucketState;
+    type Stored = TokenBucketState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "token_bucket";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 4;
+
+    fn build(spec: &TokenBucketSpec) -> Result<Self> {
+        let capacity = at_least_one(spec.capacity, "capacity")?;
+        let refill = at_least_one(spec.refill, "refill")?;
+        let interval = positive(spec.interval, "interval")?;
+        let initial = at_most(spec.initial, capacity, "initial", "capacity")?;
+        let rate = Rate::new(refill, interval, capacity, ["refill", "interval", "capacity"])?;
+        Ok(Self {
+            capacity,
+            refill,
+            interval,
+            mode: spec.mode,
+            initial,
+            rate,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn available(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
+        match self.mode {
+            Refill::Smooth => self
+                .rate
+                .units(self.capacity * self.rate.unit - self.deficit(state, now)),
+            Refill::Interval => self.tokens(state, now).0,
+        }
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&TokenBucketState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<TokenBucketState, Infallible>> {
+        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+    }
+
+    /// The mode is 1 for interval refill, 0 for smooth.
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [
+            self.capacity,
+            self.refill,
+            self.interval,
+            u64::from(self.mode == Refill::Interval),
+            self.initial,
+            self.rate.unit,
+            self.rate.per_micro,
+        ]
     }
 }

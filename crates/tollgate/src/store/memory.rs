@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use super::Store;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
-use crate::algorithm::{Change, State};
+use crate::algorithm::{Algorithm, Change, State};
 use crate::clock::{micros, Clock, Sleep, SystemClock};
 use crate::decision::Outcome;
 use crate::error::Result;

@@ -67,7 +67,6 @@ use tokio::sync::{mpsc, oneshot};
 use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
 use super::Store;
-use crate::algorithm::{Limit, LimitSpec};
 use crate::clock::{micros, Clock, Sleep, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::{Error, ErrorKind, Result};
@@ -608,33 +607,11 @@ impl RedisStore {
             args.push(lease.to_owned());
         }
         for (index, (_, limit)) in policy.limits().enumerate() {
-            args.push(format!("{}:{}", script_params(limit), request.cost_of(index)));
+            args.push(format!("{}:{}", limit.script_params(), request.cost_of(index)));
         }
         let reply_len = if op == RESET { 2 } else { 2 + 6 * policy.len() };
         Encoded { keys, args, reply_len }
     }
-}
-
-/// A limit as the library reads it: its algorithm's id, then its
-/// parameters in the order its Lua twin's `params` reads them, joined by ':'.
-fn script_params(limit: &Limit) -> String {
-    let p = limit.script_params();
-    let (id, used): (u8, &[usize]) = match limit.spec() {
-        LimitSpec::FixedWindow(_) => (1, &[0, 1]),
-        LimitSpec::SlidingWindow(_) => (2, &[0, 1, 2]),
-        LimitSpec::SlidingLog(_) => (3, &[0, 1]),
-        LimitSpec::TokenBucket(_) => (4, &[0, 1, 2, 3, 4, 5, 6]),
-        LimitSpec::Reservation(_) => (5, &[0, 1, 5, 6]),
-        LimitSpec::LeakyBucket(_) => (6, &[0, 5, 6]),
-        LimitSpec::Gcra(_) => (7, &[0, 5, 6]),
-        LimitSpec::Concurrency(_) => (8, &[0, 1]),
-    };
-    let mut text = id.to_string();
-    for &at in used {
-        text.push(':');
-        text.push_str(&p[at].to_string());
-    }
-    text
 }
 
 fn store_error(error: redis::RedisError) -> Error {
