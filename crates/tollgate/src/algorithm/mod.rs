@@ -40,20 +40,13 @@ use crate::duration::{serde_text, MAX_MICROS};
 use crate::error::{Error, Result};
 
 pub use self::concurrency::ConcurrencySpec;
-use self::concurrency::{Concurrency, ConcurrencyState, LeaseChange};
-use self::fixed_window::{FixedWindow, FixedWindowState};
+use self::gcra::Gcra;
 pub use self::gcra::GcraSpec;
-use self::gcra::{Gcra, GcraState};
 pub use self::leaky_bucket::LeakyBucketSpec;
-use self::leaky_bucket::{LeakyBucket, LeakyBucketState};
 use self::rate::MAX_TICKS;
 pub use self::reservation::ReservationSpec;
-use self::reservation::{Reservation, ReservationState};
-use self::sliding_log::{LogChange, SlidingLog, SlidingLogState};
 pub use self::sliding_window::SlidingWindowSpec;
-use self::sliding_window::{SlidingWindow, SlidingWindowState};
 pub use self::token_bucket::{Refill, TokenBucketSpec};
-use self::token_bucket::{TokenBucket, TokenBucketState};
 
 /// What an algorithm returns: its decision, and the change to its state when
 /// it changed (for most algorithms, the whole new state).
@@ -224,82 +217,166 @@ fn edit<S: Default, E: Edit<S>>(state: Option<&S>, step: Step<E>) -> Step<Update
     })
 }
 
-/// The state `A` holds in `stored`.
-fn held<A: Algorithm>(stored: &A::Stored) -> &A::State {
-    stored.borrow()
+/// Builds, from one line per algorithm, `Variant(Spec) => module::Params`:
+/// the public [`LimitSpec`], and [`Kind`], [`State`] and [`Change`] (one
+/// variant each per algorithm, in registry order); the glue between those
+/// and each algorithm ([`Registered`], `Change::apply`); the table of
+/// [`ALGORITHMS`]; the `dispatch!` macro, which runs an expression on the
+/// parameters of a [`Kind`]; and the Redis library.
+macro_rules! registry {
+    ($($variant:ident($spec:ty) => $module:ident::$algorithm:ident,)*) => {
+        /// Parameters of one limit, as written in JSON or YAML: the
+        /// `algorithm` name and its fields, durations as text like `"1.5s"`.
+        #[non_exhaustive]
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+        #[serde(tag = "algorithm", rename_all = "snake_case")]
+        pub enum LimitSpec {
+            $(
+                #[doc = concat!("See [`Limit::", stringify!($module), "`].")]
+                $variant($spec),
+            )*
+        }
+
+        /// The validated parameters of one limit: its algorithm's.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Kind {
+            $($variant($module::$algorithm),)*
+        }
+
+        /// The stored state of one limit for one subject.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub(crate) enum State {
+            $($variant(<$module::$algorithm as Algorithm>::Stored),)*
+        }
+
+        /// What a decision does to the state it was made on: the whole new
+        /// state, or an edit of one algorithm's state. `'a` is the request's
+        /// lifetime (a lease's name).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub(crate) enum Change<'a> {
+            /// The whole new state: for the states of a few numbers, and for
+            /// a log or leases started from no state.
+            Put(State),
+            $($variant(<$module::$algorithm as Algorithm>::Edit<'a>),)*
+        }
+
+        $(
+            impl Registered for $module::$algorithm {
+                #[inline]
+                fn held(state: &State) -> Option<&Self::State> {
+                    match state {
+                        State::$variant(stored) => Some(Borrow::borrow(stored)),
+                        _ => None,
+                    }
+                }
+
+                #[inline]
+                fn state(stored: Self::Stored) -> State {
+                    State::$variant(stored)
+                }
+
+                #[inline]
+                fn change(edit: Self::Edit<'_>) -> Change<'_> {
+                    Change::$variant(edit)
+                }
+            }
+        )*
+
+        impl Change<'_> {
+            /// Commits the change to `state`, the state the decision was made on
+            /// (any state, when the change is a [`Change::Put`]).
+            pub(crate) fn apply(self, state: &mut State) {
+                match (self, state) {
+                    (Change::Put(new), state) => *state = new,
+                    $(
+                        (Change::$variant(edit), State::$variant(stored)) => {
+                            edit.apply(BorrowMut::borrow_mut(stored));
+                        }
+                    )*
+                    // An edit is only made of a state of its own algorithm.
+                    (change, state) => debug_assert!(false, "{change:?} does not apply to {state:?}"),
+                }
+            }
+        }
+
+        impl LimitSpec {
+            /// The parameters, validated by their algorithm.
+            fn validate(&self) -> Result<Kind> {
+                match self {
+                    $(Self::$variant(spec) => $module::$algorithm::build(spec).map(Kind::$variant),)*
+                }
+            }
+
+            /// The algorithm's name.
+            fn name(&self) -> &'static str {
+                match self {
+                    $(Self::$variant(_) => <$module::$algorithm as Algorithm>::NAME,)*
+                }
+            }
+        }
+
+        /// Every algorithm, in registry order.
+        const ALGORITHMS: &[Entry] = &[
+            $(
+                Entry {
+                    name: <$module::$algorithm as Algorithm>::NAME,
+                    shaping: <$module::$algorithm as Algorithm>::SHAPING,
+                    parse: |fields| parse_fields(fields).map(LimitSpec::$variant),
+                },
+            )*
+        ];
+
+        /// `$body` with `$p` bound to the parameters in `$kind` (a `&Kind`).
+        macro_rules! dispatch {
+            ($kind:expr, $p:ident => $body:expr) => {
+                match $kind {
+                    $(Kind::$variant($p) => $body,)*
+                }
+            };
+        }
+    };
 }
 
-/// The stored state of one limit for one subject.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
-    FixedWindow(FixedWindowState),
-    SlidingWindow(SlidingWindowState),
-    SlidingLog(Box<SlidingLogState>),
-    TokenBucket(TokenBucketState),
-    Reservation(ReservationState),
-    LeakyBucket(LeakyBucketState),
-    Gcra(GcraState),
-    Concurrency(Box<ConcurrencyState>),
+registry! {
+    FixedWindow(WindowSpec) => fixed_window::FixedWindow,
+    SlidingWindow(SlidingWindowSpec) => sliding_window::SlidingWindow,
+    SlidingLog(WindowSpec) => sliding_log::SlidingLog,
+    TokenBucket(TokenBucketSpec) => token_bucket::TokenBucket,
+    Reservation(ReservationSpec) => reservation::Reservation,
+    LeakyBucket(LeakyBucketSpec) => leaky_bucket::LeakyBucket,
+    Gcra(GcraSpec) => gcra::Gcra,
+    Concurrency(ConcurrencySpec) => concurrency::Concurrency,
 }
 
-/// What a decision does to the state it was made on. `'a` is the request's
-/// lifetime (a lease's name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Change<'a> {
-    /// The whole new state: for the states of a few numbers, and for a log
-    /// or leases started from no state.
-    Put(State),
-    /// An edit of the sliding log the decision was made on.
-    SlidingLog(LogChange),
-    /// An edit of the leases the decision was made on.
-    Concurrency(LeaseChange<'a>),
+/// How the registry's enums hold one algorithm.
+pub(crate) trait Registered: Algorithm {
+    /// The state of this algorithm in `state`, if it is one.
+    fn held(state: &State) -> Option<&Self::State>;
+    /// A state of this algorithm, as stored.
+    fn state(stored: Self::Stored) -> State;
+    /// An edit of a state of this algorithm.
+    fn change(edit: Self::Edit<'_>) -> Change<'_>;
+}
+
+/// What the registry knows of one algorithm apart from its parameters.
+struct Entry {
+    /// Its name, as written in `"algorithm"`.
+    name: &'static str,
+    /// Whether it borrows or shapes.
+    shaping: bool,
+    /// Reads its spec from the fields of a JSON object.
+    parse: fn(serde_json::Value) -> Result<LimitSpec>,
 }
 
 impl Change<'_> {
-    /// Commits the change to `state`, the state the decision was made on
-    /// (any state, when the change is a [`Change::Put`]).
-    pub(crate) fn apply(self, state: &mut State) {
-        match (self, state) {
-            (Change::Put(new), state) => *state = new,
-            (Change::SlidingLog(change), State::SlidingLog(log)) => change.apply(&mut **log),
-            (Change::Concurrency(change), State::Concurrency(leases)) => change.apply(&mut **leases),
-            // An edit is only made of a state of its own algorithm.
-            (change, state) => debug_assert!(false, "{change:?} does not apply to {state:?}"),
-        }
-    }
-
     /// The new state of a limit that had none: only a [`Change::Put`] is
     /// made of no state.
     pub(crate) fn into_state(self) -> Option<State> {
         match self {
             Change::Put(state) => Some(state),
-            Change::SlidingLog(_) | Change::Concurrency(_) => None,
+            _ => None,
         }
     }
-}
-
-/// Parameters of one limit, as written in JSON or YAML: the
-/// `algorithm` name and its fields, durations as text like `"1.5s"`.
-#[non_exhaustive]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case")]
-pub enum LimitSpec {
-    /// See [`Limit::fixed_window`].
-    FixedWindow(WindowSpec),
-    /// See [`Limit::sliding_window`].
-    SlidingWindow(SlidingWindowSpec),
-    /// See [`Limit::sliding_log`].
-    SlidingLog(WindowSpec),
-    /// See [`Limit::token_bucket`].
-    TokenBucket(TokenBucketSpec),
-    /// See [`Limit::reservation`].
-    Reservation(ReservationSpec),
-    /// See [`Limit::leaky_bucket`].
-    LeakyBucket(LeakyBucketSpec),
-    /// See [`Limit::gcra`].
-    Gcra(GcraSpec),
-    /// See [`Limit::concurrency`].
-    Concurrency(ConcurrencySpec),
 }
 
 /// `limit` units per `window` (fixed window, sliding log).
@@ -322,18 +399,6 @@ pub struct WindowSpec {
 pub struct Limit {
     spec: LimitSpec,
     kind: Kind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    FixedWindow(FixedWindow),
-    SlidingWindow(SlidingWindow),
-    SlidingLog(SlidingLog),
-    TokenBucket(TokenBucket),
-    Reservation(Reservation),
-    LeakyBucket(LeakyBucket),
-    Gcra(Gcra),
-    Concurrency(Concurrency),
 }
 
 fn at_least_one(value: u64, field: &str) -> Result<u64> {
@@ -380,31 +445,13 @@ impl LimitSpec {
     /// An [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) error
     /// naming the field at fault.
     pub fn build(self) -> Result<Limit> {
-        let kind = match &self {
-            Self::FixedWindow(spec) => Kind::FixedWindow(FixedWindow::build(spec)?),
-            Self::SlidingWindow(spec) => Kind::SlidingWindow(SlidingWindow::build(spec)?),
-            Self::SlidingLog(spec) => Kind::SlidingLog(SlidingLog::build(spec)?),
-            Self::TokenBucket(spec) => Kind::TokenBucket(TokenBucket::build(spec)?),
-            Self::Reservation(spec) => Kind::Reservation(Reservation::build(spec)?),
-            Self::LeakyBucket(spec) => Kind::LeakyBucket(LeakyBucket::build(spec)?),
-            Self::Gcra(spec) => Kind::Gcra(Gcra::build(spec)?),
-            Self::Concurrency(spec) => Kind::Concurrency(Concurrency::build(spec)?),
-        };
+        let kind = self.validate()?;
         Ok(Limit { spec: self, kind })
     }
 
     /// The algorithm's name, as written in `"algorithm"`.
     pub fn algorithm(&self) -> &'static str {
-        match self {
-            Self::FixedWindow(_) => "fixed_window",
-            Self::SlidingWindow(_) => "sliding_window",
-            Self::SlidingLog(_) => "sliding_log",
-            Self::TokenBucket(_) => "token_bucket",
-            Self::Reservation(_) => "reservation",
-            Self::LeakyBucket(_) => "leaky_bucket",
-            Self::Gcra(_) => "gcra",
-            Self::Concurrency(_) => "concurrency",
-        }
+        self.name()
     }
 
     /// Reads a spec from a JSON object such as
@@ -426,20 +473,23 @@ impl LimitSpec {
             None => return Err(Error::invalid_limit("missing field \"algorithm\"")),
         };
         let fields = serde_json::Value::Object(fields);
-        match algorithm.as_str() {
-            "fixed_window" => parse_fields(fields).map(Self::FixedWindow),
-            "sliding_window" => parse_fields(fields).map(Self::SlidingWindow),
-            "sliding_log" => parse_fields(fields).map(Self::SlidingLog),
-            "token_bucket" => parse_fields(fields).map(Self::TokenBucket),
-            "reservation" => parse_fields(fields).map(Self::Reservation),
-            "leaky_bucket" => parse_fields(fields).map(Self::LeakyBucket),
-            "gcra" => parse_fields(fields).map(Self::Gcra),
-            "concurrency" => parse_fields(fields).map(Self::Concurrency),
-            other => Err(Error::invalid_limit(format!(
-                "unknown algorithm \"{other}\" (expected fixed_window, sliding_window, sliding_log, \
-                 token_bucket, reservation, leaky_bucket, gcra or concurrency)"
+        match ALGORITHMS.iter().find(|entry| entry.name == algorithm) {
+            Some(entry) => (entry.parse)(fields),
+            None => Err(Error::invalid_limit(format!(
+                "unknown algorithm \"{algorithm}\" (expected {})",
+                listed(ALGORITHMS.iter().map(|entry| entry.name), " or ")
             ))),
         }
+    }
+}
+
+/// `a, b, c<last>d`: the names joined by commas, the last two by `last`.
+fn listed<'a>(names: impl Iterator<Item = &'a str>, last: &str) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((final_name, [])) => (*final_name).to_owned(),
+        Some((final_name, rest)) => format!("{}{last}{final_name}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -454,17 +504,6 @@ fn parse_fields<T: serde::de::DeserializeOwned>(fields: serde_json::Value) -> Re
             Error::invalid_limit(format!("{path}: {message}"))
         }
     })
-}
-
-/// The state of algorithm `$variant` in a stored state (a state of another
-/// algorithm counts as none: the limit was redefined).
-macro_rules! state {
-    ($state:ident, $variant:ident) => {
-        match $state {
-            Some(State::$variant(stored)) => Some(held::<$variant>(stored)),
-            _ => None,
-        }
-    };
 }
 
 impl Limit {
@@ -686,61 +725,31 @@ impl Limit {
 
     /// The most unit-cost requests admitted at once (the decision's `limit`).
     pub fn capacity(&self) -> u64 {
-        match &self.kind {
-            Kind::FixedWindow(p) => p.capacity(),
-            Kind::SlidingWindow(p) => p.capacity(),
-            Kind::SlidingLog(p) => p.capacity(),
-            Kind::TokenBucket(p) => p.capacity(),
-            Kind::Reservation(p) => p.capacity(),
-            Kind::LeakyBucket(p) => p.capacity(),
-            Kind::Gcra(p) => p.capacity(),
-            Kind::Concurrency(p) => p.capacity(),
-        }
+        dispatch!(&self.kind, p => p.capacity())
     }
 
     /// True for the shaping and borrowing limits (reservation, leaky bucket),
     /// which grant a request at a later moment (`Decision::wait`) rather
     /// than refusing it.
     pub fn is_shaping(&self) -> bool {
-        match &self.kind {
-            Kind::FixedWindow(_) => FixedWindow::SHAPING,
-            Kind::SlidingWindow(_) => SlidingWindow::SHAPING,
-            Kind::SlidingLog(_) => SlidingLog::SHAPING,
-            Kind::TokenBucket(_) => TokenBucket::SHAPING,
-            Kind::Reservation(_) => Reservation::SHAPING,
-            Kind::LeakyBucket(_) => LeakyBucket::SHAPING,
-            Kind::Gcra(_) => Gcra::SHAPING,
-            Kind::Concurrency(_) => Concurrency::SHAPING,
+        fn shaping<A: Algorithm>(_: &A) -> bool {
+            A::SHAPING
         }
+        dispatch!(&self.kind, p => shaping(p))
     }
 
     /// The window a count-per-window limit counts over (fixed window,
     /// sliding window, sliding log); `None` for the others.
     pub fn window(&self) -> Option<Duration> {
-        match &self.kind {
-            Kind::FixedWindow(p) => p.window(),
-            Kind::SlidingWindow(p) => p.window(),
-            Kind::SlidingLog(p) => p.window(),
-            Kind::TokenBucket(p) => p.window(),
-            Kind::Reservation(p) => p.window(),
-            Kind::LeakyBucket(p) => p.window(),
-            Kind::Gcra(p) => p.window(),
-            Kind::Concurrency(p) => p.window(),
-        }
+        dispatch!(&self.kind, p => p.window())
     }
 
     /// True for the concurrency limiter, which is taken with leases.
     pub fn is_concurrency(&self) -> bool {
-        match &self.kind {
-            Kind::FixedWindow(_) => FixedWindow::LEASES,
-            Kind::SlidingWindow(_) => SlidingWindow::LEASES,
-            Kind::SlidingLog(_) => SlidingLog::LEASES,
-            Kind::TokenBucket(_) => TokenBucket::LEASES,
-            Kind::Reservation(_) => Reservation::LEASES,
-            Kind::LeakyBucket(_) => LeakyBucket::LEASES,
-            Kind::Gcra(_) => Gcra::LEASES,
-            Kind::Concurrency(_) => Concurrency::LEASES,
+        fn leases<A: Algorithm>(_: &A) -> bool {
+            A::LEASES
         }
+        dispatch!(&self.kind, p => leases(p))
     }
 
     /// The parameters of a GCRA limit, whose whole state is one instant (the
@@ -759,16 +768,7 @@ impl Limit {
 
     /// Units that would be admitted now (`u64::MAX`: any cost).
     pub(crate) fn available(&self, state: Option<&State>, now: u64) -> u64 {
-        match &self.kind {
-            Kind::FixedWindow(p) => p.available(state!(state, FixedWindow), now),
-            Kind::SlidingWindow(p) => p.available(state!(state, SlidingWindow), now),
-            Kind::SlidingLog(p) => p.available(state!(state, SlidingLog), now),
-            Kind::TokenBucket(p) => p.available(state!(state, TokenBucket), now),
-            Kind::Reservation(p) => p.available(state!(state, Reservation), now),
-            Kind::LeakyBucket(p) => p.available(state!(state, LeakyBucket), now),
-            Kind::Gcra(p) => p.available(state!(state, Gcra), now),
-            Kind::Concurrency(p) => p.available(state!(state, Concurrency), now),
-        }
+        dispatch!(&self.kind, p => available(p, state, now))
     }
 
     /// Whether this limit can run `action` for `cost` units.
@@ -778,16 +778,7 @@ impl Limit {
     /// `reserve` on a limit that neither borrows nor shapes; `check` (or
     /// `acquire` without a lease) of a positive cost on a concurrency limit.
     pub(crate) fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
-        match &self.kind {
-            Kind::FixedWindow(p) => p.supports(action, cost),
-            Kind::SlidingWindow(p) => p.supports(action, cost),
-            Kind::SlidingLog(p) => p.supports(action, cost),
-            Kind::TokenBucket(p) => p.supports(action, cost),
-            Kind::Reservation(p) => p.supports(action, cost),
-            Kind::LeakyBucket(p) => p.supports(action, cost),
-            Kind::Gcra(p) => p.supports(action, cost),
-            Kind::Concurrency(p) => p.supports(action, cost),
-        }
+        dispatch!(&self.kind, p => p.supports(action, cost))
     }
 
     /// Runs `action` for `cost` units against `state` at `now`.
@@ -806,87 +797,47 @@ impl Limit {
         action: Action<'a>,
         cost: u64,
     ) -> Step<Change<'a>> {
-        match &self.kind {
-            Kind::FixedWindow(p) => {
-                p.decide(state!(state, FixedWindow), now, action, cost)
-                    .map(|update| match update {
-                        Update::Put(new) => Change::Put(State::FixedWindow(new)),
-                        Update::Edit(edit) => match edit {},
-                    })
-            }
-            Kind::SlidingWindow(p) => {
-                p.decide(state!(state, SlidingWindow), now, action, cost)
-                    .map(|update| match update {
-                        Update::Put(new) => Change::Put(State::SlidingWindow(new)),
-                        Update::Edit(edit) => match edit {},
-                    })
-            }
-            Kind::SlidingLog(p) => p
-                .decide(state!(state, SlidingLog), now, action, cost)
-                .map(|update| match update {
-                    Update::Put(new) => Change::Put(State::SlidingLog(new)),
-                    Update::Edit(edit) => Change::SlidingLog(edit),
-                }),
-            Kind::TokenBucket(p) => {
-                p.decide(state!(state, TokenBucket), now, action, cost)
-                    .map(|update| match update {
-                        Update::Put(new) => Change::Put(State::TokenBucket(new)),
-                        Update::Edit(edit) => match edit {},
-                    })
-            }
-            Kind::Reservation(p) => {
-                p.decide(state!(state, Reservation), now, action, cost)
-                    .map(|update| match update {
-                        Update::Put(new) => Change::Put(State::Reservation(new)),
-                        Update::Edit(edit) => match edit {},
-                    })
-            }
-            Kind::LeakyBucket(p) => {
-                p.decide(state!(state, LeakyBucket), now, action, cost)
-                    .map(|update| match update {
-                        Update::Put(new) => Change::Put(State::LeakyBucket(new)),
-                        Update::Edit(edit) => match edit {},
-                    })
-            }
-            Kind::Gcra(p) => p
-                .decide(state!(state, Gcra), now, action, cost)
-                .map(|update| match update {
-                    Update::Put(new) => Change::Put(State::Gcra(new)),
-                    Update::Edit(edit) => match edit {},
-                }),
-            Kind::Concurrency(p) => {
-                p.decide(state!(state, Concurrency), now, action, cost)
-                    .map(|update| match update {
-                        Update::Put(new) => Change::Put(State::Concurrency(new)),
-                        Update::Edit(edit) => Change::Concurrency(edit),
-                    })
-            }
-        }
+        dispatch!(&self.kind, p => decide(p, state, now, action, cost))
     }
 
     /// The limit as the Redis library reads it: its algorithm's id, then
     /// the numbers its Lua twin's `params` reads, joined by ':'.
     #[cfg(feature = "redis")]
     pub(crate) fn script_params(&self) -> String {
-        match &self.kind {
-            Kind::FixedWindow(p) => script_params(FixedWindow::ID, p.script_params()),
-            Kind::SlidingWindow(p) => script_params(SlidingWindow::ID, p.script_params()),
-            Kind::SlidingLog(p) => script_params(SlidingLog::ID, p.script_params()),
-            Kind::TokenBucket(p) => script_params(TokenBucket::ID, p.script_params()),
-            Kind::Reservation(p) => script_params(Reservation::ID, p.script_params()),
-            Kind::LeakyBucket(p) => script_params(LeakyBucket::ID, p.script_params()),
-            Kind::Gcra(p) => script_params(Gcra::ID, p.script_params()),
-            Kind::Concurrency(p) => script_params(Concurrency::ID, p.script_params()),
-        }
+        dispatch!(&self.kind, p => script_params(p))
     }
 }
 
-/// `id:param:param:…`.
+/// `A`'s limit in `state` (a state of another algorithm counts as none:
+/// the limit was redefined): units that would be admitted now.
+#[inline]
+fn available<A: Registered>(algorithm: &A, state: Option<&State>, now: u64) -> u64 {
+    algorithm.available(state.and_then(A::held), now)
+}
+
+/// `A`'s limit runs `action` on its state in `state` (a state of another
+/// algorithm counts as none).
+#[inline]
+fn decide<'a, A: Registered>(
+    algorithm: &A,
+    state: Option<&State>,
+    now: u64,
+    action: Action<'a>,
+    cost: u64,
+) -> Step<Change<'a>> {
+    let step = algorithm.decide(state.and_then(A::held), now, action, cost);
+    step.map(|update| match update {
+        Update::Put(new) => Change::Put(A::state(new)),
+        Update::Edit(edit) => A::change(edit),
+    })
+}
+
+/// `id:param:param:…`: the Lua id, then what the Lua twin's `params` reads.
 #[cfg(feature = "redis")]
-fn script_params(id: u8, params: impl IntoIterator<Item = u64>) -> String {
+fn script_params<A: Algorithm>(algorithm: &A) -> String {
     use std::fmt::Write as _;
-    let mut text = id.to_string();
-    for param in params {
+    let mut text = A::ID.to_string();
+    for param in algorithm.script_params() {
         let _ = write!(text, ":{param}");
     }
     text
@@ -899,8 +850,10 @@ fn report<C>(mut step: Step<C>) -> Step<C> {
 }
 
 fn unsupported_reserve(algorithm: &str) -> Error {
+    let shaping = ALGORITHMS.iter().filter(|entry| entry.shaping).map(|entry| entry.name);
     Error::invalid_argument(format!(
-        "reserve needs a borrowing or shaping limit (reservation, leaky_bucket), not {algorithm}"
+        "reserve needs a borrowing or shaping limit ({}), not {algorithm}",
+        listed(shaping, ", ")
     ))
 }
 
