@@ -222,7 +222,7 @@ fn edit<S: Default, E: Edit<S>>(state: Option<&S>, step: Step<E>) -> Step<Update
 /// variant each per algorithm, in registry order); the glue between those
 /// and each algorithm ([`Registered`], `Change::apply`); the table of
 /// [`ALGORITHMS`]; the `dispatch!` macro, which runs an expression on the
-/// parameters of a [`Kind`]; and the Redis library.
+/// parameters of a [`Kind`]; and `lua_twins!`, the Lua twins' source.
 macro_rules! registry {
     ($($variant:ident($spec:ty) => $module:ident::$algorithm:ident,)*) => {
         /// Parameters of one limit, as written in JSON or YAML: the
@@ -325,6 +325,19 @@ macro_rules! registry {
                 },
             )*
         ];
+
+        /// The Lua twins' source, in registry order: `concat!` of each
+        /// algorithm's `.lua` file, for the Redis store's library.
+        #[cfg(feature = "redis")]
+        macro_rules! lua_twins {
+            () => {
+                concat!($(
+                    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/algorithm/", stringify!($module), ".lua")),
+                )*)
+            };
+        }
+        #[cfg(feature = "redis")]
+        pub(crate) use lua_twins;
 
         /// `$body` with `$p` bound to the parameters in `$kind` (a `&Kind`).
         macro_rules! dispatch {

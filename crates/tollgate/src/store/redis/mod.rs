@@ -76,17 +76,11 @@ use crate::subject::Subject;
 mod connection;
 mod url;
 
-/// The library's source: the prelude, every algorithm's Lua twin, the entry point.
+/// The library's source: the prelude, every algorithm's Lua twin (in the
+/// algorithms' registry order), the entry point.
 pub(crate) const LIBRARY: &str = concat!(
     include_str!("prelude.lua"),
-    include_str!("../../algorithm/fixed_window.lua"),
-    include_str!("../../algorithm/sliding_window.lua"),
-    include_str!("../../algorithm/sliding_log.lua"),
-    include_str!("../../algorithm/token_bucket.lua"),
-    include_str!("../../algorithm/reservation.lua"),
-    include_str!("../../algorithm/leaky_bucket.lua"),
-    include_str!("../../algorithm/gcra.lua"),
-    include_str!("../../algorithm/concurrency.lua"),
+    crate::algorithm::lua_twins!(),
     include_str!("tollgate.lua"),
 );
 
