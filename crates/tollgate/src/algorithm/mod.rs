@@ -326,6 +326,12 @@ macro_rules! registry {
             )*
         ];
 
+        /// Each algorithm's name and the id of its Lua twin, for tests.
+        #[cfg(all(test, feature = "redis"))]
+        pub(crate) const LUA_IDS: &[(&str, u8)] = &[
+            $((<$module::$algorithm as Algorithm>::NAME, <$module::$algorithm as Algorithm>::ID),)*
+        ];
+
         /// The Lua twins' source, in registry order: `concat!` of each
         /// algorithm's `.lua` file, for the Redis store's library.
         #[cfg(feature = "redis")]
@@ -882,5 +888,52 @@ impl TryFrom<LimitSpec> for Limit {
 
     fn try_from(spec: LimitSpec) -> Result<Self> {
         spec.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One limit of each algorithm.
+    fn one_of_each() -> Vec<Limit> {
+        let second = Duration::from_secs(1);
+        [
+            Limit::fixed_window(10, second),
+            Limit::sliding_window(10, second, 10),
+            Limit::sliding_log(10, second),
+            Limit::token_bucket(10, 1, second),
+            Limit::reservation(10, second, 5),
+            Limit::leaky_bucket(10, second, 5),
+            Limit::gcra(10, second, 5),
+            Limit::concurrency(10, second),
+        ]
+        .into_iter()
+        .map(|limit| limit.expect("valid limit"))
+        .collect()
+    }
+
+    #[test]
+    fn every_algorithm_in_the_registry_reads_back_by_its_name() {
+        let limits = one_of_each();
+        let names: Vec<&str> = limits.iter().map(Limit::algorithm).collect();
+        let registered: Vec<&str> = ALGORITHMS.iter().map(|entry| entry.name).collect();
+        assert_eq!(names, registered, "one limit of each algorithm, in registry order");
+        for limit in limits {
+            let value = serde_json::to_value(limit.spec()).expect("a spec serializes");
+            assert_eq!(value["algorithm"], limit.algorithm());
+            assert_eq!(LimitSpec::from_value(value).expect("reads back"), *limit.spec());
+        }
+        let unknown = LimitSpec::from_value(serde_json::json!({"algorithm": "leaky"})).unwrap_err();
+        assert_eq!(
+            unknown.to_string(),
+            "unknown algorithm \"leaky\" (expected fixed_window, sliding_window, sliding_log, \
+             token_bucket, reservation, leaky_bucket, gcra or concurrency)"
+        );
+        let gcra = Limit::gcra(1, Duration::from_secs(1), 1).expect("valid limit");
+        assert_eq!(
+            gcra.supports(Action::Reserve(None), 1).unwrap_err().to_string(),
+            "reserve needs a borrowing or shaping limit (reservation, leaky_bucket), not gcra"
+        );
     }
 }

@@ -714,6 +714,7 @@ impl std::fmt::Debug for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::LUA_IDS;
 
     fn job(keys: &[&str]) -> Job {
         let (reply, _) = oneshot::channel();
@@ -725,6 +726,17 @@ mod tests {
             },
             reply,
         }
+    }
+
+    #[test]
+    fn the_library_holds_every_algorithm_once_under_its_own_id() {
+        let ids: std::collections::HashSet<u8> = LUA_IDS.iter().map(|&(_, id)| id).collect();
+        assert_eq!(ids.len(), LUA_IDS.len(), "Lua ids repeat: {LUA_IDS:?}");
+        for (name, id) in LUA_IDS {
+            assert!(LIBRARY.contains(&format!("\nALGORITHMS[{id}] = {name}\n")), "{name}");
+        }
+        let registered = LIBRARY.lines().filter(|line| line.starts_with("ALGORITHMS[")).count();
+        assert_eq!(registered, LUA_IDS.len());
     }
 
     #[test]
