@@ -12,6 +12,25 @@
 //!
 //! Invalid parameters are refused when a [`Limit`] is built, with a message
 //! that names the field. A denied request returns its state unchanged.
+//!
+//! **The registry.** Everything specific to an algorithm is in its file: its
+//! spec (the public struct read from JSON or YAML), its validated
+//! parameters, which implement [`Algorithm`] (validation, capacity, a
+//! decision for every [`Action`], the numbers its Lua twin reads and the
+//! twin's id), and its state. Shared code knows the algorithms only through
+//! `registry!`, one line per algorithm, `Variant(Spec) => module::Params`,
+//! which builds [`LimitSpec`], [`Kind`], [`State`] and [`Change`], the table
+//! of names, and the list of Lua twins the Redis library is assembled from
+//! at compile time. A [`Limit`] holds a [`Kind`], a `Copy` enum of the
+//! parameters, and reaches its algorithm through `dispatch!`, a `match` of
+//! static calls: no trait object, no allocation.
+//!
+//! To add an algorithm `name`: write `name.rs` (spec, parameters, state,
+//! `impl Algorithm`, with an `ID` no other algorithm uses) and `name.lua`
+//! (its table, ending with `ALGORITHMS[<ID>] = name`); declare the module
+//! and re-export its spec below; add its line to `registry!`. A constructor
+//! on [`Limit`], a case in the property tests and one in the Rust-versus-Lua
+//! differential test are then worth adding.
 #![deny(clippy::float_arithmetic)]
 
 pub(crate) mod concurrency;
