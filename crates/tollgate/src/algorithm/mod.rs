@@ -177,8 +177,7 @@ pub(crate) trait Algorithm: Copy {
     /// # Errors
     ///
     /// An invalid argument, saying why.
-    fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
-        let _ = cost;
+    fn supports(&self, action: Action<'_>, _cost: u64) -> Result<()> {
         if matches!(action, Action::Reserve(_)) && !Self::SHAPING {
             return Err(unsupported_reserve(Self::NAME));
         }
