@@ -15,9 +15,25 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::Step;
+use serde::{Deserialize, Serialize};
+
+use super::{at_least_one, edit, positive, unsupported_reserve, Action, Algorithm, Edit, Step, Update};
 use crate::decision::Decision;
+use crate::duration::serde_text;
+use crate::error::{Error, Result};
+
+/// At most `limit` units in flight; a lease ends by itself after `ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySpec {
+    /// Units held at once by live leases.
+    pub limit: u64,
+    /// How long a lease lives unless released.
+    #[serde(with = "serde_text")]
+    pub ttl: Duration,
+}
 
 /// Parameters of a concurrency limiter, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,17 +118,18 @@ impl ConcurrencyState {
     }
 }
 
+impl Edit<ConcurrencyState> for LeaseChange<'_> {
+    fn apply(self, state: &mut ConcurrencyState) {
+        state.apply(self);
+    }
+}
+
 impl Concurrency {
     /// µs until the last of the leases live at `now` other than `except` ends.
     fn reset_after(state: Option<&ConcurrencyState>, now: u64, except: Option<&str>) -> u64 {
         state
             .and_then(|state| state.live(now).rev().find(|(_, (name, _))| Some(&**name) != except))
             .map_or(0, |((expires, _), _)| expires - now)
-    }
-
-    /// Units that could be acquired now.
-    pub(crate) fn available(&self, state: Option<&ConcurrencyState>, now: u64) -> u64 {
-        self.limit.saturating_sub(state.map_or(0, |state| state.in_flight(now)))
     }
 
     /// Takes (or renews) lease `id` for `cost` units if they fit; `id` may be
@@ -174,6 +191,68 @@ impl Concurrency {
             0,
         );
         Step::changed(decision, LeaseChange { now, id, take: None })
+    }
+}
+
+impl Algorithm for Concurrency {
+    type Spec = ConcurrencySpec;
+    type State = ConcurrencyState;
+    type Stored = Box<ConcurrencyState>;
+    type Edit<'a> = LeaseChange<'a>;
+
+    const NAME: &'static str = "concurrency";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 8;
+    const LEASES: bool = true;
+
+    fn build(spec: &ConcurrencySpec) -> Result<Self> {
+        Ok(Self {
+            limit: at_least_one(spec.limit, "limit")?,
+            ttl: positive(spec.ttl, "ttl")?,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn available(&self, state: Option<&ConcurrencyState>, now: u64) -> u64 {
+        self.limit.saturating_sub(state.map_or(0, |state| state.in_flight(now)))
+    }
+
+    /// Leases only: no `reserve`, and no `check` (or `acquire` without a
+    /// lease) of a positive cost.
+    fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
+        match action {
+            Action::Reserve(_) => Err(unsupported_reserve(Self::NAME)),
+            Action::Check | Action::Acquire { lease: None, .. } if cost > 0 => Err(Error::invalid_argument(
+                "a concurrency limit is taken with acquire (and given back with release), not check",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    #[inline]
+    fn decide<'a>(
+        &self,
+        state: Option<&ConcurrencyState>,
+        now: u64,
+        action: Action<'a>,
+        cost: u64,
+    ) -> Step<Update<Box<ConcurrencyState>, LeaseChange<'a>>> {
+        let step = match action {
+            Action::Release(lease) | Action::Refund { lease: Some(lease), .. } => self.release(state, now, lease),
+            Action::Acquire { lease, .. } => self.acquire(state, now, cost, lease),
+            // Without a lease, a refund gives nothing back: a peek.
+            Action::Refund { lease: None, .. } => self.acquire(state, now, 0, None),
+            Action::Check | Action::Reserve(_) => self.acquire(state, now, cost, None),
+        };
+        edit(state, step)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.limit, self.ttl]
     }
 }
 

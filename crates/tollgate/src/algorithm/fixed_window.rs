@@ -8,8 +8,12 @@
 //! any interval spanning `k` aligned windows admits at most `k · limit` (so up
 //! to `2 · limit` in an interval of length `window`).
 
-use super::Step;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use super::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update, WindowSpec};
 use crate::decision::Decision;
+use crate::error::Result;
 
 /// Parameters of a fixed window counter, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,12 +43,6 @@ impl FixedWindow {
             Some(state) if state.end > now => (state.end, state.count),
             _ => (now - now % self.window + self.window, 0),
         }
-    }
-
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&FixedWindowState>, now: u64) -> u64 {
-        let (_, count) = self.current(state, now);
-        self.limit.saturating_sub(count)
     }
 
     /// Admits `cost` units if the current window has room.
@@ -89,5 +87,55 @@ impl FixedWindow {
             end: state.end,
             count: state.count.saturating_sub(cost),
         })
+    }
+}
+
+impl Algorithm for FixedWindow {
+    type Spec = WindowSpec;
+    type State = FixedWindowState;
+    type Stored = FixedWindowState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "fixed_window";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 1;
+
+    fn build(spec: &WindowSpec) -> Result<Self> {
+        Ok(Self {
+            limit: at_least_one(spec.limit, "limit")?,
+            window: positive(spec.window, "window")?,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Option<Duration> {
+        Some(Duration::from_micros(self.window))
+    }
+
+    fn available(&self, state: Option<&FixedWindowState>, now: u64) -> u64 {
+        let (_, count) = self.current(state, now);
+        self.limit.saturating_sub(count)
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&FixedWindowState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<FixedWindowState, Infallible>> {
+        if let Action::Refund { at, .. } = action {
+            return refund_whole(self, state, now, self.refunded(state, now, at, cost)).map(Update::Put);
+        }
+        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.limit, self.window]
     }
 }

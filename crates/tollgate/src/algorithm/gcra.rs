@@ -10,9 +10,29 @@
 //! **Bound:** over any interval `[a, b]` the admitted cost is at most
 //! `burst + rate · (b − a) / period`.
 
+use std::convert::Infallible;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat};
-use super::Step;
+use super::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
+use crate::duration::serde_text;
+use crate::error::Result;
+
+/// `rate` cells per `period`, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcraSpec {
+    /// Cells per `period`.
+    pub rate: u64,
+    /// The period of `rate`.
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    /// Cells admitted at once.
+    pub burst: u64,
+}
 
 /// Parameters of a GCRA limit, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,12 +53,6 @@ impl Gcra {
         let emission_interval = self.ticks.unit;
         let tolerance = (self.burst - 1) * emission_interval;
         tolerance + emission_interval
-    }
-
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&GcraState>, now: u64) -> u64 {
-        let ahead = state.map_or(0, |tat| tat.backlog(now, self.ticks));
-        self.ticks.units(self.horizon().saturating_sub(ahead))
     }
 
     /// Admits `cost` cells if they conform.
@@ -72,5 +86,57 @@ impl Gcra {
     /// never behind `now`. The new state, or `None` when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Option<GcraState> {
         Tat::refunded(state, now, cost, self.ticks)
+    }
+}
+
+impl Algorithm for Gcra {
+    type Spec = GcraSpec;
+    type State = GcraState;
+    type Stored = GcraState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "gcra";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 7;
+
+    fn build(spec: &GcraSpec) -> Result<Self> {
+        let rate = at_least_one(spec.rate, "rate")?;
+        let period = positive(spec.period, "period")?;
+        let burst = at_least_one(spec.burst, "burst")?;
+        let ticks = Rate::new(rate, period, burst, ["rate", "period", "burst"])?;
+        Ok(Self {
+            rate,
+            period,
+            burst,
+            ticks,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.burst
+    }
+
+    fn available(&self, state: Option<&GcraState>, now: u64) -> u64 {
+        let ahead = state.map_or(0, |tat| tat.backlog(now, self.ticks));
+        self.ticks.units(self.horizon().saturating_sub(ahead))
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&GcraState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<GcraState, Infallible>> {
+        if let Action::Refund { .. } = action {
+            return refund_whole(self, state, now, self.refunded(state, now, cost)).map(Update::Put);
+        }
+        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.burst, self.ticks.unit, self.ticks.per_micro]
     }
 }

@@ -13,9 +13,29 @@
 //! time of the request ahead, so departures in `[a, b]` carry at most
 //! `rate · (b − a) / period` units plus one request's cost.
 
+use std::convert::Infallible;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat};
-use super::Step;
+use super::{at_least_one, positive, refund_whole, report, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
+use crate::duration::serde_text;
+use crate::error::Result;
+
+/// Draining `rate` units per `period`, holding at most `capacity` units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeakyBucketSpec {
+    /// Units leaving per `period`.
+    pub rate: u64,
+    /// The period of `rate`.
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    /// The most units in the bucket, queued or leaving.
+    pub capacity: u64,
+}
 
 /// Parameters of a leaky bucket, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,13 +50,6 @@ pub struct LeakyBucket {
 pub type LeakyBucketState = Tat;
 
 impl LeakyBucket {
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&LeakyBucketState>, now: u64) -> u64 {
-        let queued = state.map_or(0, |drained| drained.backlog(now, self.ticks));
-        self.ticks
-            .units((self.capacity * self.ticks.unit).saturating_sub(queued))
-    }
-
     /// Queues `cost` units if they fit and would depart within `max_wait`
     /// (`None`: any wait).
     pub(crate) fn reserve(
@@ -84,5 +97,64 @@ impl LeakyBucket {
     /// `None` when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&LeakyBucketState>, now: u64, cost: u64) -> Option<LeakyBucketState> {
         Tat::refunded(state, now, cost, self.ticks)
+    }
+}
+
+impl Algorithm for LeakyBucket {
+    type Spec = LeakyBucketSpec;
+    type State = LeakyBucketState;
+    type Stored = LeakyBucketState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "leaky_bucket";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 6;
+    const SHAPING: bool = true;
+
+    fn build(spec: &LeakyBucketSpec) -> Result<Self> {
+        let rate = at_least_one(spec.rate, "rate")?;
+        let period = positive(spec.period, "period")?;
+        let capacity = at_least_one(spec.capacity, "capacity")?;
+        let ticks = Rate::new(rate, period, capacity, ["rate", "period", "capacity"])?;
+        Ok(Self {
+            rate,
+            period,
+            capacity,
+            ticks,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn available(&self, state: Option<&LeakyBucketState>, now: u64) -> u64 {
+        let queued = state.map_or(0, |drained| drained.backlog(now, self.ticks));
+        self.ticks
+            .units((self.capacity * self.ticks.unit).saturating_sub(queued))
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&LeakyBucketState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<LeakyBucketState, Infallible>> {
+        let step = match action {
+            // A release only reports: it is never denied and never waits.
+            Action::Release(_) => report(self.reserve(state, now, 0, None)),
+            Action::Refund { .. } => refund_whole(self, state, now, self.refunded(state, now, cost)),
+            // `check` on a shaping limit waits for anything.
+            Action::Check => self.reserve(state, now, cost, None),
+            Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => self.reserve(state, now, cost, max_wait),
+        };
+        step.map(Update::Put)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.capacity, self.ticks.unit, self.ticks.per_micro]
     }
 }

@@ -12,6 +12,25 @@
 //!
 //! Invalid parameters are refused when a [`Limit`] is built, with a message
 //! that names the field. A denied request returns its state unchanged.
+//!
+//! **The registry.** Everything specific to an algorithm is in its file: its
+//! spec (the public struct read from JSON or YAML), its validated
+//! parameters, which implement [`Algorithm`] (validation, capacity, a
+//! decision for every [`Action`], the numbers its Lua twin reads and the
+//! twin's id), and its state. Shared code knows the algorithms only through
+//! `registry!`, one line per algorithm, `Variant(Spec) => module::Params`,
+//! which builds [`LimitSpec`], [`Kind`], [`State`] and [`Change`], the table
+//! of names, and the list of Lua twins the Redis library is assembled from
+//! at compile time. A [`Limit`] holds a [`Kind`], a `Copy` enum of the
+//! parameters, and reaches its algorithm through `dispatch!`, a `match` of
+//! static calls: no trait object, no allocation.
+//!
+//! To add an algorithm `name`: write `name.rs` (spec, parameters, state,
+//! `impl Algorithm`, with an `ID` no other algorithm uses) and `name.lua`
+//! (its table, ending with `ALGORITHMS[<ID>] = name`); declare the module
+//! and re-export its spec below; add its line to `registry!`. A constructor
+//! on [`Limit`], a case in the property tests and one in the Rust-versus-Lua
+//! differential test are then worth adding.
 #![deny(clippy::float_arithmetic)]
 
 pub(crate) mod concurrency;
@@ -27,6 +46,8 @@ pub(crate) mod token_bucket;
 #[cfg(test)]
 mod properties;
 
+use std::borrow::{Borrow, BorrowMut};
+use std::convert::Infallible;
 use std::fmt;
 use std::time::Duration;
 
@@ -37,19 +58,14 @@ use crate::decision::Decision;
 use crate::duration::{serde_text, MAX_MICROS};
 use crate::error::{Error, Result};
 
-use self::concurrency::{Concurrency, ConcurrencyState, LeaseChange};
-use self::fixed_window::{FixedWindow, FixedWindowState};
-use self::gcra::{Gcra, GcraState};
-use self::leaky_bucket::{LeakyBucket, LeakyBucketState};
-use self::rate::{Rate, MAX_TICKS};
-use self::reservation::{Reservation, ReservationState};
-use self::sliding_log::{LogChange, SlidingLog, SlidingLogState};
-use self::sliding_window::{SlidingWindow, SlidingWindowState};
-pub use self::token_bucket::Refill;
-use self::token_bucket::{TokenBucket, TokenBucketState};
-
-/// The most sub-intervals a sliding window may have.
-pub const MAX_BUCKETS: u64 = 1_000;
+pub use self::concurrency::ConcurrencySpec;
+use self::gcra::Gcra;
+pub use self::gcra::GcraSpec;
+pub use self::leaky_bucket::LeakyBucketSpec;
+use self::rate::MAX_TICKS;
+pub use self::reservation::ReservationSpec;
+pub use self::sliding_window::SlidingWindowSpec;
+pub use self::token_bucket::{Refill, TokenBucketSpec};
 
 /// What an algorithm returns: its decision, and the change to its state when
 /// it changed (for most algorithms, the whole new state).
@@ -71,7 +87,7 @@ impl<C> Step<C> {
         }
     }
 
-    fn map<T>(self, wrap: impl FnOnce(C) -> T) -> Step<T> {
+    pub(crate) fn map<T>(self, wrap: impl FnOnce(C) -> T) -> Step<T> {
         Step {
             decision: self.decision,
             change: self.change.map(wrap),
@@ -112,97 +128,305 @@ impl Action<'_> {
     }
 }
 
-/// The stored state of one limit for one subject.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
-    FixedWindow(FixedWindowState),
-    SlidingWindow(SlidingWindowState),
-    SlidingLog(Box<SlidingLogState>),
-    TokenBucket(TokenBucketState),
-    Reservation(ReservationState),
-    LeakyBucket(LeakyBucketState),
-    Gcra(GcraState),
-    Concurrency(Box<ConcurrencyState>),
-}
+/// One algorithm, implemented by its validated parameters in its own file:
+/// its spec, its state, its decision and its encoding for its Lua twin.
+///
+/// Every function is pure: the state is read, never written; a decision
+/// returns the [`Update`] a store commits.
+pub(crate) trait Algorithm: Copy {
+    /// The parameters as written in JSON or YAML, before validation.
+    type Spec;
+    /// The state of one subject.
+    type State;
+    /// How a store holds the state: the state itself, or boxed when it grows
+    /// with traffic, so that the states of a few numbers stay small.
+    type Stored: Borrow<Self::State> + BorrowMut<Self::State>;
+    /// An edit of the state made in place, for a state that grows with
+    /// traffic; [`Infallible`] for a state replaced whole.
+    type Edit<'a>: Edit<Self::State>;
 
-/// What a decision does to the state it was made on. `'a` is the request's
-/// lifetime (a lease's name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Change<'a> {
-    /// The whole new state: for the states of a few numbers, and for a log
-    /// or leases started from no state.
-    Put(State),
-    /// An edit of the sliding log the decision was made on.
-    SlidingLog(LogChange),
-    /// An edit of the leases the decision was made on.
-    Concurrency(LeaseChange<'a>),
-}
+    /// The algorithm's name, as written in `"algorithm"`.
+    const NAME: &'static str;
+    /// The id of the Lua twin in the Redis library (`ALGORITHMS[ID]`).
+    #[cfg(feature = "redis")]
+    const ID: u8;
+    /// True for the shaping and borrowing limits, which grant a request at a
+    /// later moment rather than refusing it, and take `reserve`.
+    const SHAPING: bool = false;
+    /// True for a limit taken with leases.
+    const LEASES: bool = false;
 
-impl Change<'_> {
-    /// Commits the change to `state`, the state the decision was made on
-    /// (any state, when the change is a [`Change::Put`]).
-    pub(crate) fn apply(self, state: &mut State) {
-        match (self, state) {
-            (Change::Put(new), state) => *state = new,
-            (Change::SlidingLog(change), State::SlidingLog(log)) => log.apply(change),
-            (Change::Concurrency(change), State::Concurrency(leases)) => leases.apply(change),
-            // An edit is only made of a state of its own algorithm.
-            (change, state) => debug_assert!(false, "{change:?} does not apply to {state:?}"),
-        }
+    /// Validates `spec`.
+    ///
+    /// # Errors
+    ///
+    /// An invalid limit, naming the field at fault.
+    fn build(spec: &Self::Spec) -> Result<Self>;
+
+    /// The most unit-cost requests admitted at once.
+    fn capacity(&self) -> u64;
+
+    /// The window a count-per-window limit counts over.
+    fn window(&self) -> Option<Duration> {
+        None
     }
 
-    /// The new state of a limit that had none: only a [`Change::Put`] is
-    /// made of no state.
-    pub(crate) fn into_state(self) -> Option<State> {
-        match self {
-            Change::Put(state) => Some(state),
-            Change::SlidingLog(_) | Change::Concurrency(_) => None,
+    /// Units that would be admitted now (`u64::MAX`: any cost).
+    fn available(&self, state: Option<&Self::State>, now: u64) -> u64;
+
+    /// Whether this limit can run `action` for `cost` units: by default,
+    /// anything but `reserve` on a limit that neither borrows nor shapes.
+    ///
+    /// # Errors
+    ///
+    /// An invalid argument, saying why.
+    fn supports(&self, action: Action<'_>, _cost: u64) -> Result<()> {
+        if matches!(action, Action::Reserve(_)) && !Self::SHAPING {
+            return Err(unsupported_reserve(Self::NAME));
         }
+        Ok(())
+    }
+
+    /// Runs `action` for `cost` units against `state` (none: a subject never
+    /// seen, or whose state has lapsed) at `now`.
+    fn decide<'a>(
+        &self,
+        state: Option<&Self::State>,
+        now: u64,
+        action: Action<'a>,
+        cost: u64,
+    ) -> Step<Update<Self::Stored, Self::Edit<'a>>>;
+
+    /// The numbers the Lua twin's `params` reads, in order (after the id).
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64>;
+}
+
+/// What a decision does to one algorithm's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Update<S, E> {
+    /// The whole new state.
+    Put(S),
+    /// An edit of the state the decision was made on.
+    Edit(E),
+}
+
+impl<S> Update<S, Infallible> {
+    /// The whole new state: a state of a few numbers is never edited.
+    pub(crate) fn into_whole(self) -> S {
+        match self {
+            Self::Put(state) => state,
+            Self::Edit(never) => match never {},
+        }
+    }
+}
+
+/// An edit of a state of type `S`, made in place.
+pub(crate) trait Edit<S> {
+    /// Commits the edit to `state`, the state it was decided on.
+    fn apply(self, state: &mut S);
+}
+
+/// A state of a few numbers is replaced whole, never edited.
+impl<S> Edit<S> for Infallible {
+    fn apply(self, _: &mut S) {
+        match self {}
     }
 }
 
 /// An edit made of `state` is committed in place, later; made of no state,
 /// it is committed at once to an empty state, which becomes the whole new one.
-fn edit<'a, S: Default, C>(
-    state: Option<&S>,
-    step: Step<C>,
-    apply: impl FnOnce(&mut S, C),
-    put: impl FnOnce(Box<S>) -> State,
-    edit: impl FnOnce(C) -> Change<'a>,
-) -> Step<Change<'a>> {
+fn edit<S: Default, E: Edit<S>>(state: Option<&S>, step: Step<E>) -> Step<Update<Box<S>, E>> {
     step.map(|change| {
         if state.is_some() {
-            edit(change)
+            Update::Edit(change)
         } else {
             let mut new = Box::<S>::default();
-            apply(&mut new, change);
-            Change::Put(put(new))
+            change.apply(&mut new);
+            Update::Put(new)
         }
     })
 }
 
-/// Parameters of one limit, as written in JSON or YAML: the
-/// `algorithm` name and its fields, durations as text like `"1.5s"`.
-#[non_exhaustive]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case")]
-pub enum LimitSpec {
-    /// See [`Limit::fixed_window`].
-    FixedWindow(WindowSpec),
-    /// See [`Limit::sliding_window`].
-    SlidingWindow(SlidingWindowSpec),
-    /// See [`Limit::sliding_log`].
-    SlidingLog(WindowSpec),
-    /// See [`Limit::token_bucket`].
-    TokenBucket(TokenBucketSpec),
-    /// See [`Limit::reservation`].
-    Reservation(ReservationSpec),
-    /// See [`Limit::leaky_bucket`].
-    LeakyBucket(LeakyBucketSpec),
-    /// See [`Limit::gcra`].
-    Gcra(GcraSpec),
-    /// See [`Limit::concurrency`].
-    Concurrency(ConcurrencySpec),
+/// Builds, from one line per algorithm, `Variant(Spec) => module::Params`:
+/// the public [`LimitSpec`], and [`Kind`], [`State`] and [`Change`] (one
+/// variant each per algorithm, in registry order); the glue between those
+/// and each algorithm ([`Registered`], `Change::apply`); the table of
+/// [`ALGORITHMS`]; the `dispatch!` macro, which runs an expression on the
+/// parameters of a [`Kind`]; and `lua_twins!`, the Lua twins' source.
+macro_rules! registry {
+    ($($variant:ident($spec:ty) => $module:ident::$algorithm:ident,)*) => {
+        /// Parameters of one limit, as written in JSON or YAML: the
+        /// `algorithm` name and its fields, durations as text like `"1.5s"`.
+        #[non_exhaustive]
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+        #[serde(tag = "algorithm", rename_all = "snake_case")]
+        pub enum LimitSpec {
+            $(
+                #[doc = concat!("See [`Limit::", stringify!($module), "`].")]
+                $variant($spec),
+            )*
+        }
+
+        /// The validated parameters of one limit: its algorithm's.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Kind {
+            $($variant($module::$algorithm),)*
+        }
+
+        /// The stored state of one limit for one subject.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub(crate) enum State {
+            $($variant(<$module::$algorithm as Algorithm>::Stored),)*
+        }
+
+        /// What a decision does to the state it was made on: the whole new
+        /// state, or an edit of one algorithm's state. `'a` is the request's
+        /// lifetime (a lease's name).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub(crate) enum Change<'a> {
+            /// The whole new state: for the states of a few numbers, and for
+            /// a log or leases started from no state.
+            Put(State),
+            $($variant(<$module::$algorithm as Algorithm>::Edit<'a>),)*
+        }
+
+        $(
+            impl Registered for $module::$algorithm {
+                #[inline]
+                fn held(state: &State) -> Option<&Self::State> {
+                    match state {
+                        State::$variant(stored) => Some(Borrow::borrow(stored)),
+                        _ => None,
+                    }
+                }
+
+                #[inline]
+                fn state(stored: Self::Stored) -> State {
+                    State::$variant(stored)
+                }
+
+                #[inline]
+                fn change(edit: Self::Edit<'_>) -> Change<'_> {
+                    Change::$variant(edit)
+                }
+            }
+        )*
+
+        impl Change<'_> {
+            /// Commits the change to `state`, the state the decision was made on
+            /// (any state, when the change is a [`Change::Put`]).
+            pub(crate) fn apply(self, state: &mut State) {
+                match (self, state) {
+                    (Change::Put(new), state) => *state = new,
+                    $(
+                        (Change::$variant(edit), State::$variant(stored)) => {
+                            edit.apply(BorrowMut::borrow_mut(stored));
+                        }
+                    )*
+                    // An edit is only made of a state of its own algorithm.
+                    (change, state) => debug_assert!(false, "{change:?} does not apply to {state:?}"),
+                }
+            }
+        }
+
+        impl LimitSpec {
+            /// The parameters, validated by their algorithm.
+            fn validate(&self) -> Result<Kind> {
+                match self {
+                    $(Self::$variant(spec) => $module::$algorithm::build(spec).map(Kind::$variant),)*
+                }
+            }
+
+            /// The algorithm's name.
+            fn name(&self) -> &'static str {
+                match self {
+                    $(Self::$variant(_) => <$module::$algorithm as Algorithm>::NAME,)*
+                }
+            }
+        }
+
+        /// Every algorithm, in registry order.
+        const ALGORITHMS: &[Entry] = &[
+            $(
+                Entry {
+                    name: <$module::$algorithm as Algorithm>::NAME,
+                    shaping: <$module::$algorithm as Algorithm>::SHAPING,
+                    parse: |fields| parse_fields(fields).map(LimitSpec::$variant),
+                },
+            )*
+        ];
+
+        /// Each algorithm's name and the id of its Lua twin, for tests.
+        #[cfg(all(test, feature = "redis"))]
+        pub(crate) const LUA_IDS: &[(&str, u8)] = &[
+            $((<$module::$algorithm as Algorithm>::NAME, <$module::$algorithm as Algorithm>::ID),)*
+        ];
+
+        /// The Lua twins' source, in registry order: `concat!` of each
+        /// algorithm's `.lua` file, for the Redis store's library.
+        #[cfg(feature = "redis")]
+        macro_rules! lua_twins {
+            () => {
+                concat!($(
+                    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/algorithm/", stringify!($module), ".lua")),
+                )*)
+            };
+        }
+        #[cfg(feature = "redis")]
+        pub(crate) use lua_twins;
+
+        /// `$body` with `$p` bound to the parameters in `$kind` (a `&Kind`).
+        macro_rules! dispatch {
+            ($kind:expr, $p:ident => $body:expr) => {
+                match $kind {
+                    $(Kind::$variant($p) => $body,)*
+                }
+            };
+        }
+    };
+}
+
+registry! {
+    FixedWindow(WindowSpec) => fixed_window::FixedWindow,
+    SlidingWindow(SlidingWindowSpec) => sliding_window::SlidingWindow,
+    SlidingLog(WindowSpec) => sliding_log::SlidingLog,
+    TokenBucket(TokenBucketSpec) => token_bucket::TokenBucket,
+    Reservation(ReservationSpec) => reservation::Reservation,
+    LeakyBucket(LeakyBucketSpec) => leaky_bucket::LeakyBucket,
+    Gcra(GcraSpec) => gcra::Gcra,
+    Concurrency(ConcurrencySpec) => concurrency::Concurrency,
+}
+
+/// How the registry's enums hold one algorithm.
+pub(crate) trait Registered: Algorithm {
+    /// The state of this algorithm in `state`, if it is one.
+    fn held(state: &State) -> Option<&Self::State>;
+    /// A state of this algorithm, as stored.
+    fn state(stored: Self::Stored) -> State;
+    /// An edit of a state of this algorithm.
+    fn change(edit: Self::Edit<'_>) -> Change<'_>;
+}
+
+/// What the registry knows of one algorithm apart from its parameters.
+struct Entry {
+    /// Its name, as written in `"algorithm"`.
+    name: &'static str,
+    /// Whether it borrows or shapes.
+    shaping: bool,
+    /// Reads its spec from the fields of a JSON object.
+    parse: fn(serde_json::Value) -> Result<LimitSpec>,
+}
+
+impl Change<'_> {
+    /// The new state of a limit that had none: only a [`Change::Put`] is
+    /// made of no state.
+    pub(crate) fn into_state(self) -> Option<State> {
+        match self {
+            Change::Put(state) => Some(state),
+            _ => None,
+        }
+    }
 }
 
 /// `limit` units per `window` (fixed window, sliding log).
@@ -216,96 +440,6 @@ pub struct WindowSpec {
     pub window: Duration,
 }
 
-/// `limit` units per `window`, counted in `buckets` sub-intervals (default 10).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SlidingWindowSpec {
-    /// Units admitted in any window.
-    pub limit: u64,
-    /// The window's length.
-    #[serde(with = "serde_text")]
-    pub window: Duration,
-    /// Sub-intervals the window is counted in (default 10, at most 1000).
-    #[serde(default = "default_buckets")]
-    pub buckets: u64,
-}
-
-fn default_buckets() -> u64 {
-    10
-}
-
-/// `capacity` tokens, `refill` more per `interval`; `initial` defaults to `capacity`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenBucketSpec {
-    /// The most tokens the bucket holds.
-    pub capacity: u64,
-    /// Tokens gained per `interval`.
-    pub refill: u64,
-    /// The refill period.
-    #[serde(with = "serde_text")]
-    pub interval: Duration,
-    /// Continuous ([`Refill::Smooth`], the default) or whole amounts at interval boundaries.
-    #[serde(default)]
-    pub mode: Refill,
-    /// Tokens of a key with no state (default `capacity`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial: Option<u64>,
-}
-
-/// `rate` permits per `period`, storing up to `max_burst`; `initial` defaults to `max_burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReservationSpec {
-    /// Permits per `period`.
-    pub rate: u64,
-    /// The period of `rate`.
-    #[serde(with = "serde_text")]
-    pub period: Duration,
-    /// Permits stored while idle.
-    pub max_burst: u64,
-    /// Stored permits of a key with no state (default `max_burst`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial: Option<u64>,
-}
-
-/// Draining `rate` units per `period`, holding at most `capacity` units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LeakyBucketSpec {
-    /// Units leaving per `period`.
-    pub rate: u64,
-    /// The period of `rate`.
-    #[serde(with = "serde_text")]
-    pub period: Duration,
-    /// The most units in the bucket, queued or leaving.
-    pub capacity: u64,
-}
-
-/// `rate` cells per `period`, `burst` at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GcraSpec {
-    /// Cells per `period`.
-    pub rate: u64,
-    /// The period of `rate`.
-    #[serde(with = "serde_text")]
-    pub period: Duration,
-    /// Cells admitted at once.
-    pub burst: u64,
-}
-
-/// At most `limit` units in flight; a lease ends by itself after `ttl`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConcurrencySpec {
-    /// Units held at once by live leases.
-    pub limit: u64,
-    /// How long a lease lives unless released.
-    #[serde(with = "serde_text")]
-    pub ttl: Duration,
-}
-
 /// A validated limit: one algorithm with its parameters.
 ///
 /// Build one with a constructor ([`Limit::gcra`], …), from a [`LimitSpec`],
@@ -315,18 +449,6 @@ pub struct ConcurrencySpec {
 pub struct Limit {
     spec: LimitSpec,
     kind: Kind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    FixedWindow(FixedWindow),
-    SlidingWindow(SlidingWindow),
-    SlidingLog(SlidingLog),
-    TokenBucket(TokenBucket),
-    Reservation(Reservation),
-    LeakyBucket(LeakyBucket),
-    Gcra(Gcra),
-    Concurrency(Concurrency),
 }
 
 fn at_least_one(value: u64, field: &str) -> Result<u64> {
@@ -373,104 +495,13 @@ impl LimitSpec {
     /// An [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) error
     /// naming the field at fault.
     pub fn build(self) -> Result<Limit> {
-        let kind = match self {
-            Self::FixedWindow(spec) => Kind::FixedWindow(FixedWindow {
-                limit: at_least_one(spec.limit, "limit")?,
-                window: positive(spec.window, "window")?,
-            }),
-            Self::SlidingWindow(spec) => {
-                let limit = at_least_one(spec.limit, "limit")?;
-                let window = positive(spec.window, "window")?;
-                let buckets = at_least_one(spec.buckets, "buckets")?;
-                if buckets > MAX_BUCKETS {
-                    return Err(Error::invalid_limit(format!("buckets must be at most {MAX_BUCKETS}")));
-                }
-                if window % buckets != 0 {
-                    return Err(Error::invalid_limit(format!(
-                        "window ({window} us) must be a whole number of microseconds per bucket ({buckets} buckets)"
-                    )));
-                }
-                Kind::SlidingWindow(SlidingWindow { limit, window, buckets })
-            }
-            Self::SlidingLog(spec) => Kind::SlidingLog(SlidingLog {
-                limit: at_least_one(spec.limit, "limit")?,
-                window: positive(spec.window, "window")?,
-            }),
-            Self::TokenBucket(spec) => {
-                let capacity = at_least_one(spec.capacity, "capacity")?;
-                let refill = at_least_one(spec.refill, "refill")?;
-                let interval = positive(spec.interval, "interval")?;
-                let initial = at_most(spec.initial, capacity, "initial", "capacity")?;
-                let rate = Rate::new(refill, interval, capacity, ["refill", "interval", "capacity"])?;
-                Kind::TokenBucket(TokenBucket {
-                    capacity,
-                    refill,
-                    interval,
-                    mode: spec.mode,
-                    initial,
-                    rate,
-                })
-            }
-            Self::Reservation(spec) => {
-                let rate = at_least_one(spec.rate, "rate")?;
-                let period = positive(spec.period, "period")?;
-                if spec.max_burst > MAX_TICKS {
-                    return Err(Error::invalid_limit(format!("max_burst must be at most {MAX_TICKS}")));
-                }
-                let initial = at_most(spec.initial, spec.max_burst, "initial", "max_burst")?;
-                let ticks = Rate::new(rate, period, spec.max_burst, ["rate", "period", "max_burst"])?;
-                Kind::Reservation(Reservation {
-                    rate,
-                    period,
-                    max_burst: spec.max_burst,
-                    initial,
-                    ticks,
-                })
-            }
-            Self::LeakyBucket(spec) => {
-                let rate = at_least_one(spec.rate, "rate")?;
-                let period = positive(spec.period, "period")?;
-                let capacity = at_least_one(spec.capacity, "capacity")?;
-                let ticks = Rate::new(rate, period, capacity, ["rate", "period", "capacity"])?;
-                Kind::LeakyBucket(LeakyBucket {
-                    rate,
-                    period,
-                    capacity,
-                    ticks,
-                })
-            }
-            Self::Gcra(spec) => {
-                let rate = at_least_one(spec.rate, "rate")?;
-                let period = positive(spec.period, "period")?;
-                let burst = at_least_one(spec.burst, "burst")?;
-                let ticks = Rate::new(rate, period, burst, ["rate", "period", "burst"])?;
-                Kind::Gcra(Gcra {
-                    rate,
-                    period,
-                    burst,
-                    ticks,
-                })
-            }
-            Self::Concurrency(spec) => Kind::Concurrency(Concurrency {
-                limit: at_least_one(spec.limit, "limit")?,
-                ttl: positive(spec.ttl, "ttl")?,
-            }),
-        };
+        let kind = self.validate()?;
         Ok(Limit { spec: self, kind })
     }
 
     /// The algorithm's name, as written in `"algorithm"`.
     pub fn algorithm(&self) -> &'static str {
-        match self {
-            Self::FixedWindow(_) => "fixed_window",
-            Self::SlidingWindow(_) => "sliding_window",
-            Self::SlidingLog(_) => "sliding_log",
-            Self::TokenBucket(_) => "token_bucket",
-            Self::Reservation(_) => "reservation",
-            Self::LeakyBucket(_) => "leaky_bucket",
-            Self::Gcra(_) => "gcra",
-            Self::Concurrency(_) => "concurrency",
-        }
+        self.name()
     }
 
     /// Reads a spec from a JSON object such as
@@ -492,20 +523,23 @@ impl LimitSpec {
             None => return Err(Error::invalid_limit("missing field \"algorithm\"")),
         };
         let fields = serde_json::Value::Object(fields);
-        match algorithm.as_str() {
-            "fixed_window" => parse_fields(fields).map(Self::FixedWindow),
-            "sliding_window" => parse_fields(fields).map(Self::SlidingWindow),
-            "sliding_log" => parse_fields(fields).map(Self::SlidingLog),
-            "token_bucket" => parse_fields(fields).map(Self::TokenBucket),
-            "reservation" => parse_fields(fields).map(Self::Reservation),
-            "leaky_bucket" => parse_fields(fields).map(Self::LeakyBucket),
-            "gcra" => parse_fields(fields).map(Self::Gcra),
-            "concurrency" => parse_fields(fields).map(Self::Concurrency),
-            other => Err(Error::invalid_limit(format!(
-                "unknown algorithm \"{other}\" (expected fixed_window, sliding_window, sliding_log, \
-                 token_bucket, reservation, leaky_bucket, gcra or concurrency)"
+        match ALGORITHMS.iter().find(|entry| entry.name == algorithm) {
+            Some(entry) => (entry.parse)(fields),
+            None => Err(Error::invalid_limit(format!(
+                "unknown algorithm \"{algorithm}\" (expected {})",
+                listed(ALGORITHMS.iter().map(|entry| entry.name), " or ")
             ))),
         }
+    }
+}
+
+/// `a, b, c<last>d`: the names joined by commas, the last two by `last`.
+fn listed<'a>(names: impl Iterator<Item = &'a str>, last: &str) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((final_name, [])) => (*final_name).to_owned(),
+        Some((final_name, rest)) => format!("{}{last}{final_name}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -741,38 +775,31 @@ impl Limit {
 
     /// The most unit-cost requests admitted at once (the decision's `limit`).
     pub fn capacity(&self) -> u64 {
-        match self.kind {
-            Kind::FixedWindow(p) => p.limit,
-            Kind::SlidingWindow(p) => p.limit,
-            Kind::SlidingLog(p) => p.limit,
-            Kind::TokenBucket(p) => p.capacity,
-            Kind::Reservation(p) => p.max_burst + 1,
-            Kind::LeakyBucket(p) => p.capacity,
-            Kind::Gcra(p) => p.burst,
-            Kind::Concurrency(p) => p.limit,
-        }
+        dispatch!(&self.kind, p => p.capacity())
     }
 
     /// True for the shaping and borrowing limits (reservation, leaky bucket),
     /// which grant a request at a later moment (`Decision::wait`) rather
     /// than refusing it.
     pub fn is_shaping(&self) -> bool {
-        matches!(self.kind, Kind::Reservation(_) | Kind::LeakyBucket(_))
+        fn shaping<A: Algorithm>(_: &A) -> bool {
+            A::SHAPING
+        }
+        dispatch!(&self.kind, p => shaping(p))
     }
 
     /// The window a count-per-window limit counts over (fixed window,
     /// sliding window, sliding log); `None` for the others.
     pub fn window(&self) -> Option<Duration> {
-        match &self.spec {
-            LimitSpec::FixedWindow(spec) | LimitSpec::SlidingLog(spec) => Some(spec.window),
-            LimitSpec::SlidingWindow(spec) => Some(spec.window),
-            _ => None,
-        }
+        dispatch!(&self.kind, p => p.window())
     }
 
     /// True for the concurrency limiter, which is taken with leases.
     pub fn is_concurrency(&self) -> bool {
-        matches!(self.kind, Kind::Concurrency(_))
+        fn leases<A: Algorithm>(_: &A) -> bool {
+            A::LEASES
+        }
+        dispatch!(&self.kind, p => leases(p))
     }
 
     /// The parameters of a GCRA limit, whose whole state is one instant (the
@@ -791,24 +818,7 @@ impl Limit {
 
     /// Units that would be admitted now (`u64::MAX`: any cost).
     pub(crate) fn available(&self, state: Option<&State>, now: u64) -> u64 {
-        match (&self.kind, state) {
-            (Kind::FixedWindow(p), Some(State::FixedWindow(s))) => p.available(Some(s), now),
-            (Kind::FixedWindow(p), _) => p.available(None, now),
-            (Kind::SlidingWindow(p), Some(State::SlidingWindow(s))) => p.available(Some(s), now),
-            (Kind::SlidingWindow(p), _) => p.available(None, now),
-            (Kind::SlidingLog(p), Some(State::SlidingLog(s))) => p.available(Some(&**s), now),
-            (Kind::SlidingLog(p), _) => p.available(None, now),
-            (Kind::TokenBucket(p), Some(State::TokenBucket(s))) => p.available(Some(s), now),
-            (Kind::TokenBucket(p), _) => p.available(None, now),
-            (Kind::Reservation(p), Some(State::Reservation(s))) => p.available(Some(s), now),
-            (Kind::Reservation(p), _) => p.available(None, now),
-            (Kind::LeakyBucket(p), Some(State::LeakyBucket(s))) => p.available(Some(s), now),
-            (Kind::LeakyBucket(p), _) => p.available(None, now),
-            (Kind::Gcra(p), Some(State::Gcra(s))) => p.available(Some(s), now),
-            (Kind::Gcra(p), _) => p.available(None, now),
-            (Kind::Concurrency(p), Some(State::Concurrency(s))) => p.available(Some(&**s), now),
-            (Kind::Concurrency(p), _) => p.available(None, now),
-        }
+        dispatch!(&self.kind, p => available(p, state, now))
     }
 
     /// Whether this limit can run `action` for `cost` units.
@@ -818,17 +828,7 @@ impl Limit {
     /// `reserve` on a limit that neither borrows nor shapes; `check` (or
     /// `acquire` without a lease) of a positive cost on a concurrency limit.
     pub(crate) fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
-        match (&self.kind, action) {
-            (Kind::Concurrency(_), Action::Reserve(_)) => Err(unsupported_reserve("concurrency")),
-            (Kind::Concurrency(_), Action::Check | Action::Acquire { lease: None, .. }) if cost > 0 => {
-                Err(Error::invalid_argument(
-                    "a concurrency limit is taken with acquire (and given back with release), not check",
-                ))
-            }
-            (Kind::Reservation(_) | Kind::LeakyBucket(_) | Kind::Concurrency(_), _) => Ok(()),
-            (_, Action::Reserve(_)) => Err(unsupported_reserve(self.algorithm())),
-            _ => Ok(()),
-        }
+        dispatch!(&self.kind, p => p.supports(action, cost))
     }
 
     /// Runs `action` for `cost` units against `state` at `now`.
@@ -847,159 +847,65 @@ impl Limit {
         action: Action<'a>,
         cost: u64,
     ) -> Step<Change<'a>> {
-        macro_rules! state {
-            ($variant:ident) => {
-                match state {
-                    Some(State::$variant(state)) => Some(state),
-                    _ => None,
-                }
-            };
-        }
-        if let Action::Refund { at, lease } = action {
-            return self.refund(state, now, at, cost, lease);
-        }
-        let cost = action.check_cost(cost);
-        let (max_wait, lease) = match action {
-            Action::Check | Action::Release(_) | Action::Refund { .. } => (None, None),
-            Action::Reserve(max_wait) => (max_wait, None),
-            Action::Acquire { lease, max_wait } => (max_wait, lease),
-        };
-        // The states of a few numbers are replaced whole; the log and the
-        // leases are edited.
-        let step = match &self.kind {
-            Kind::FixedWindow(p) => p.check(state!(FixedWindow), now, cost).map(State::FixedWindow),
-            Kind::SlidingWindow(p) => p.check(state!(SlidingWindow), now, cost).map(State::SlidingWindow),
-            Kind::SlidingLog(p) => {
-                let state = state!(SlidingLog).map(|log| &**log);
-                let step = p.check(state, now, cost);
-                return edit(
-                    state,
-                    step,
-                    SlidingLogState::apply,
-                    State::SlidingLog,
-                    Change::SlidingLog,
-                );
-            }
-            Kind::TokenBucket(p) => p.check(state!(TokenBucket), now, cost).map(State::TokenBucket),
-            Kind::Gcra(p) => p.check(state!(Gcra), now, cost).map(State::Gcra),
-            // A release only reports: it is never denied and never waits.
-            Kind::Reservation(p) if matches!(action, Action::Release(_)) => {
-                report(p.reserve(state!(Reservation), now, 0, None)).map(State::Reservation)
-            }
-            Kind::LeakyBucket(p) if matches!(action, Action::Release(_)) => {
-                report(p.reserve(state!(LeakyBucket), now, 0, None)).map(State::LeakyBucket)
-            }
-            // `check` on a borrowing limit waits for nothing; on a shaping one, for anything.
-            Kind::Reservation(p) => {
-                let max_wait = if action == Action::Check { Some(0) } else { max_wait };
-                p.reserve(state!(Reservation), now, cost, max_wait)
-                    .map(State::Reservation)
-            }
-            Kind::LeakyBucket(p) => p
-                .reserve(state!(LeakyBucket), now, cost, max_wait)
-                .map(State::LeakyBucket),
-            Kind::Concurrency(p) => {
-                let state = state!(Concurrency).map(|leases| &**leases);
-                let step = match action {
-                    Action::Release(lease) => p.release(state, now, lease),
-                    _ => p.acquire(state, now, cost, lease),
-                };
-                return edit(
-                    state,
-                    step,
-                    ConcurrencyState::apply,
-                    State::Concurrency,
-                    Change::Concurrency,
-                );
-            }
-        };
-        step.map(Change::Put)
+        dispatch!(&self.kind, p => decide(p, state, now, action, cost))
     }
 
-    /// Gives back `cost` units taken at `at` (see [`Action::Refund`]); every
-    /// limit reports as a peek after the refund.
-    fn refund<'a>(
-        &self,
-        state: Option<&State>,
-        now: u64,
-        at: u64,
-        cost: u64,
-        lease: Option<&'a str>,
-    ) -> Step<Change<'a>> {
-        macro_rules! state {
-            ($variant:ident) => {
-                match state {
-                    Some(State::$variant(state)) => Some(state),
-                    _ => None,
-                }
-            };
-        }
-        let refunded = match &self.kind {
-            Kind::FixedWindow(p) => p.refunded(state!(FixedWindow), now, at, cost).map(State::FixedWindow),
-            Kind::SlidingWindow(p) => p
-                .refunded(state!(SlidingWindow), now, at, cost)
-                .map(State::SlidingWindow),
-            Kind::TokenBucket(p) => p.refunded(state!(TokenBucket), now, cost).map(State::TokenBucket),
-            Kind::Reservation(p) => p.refunded(state!(Reservation), now, cost).map(State::Reservation),
-            Kind::LeakyBucket(p) => p.refunded(state!(LeakyBucket), now, cost).map(State::LeakyBucket),
-            Kind::Gcra(p) => p.refunded(state!(Gcra), now, cost).map(State::Gcra),
-            Kind::SlidingLog(p) => {
-                let state = state!(SlidingLog).map(|log| &**log);
-                let step = p.refund(state, now, at, cost);
-                return edit(
-                    state,
-                    step,
-                    SlidingLogState::apply,
-                    State::SlidingLog,
-                    Change::SlidingLog,
-                );
-            }
-            Kind::Concurrency(p) => {
-                let state = state!(Concurrency).map(|leases| &**leases);
-                let step = match lease {
-                    Some(lease) => p.release(state, now, lease),
-                    None => p.acquire(state, now, 0, None),
-                };
-                return edit(
-                    state,
-                    step,
-                    ConcurrencyState::apply,
-                    State::Concurrency,
-                    Change::Concurrency,
-                );
-            }
-        };
-        // What the limit says after the refund, as a peek (a release only reports).
-        let peek = |state: Option<&State>| self.decide(state, now, Action::Release(""), 0).decision;
-        match refunded {
-            Some(new) => Step::changed(peek(Some(&new)), Change::Put(new)),
-            None => Step::unchanged(peek(state)),
-        }
-    }
-
-    /// The algorithm's numeric parameters as the Lua script reads them:
-    /// seven integers, of which the Redis store sends each Lua twin's
-    /// `params` the ones it reads.
+    /// The limit as the Redis library reads it: its algorithm's id, then
+    /// the numbers its Lua twin's `params` reads, joined by ':'.
     #[cfg(feature = "redis")]
-    pub(crate) fn script_params(&self) -> [u64; 7] {
-        match self.kind {
-            Kind::FixedWindow(p) => [p.limit, p.window, 0, 0, 0, 0, 0],
-            Kind::SlidingWindow(p) => [p.limit, p.window, p.buckets, 0, 0, 0, 0],
-            Kind::SlidingLog(p) => [p.limit, p.window, 0, 0, 0, 0, 0],
-            Kind::TokenBucket(p) => [
-                p.capacity,
-                p.refill,
-                p.interval,
-                u64::from(p.mode == Refill::Interval),
-                p.initial,
-                p.rate.unit,
-                p.rate.per_micro,
-            ],
-            Kind::Reservation(p) => [p.max_burst, p.initial, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
-            Kind::LeakyBucket(p) => [p.capacity, 0, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
-            Kind::Gcra(p) => [p.burst, 0, 0, 0, 0, p.ticks.unit, p.ticks.per_micro],
-            Kind::Concurrency(p) => [p.limit, p.ttl, 0, 0, 0, 0, 0],
-        }
+    pub(crate) fn script_params(&self) -> String {
+        dispatch!(&self.kind, p => script_params(p))
+    }
+}
+
+/// `A`'s limit in `state` (a state of another algorithm counts as none:
+/// the limit was redefined): units that would be admitted now.
+#[inline]
+fn available<A: Registered>(algorithm: &A, state: Option<&State>, now: u64) -> u64 {
+    algorithm.available(state.and_then(A::held), now)
+}
+
+/// `A`'s limit runs `action` on its state in `state` (a state of another
+/// algorithm counts as none).
+#[inline]
+fn decide<'a, A: Registered>(
+    algorithm: &A,
+    state: Option<&State>,
+    now: u64,
+    action: Action<'a>,
+    cost: u64,
+) -> Step<Change<'a>> {
+    let step = algorithm.decide(state.and_then(A::held), now, action, cost);
+    step.map(|update| match update {
+        Update::Put(new) => Change::Put(A::state(new)),
+        Update::Edit(edit) => A::change(edit),
+    })
+}
+
+/// `id:param:param:…`: the Lua id, then what the Lua twin's `params` reads.
+#[cfg(feature = "redis")]
+fn script_params<A: Algorithm>(algorithm: &A) -> String {
+    use std::fmt::Write as _;
+    let mut text = A::ID.to_string();
+    for param in algorithm.script_params() {
+        let _ = write!(text, ":{param}");
+    }
+    text
+}
+
+/// A refund of a state replaced whole: `refunded` is the state it leaves
+/// (`None`: nothing given back). Every limit reports after it as a release
+/// does (what is left, no wait).
+fn refund_whole<A: Algorithm>(
+    algorithm: &A,
+    state: Option<&A::State>,
+    now: u64,
+    refunded: Option<A::State>,
+) -> Step<A::State> {
+    let report = |state| algorithm.decide(state, now, Action::Release(""), 0).decision;
+    match refunded {
+        Some(new) => Step::changed(report(Some(&new)), new),
+        None => Step::unchanged(report(state)),
     }
 }
 
@@ -1010,8 +916,10 @@ fn report<C>(mut step: Step<C>) -> Step<C> {
 }
 
 fn unsupported_reserve(algorithm: &str) -> Error {
+    let shaping = ALGORITHMS.iter().filter(|entry| entry.shaping).map(|entry| entry.name);
     Error::invalid_argument(format!(
-        "reserve needs a borrowing or shaping limit (reservation, leaky_bucket), not {algorithm}"
+        "reserve needs a borrowing or shaping limit ({}), not {algorithm}",
+        listed(shaping, ", ")
     ))
 }
 
@@ -1027,5 +935,52 @@ impl TryFrom<LimitSpec> for Limit {
 
     fn try_from(spec: LimitSpec) -> Result<Self> {
         spec.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One limit of each algorithm.
+    fn one_of_each() -> Vec<Limit> {
+        let second = Duration::from_secs(1);
+        [
+            Limit::fixed_window(10, second),
+            Limit::sliding_window(10, second, 10),
+            Limit::sliding_log(10, second),
+            Limit::token_bucket(10, 1, second),
+            Limit::reservation(10, second, 5),
+            Limit::leaky_bucket(10, second, 5),
+            Limit::gcra(10, second, 5),
+            Limit::concurrency(10, second),
+        ]
+        .into_iter()
+        .map(|limit| limit.expect("valid limit"))
+        .collect()
+    }
+
+    #[test]
+    fn every_algorithm_in_the_registry_reads_back_by_its_name() {
+        let limits = one_of_each();
+        let names: Vec<&str> = limits.iter().map(Limit::algorithm).collect();
+        let registered: Vec<&str> = ALGORITHMS.iter().map(|entry| entry.name).collect();
+        assert_eq!(names, registered, "one limit of each algorithm, in registry order");
+        for limit in limits {
+            let value = serde_json::to_value(limit.spec()).expect("a spec serializes");
+            assert_eq!(value["algorithm"], limit.algorithm());
+            assert_eq!(LimitSpec::from_value(value).expect("reads back"), *limit.spec());
+        }
+        let unknown = LimitSpec::from_value(serde_json::json!({"algorithm": "leaky"})).unwrap_err();
+        assert_eq!(
+            unknown.to_string(),
+            "unknown algorithm \"leaky\" (expected fixed_window, sliding_window, sliding_log, \
+             token_bucket, reservation, leaky_bucket, gcra or concurrency)"
+        );
+        let gcra = Limit::gcra(1, Duration::from_secs(1), 1).expect("valid limit");
+        assert_eq!(
+            gcra.supports(Action::Reserve(None), 1).unwrap_err().to_string(),
+            "reserve needs a borrowing or shaping limit (reservation, leaky_bucket), not gcra"
+        );
     }
 }

@@ -20,9 +20,32 @@
 //! carry at most `max_burst + rate · (b − a) / period` units plus the cost of
 //! the last one.
 
+use std::convert::Infallible;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat, MAX_TICKS};
-use super::Step;
+use super::{at_least_one, at_most, positive, refund_whole, report, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
+use crate::duration::serde_text;
+use crate::error::{Error, Result};
+
+/// `rate` permits per `period`, storing up to `max_burst`; `initial` defaults to `max_burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationSpec {
+    /// Permits per `period`.
+    pub rate: u64,
+    /// The period of `rate`.
+    #[serde(with = "serde_text")]
+    pub period: Duration,
+    /// Permits stored while idle.
+    pub max_burst: u64,
+    /// Stored permits of a key with no state (default `max_burst`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u64>,
+}
 
 /// Parameters of a reservation limiter, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,15 +72,6 @@ impl Reservation {
     fn remaining(&self, missing: u64) -> u64 {
         let stored = (self.max_burst * self.ticks.unit).checked_sub(missing);
         stored.map_or(0, |stored| self.ticks.units(stored) + 1)
-    }
-
-    /// Units that would be admitted now: any cost when nothing is owed.
-    pub(crate) fn available(&self, state: Option<&ReservationState>, now: u64) -> u64 {
-        if self.missing(state, now) <= self.max_burst * self.ticks.unit {
-            u64::MAX
-        } else {
-            0
-        }
     }
 
     /// Grants `cost` permits at the next free moment if that is within
@@ -106,5 +120,71 @@ impl Reservation {
     /// when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&ReservationState>, now: u64, cost: u64) -> Option<ReservationState> {
         Tat::refunded(state, now, cost, self.ticks)
+    }
+}
+
+impl Algorithm for Reservation {
+    type Spec = ReservationSpec;
+    type State = ReservationState;
+    type Stored = ReservationState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "reservation";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 5;
+    const SHAPING: bool = true;
+
+    fn build(spec: &ReservationSpec) -> Result<Self> {
+        let rate = at_least_one(spec.rate, "rate")?;
+        let period = positive(spec.period, "period")?;
+        if spec.max_burst > MAX_TICKS {
+            return Err(Error::invalid_limit(format!("max_burst must be at most {MAX_TICKS}")));
+        }
+        let initial = at_most(spec.initial, spec.max_burst, "initial", "max_burst")?;
+        let ticks = Rate::new(rate, period, spec.max_burst, ["rate", "period", "max_burst"])?;
+        Ok(Self {
+            rate,
+            period,
+            max_burst: spec.max_burst,
+            initial,
+            ticks,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.max_burst + 1
+    }
+
+    /// Any cost when nothing is owed.
+    fn available(&self, state: Option<&ReservationState>, now: u64) -> u64 {
+        if self.missing(state, now) <= self.max_burst * self.ticks.unit {
+            u64::MAX
+        } else {
+            0
+        }
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&ReservationState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<ReservationState, Infallible>> {
+        let step = match action {
+            // A release only reports: it is never denied and never waits.
+            Action::Release(_) => report(self.reserve(state, now, 0, None)),
+            Action::Refund { .. } => refund_whole(self, state, now, self.refunded(state, now, cost)),
+            // `check` on a borrowing limit waits for nothing.
+            Action::Check => self.reserve(state, now, cost, Some(0)),
+            Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => self.reserve(state, now, cost, max_wait),
+        };
+        step.map(Update::Put)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.max_burst, self.initial, self.ticks.unit, self.ticks.per_micro]
     }
 }

@@ -17,9 +17,11 @@
 //! units.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
-use super::Step;
+use super::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec};
 use crate::decision::Decision;
+use crate::error::Result;
 
 /// Parameters of a sliding log, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +93,12 @@ impl SlidingLogState {
     }
 }
 
+impl Edit<SlidingLogState> for LogChange {
+    fn apply(self, state: &mut SlidingLogState) {
+        state.apply(self);
+    }
+}
+
 /// The log as one decision sees it.
 struct Live<'a> {
     state: &'a SlidingLogState,
@@ -130,12 +138,6 @@ impl SlidingLog {
             .entries
             .partition_point(|&(_, sum)| sum.wrapping_sub(state.base) < target);
         state.entries.get(index).map(|&(at, _)| at + self.window - now)
-    }
-
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&SlidingLogState>, now: u64) -> u64 {
-        let total = state.map_or(0, |state| self.live(state, now).total);
-        self.limit.saturating_sub(total)
     }
 
     /// Admits `cost` units if the log has room.
@@ -198,6 +200,57 @@ impl SlidingLog {
         };
         let decision = Decision::allow(self.limit, self.limit.saturating_sub(total), reset_after, 0);
         Step::changed(decision, LogChange::Refund { index, units: removed })
+    }
+}
+
+impl Algorithm for SlidingLog {
+    type Spec = WindowSpec;
+    type State = SlidingLogState;
+    type Stored = Box<SlidingLogState>;
+    type Edit<'a> = LogChange;
+
+    const NAME: &'static str = "sliding_log";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 3;
+
+    fn build(spec: &WindowSpec) -> Result<Self> {
+        Ok(Self {
+            limit: at_least_one(spec.limit, "limit")?,
+            window: positive(spec.window, "window")?,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Option<Duration> {
+        Some(Duration::from_micros(self.window))
+    }
+
+    fn available(&self, state: Option<&SlidingLogState>, now: u64) -> u64 {
+        let total = state.map_or(0, |state| self.live(state, now).total);
+        self.limit.saturating_sub(total)
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&SlidingLogState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<Box<SlidingLogState>, LogChange>> {
+        let step = match action {
+            Action::Refund { at, .. } => self.refund(state, now, at, cost),
+            _ => self.check(state, now, action.check_cost(cost)),
+        };
+        edit(state, step)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.limit, self.window]
     }
 }
 

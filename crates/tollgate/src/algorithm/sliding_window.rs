@@ -10,8 +10,36 @@
 //! **Bound:** any interval of length `window` (both ends included) admits at
 //! most `limit` units.
 
-use super::Step;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
+use crate::duration::serde_text;
+use crate::error::{Error, Result};
+
+/// The most sub-intervals a sliding window may have.
+pub const MAX_BUCKETS: u64 = 1_000;
+
+/// `limit` units per `window`, counted in `buckets` sub-intervals (default 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlidingWindowSpec {
+    /// Units admitted in any window.
+    pub limit: u64,
+    /// The window's length.
+    #[serde(with = "serde_text")]
+    pub window: Duration,
+    /// Sub-intervals the window is counted in (default 10, at most 1000).
+    #[serde(default = "default_buckets")]
+    pub buckets: u64,
+}
+
+fn default_buckets() -> u64 {
+    10
+}
 
 /// Parameters of a sliding window counter, validated (`window` is a multiple
 /// of `buckets`).
@@ -60,11 +88,6 @@ impl SlidingWindow {
 
     fn reset_after(&self, counts: &[(u64, u64)], now: u64) -> u64 {
         counts.last().map_or(0, |&(index, _)| self.leaves(index) - now)
-    }
-
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&SlidingWindowState>, now: u64) -> u64 {
-        self.limit.saturating_sub(self.live(state, now).1)
     }
 
     /// Admits `cost` units if the window has room.
@@ -140,5 +163,62 @@ impl SlidingWindow {
             counts[position].1 = left;
         }
         Some(SlidingWindowState { counts })
+    }
+}
+
+impl Algorithm for SlidingWindow {
+    type Spec = SlidingWindowSpec;
+    type State = SlidingWindowState;
+    type Stored = SlidingWindowState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "sliding_window";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 2;
+
+    fn build(spec: &SlidingWindowSpec) -> Result<Self> {
+        let limit = at_least_one(spec.limit, "limit")?;
+        let window = positive(spec.window, "window")?;
+        let buckets = at_least_one(spec.buckets, "buckets")?;
+        if buckets > MAX_BUCKETS {
+            return Err(Error::invalid_limit(format!("buckets must be at most {MAX_BUCKETS}")));
+        }
+        if window % buckets != 0 {
+            return Err(Error::invalid_limit(format!(
+                "window ({window} us) must be a whole number of microseconds per bucket ({buckets} buckets)"
+            )));
+        }
+        Ok(Self { limit, window, buckets })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Option<Duration> {
+        Some(Duration::from_micros(self.window))
+    }
+
+    fn available(&self, state: Option<&SlidingWindowState>, now: u64) -> u64 {
+        self.limit.saturating_sub(self.live(state, now).1)
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&SlidingWindowState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<SlidingWindowState, Infallible>> {
+        if let Action::Refund { at, .. } = action {
+            return refund_whole(self, state, now, self.refunded(state, now, at, cost)).map(Update::Put);
+        }
+        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+    }
+
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [self.limit, self.window, self.buckets]
     }
 }

@@ -16,13 +16,20 @@
 //! `capacity + refill · (b − a) / interval` (smooth), or
 //! `capacity + refill · (number of interval boundaries in (a, b])` (interval).
 
+use std::convert::Infallible;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
 use super::rate::{Rate, Tat};
-use super::Step;
+use super::{at_least_one, at_most, positive, refund_whole, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
+use crate::duration::serde_text;
+use crate::error::Result;
 
 /// How a token bucket refills.
 #[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Refill {
     /// Continuously: `refill / interval` tokens per microsecond, exactly.
@@ -30,6 +37,25 @@ pub enum Refill {
     Smooth,
     /// `refill` whole tokens at each multiple of `interval` since the epoch.
     Interval,
+}
+
+/// `capacity` tokens, `refill` more per `interval`; `initial` defaults to `capacity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBucketSpec {
+    /// The most tokens the bucket holds.
+    pub capacity: u64,
+    /// Tokens gained per `interval`.
+    pub refill: u64,
+    /// The refill period.
+    #[serde(with = "serde_text")]
+    pub interval: Duration,
+    /// Continuous ([`Refill::Smooth`], the default) or whole amounts at interval boundaries.
+    #[serde(default)]
+    pub mode: Refill,
+    /// Tokens of a key with no state (default `capacity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u64>,
 }
 
 /// Parameters of a token bucket, validated.
@@ -83,16 +109,6 @@ impl TokenBucket {
             // Counted in a newer interval (the clock went back): no refill, keep its boundary.
             Some(&TokenBucketState::Interval { tokens, boundary: then }) => (tokens, then),
             _ => (self.initial, boundary),
-        }
-    }
-
-    /// Units that would be admitted now.
-    pub(crate) fn available(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
-        match self.mode {
-            Refill::Smooth => self
-                .rate
-                .units(self.capacity * self.rate.unit - self.deficit(state, now)),
-            Refill::Interval => self.tokens(state, now).0,
         }
     }
 
@@ -199,5 +215,73 @@ impl TokenBucket {
             }
             _ => None,
         }
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type Spec = TokenBucketSpec;
+    type State = TokenBucketState;
+    type Stored = TokenBucketState;
+    type Edit<'a> = Infallible;
+
+    const NAME: &'static str = "token_bucket";
+    #[cfg(feature = "redis")]
+    const ID: u8 = 4;
+
+    fn build(spec: &TokenBucketSpec) -> Result<Self> {
+        let capacity = at_least_one(spec.capacity, "capacity")?;
+        let refill = at_least_one(spec.refill, "refill")?;
+        let interval = positive(spec.interval, "interval")?;
+        let initial = at_most(spec.initial, capacity, "initial", "capacity")?;
+        let rate = Rate::new(refill, interval, capacity, ["refill", "interval", "capacity"])?;
+        Ok(Self {
+            capacity,
+            refill,
+            interval,
+            mode: spec.mode,
+            initial,
+            rate,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn available(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
+        match self.mode {
+            Refill::Smooth => self
+                .rate
+                .units(self.capacity * self.rate.unit - self.deficit(state, now)),
+            Refill::Interval => self.tokens(state, now).0,
+        }
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: Option<&TokenBucketState>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Step<Update<TokenBucketState, Infallible>> {
+        if let Action::Refund { .. } = action {
+            return refund_whole(self, state, now, self.refunded(state, now, cost)).map(Update::Put);
+        }
+        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+    }
+
+    /// The mode is 1 for interval refill, 0 for smooth.
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+        [
+            self.capacity,
+            self.refill,
+            self.interval,
+            u64::from(self.mode == Refill::Interval),
+            self.initial,
+            self.rate.unit,
+            self.rate.per_micro,
+        ]
     }
 }

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use super::Store;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
-use crate::algorithm::{Action, Change, State, Step};
+use crate::algorithm::{Action, Algorithm, Change, State, Update};
 use crate::clock::{micros, Clock, Sleep, SystemClock};
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -180,13 +180,7 @@ impl TatSlot {
             now,
             || gcra.available(Some(&tat), now),
             |action, cost| match action {
-                Action::Refund { .. } => {
-                    let decision = |tat: &Tat| gcra.check(Some(tat), now, 0).decision;
-                    match gcra.refunded(Some(&tat), now, cost) {
-                        Some(refunded) => Step::changed(decision(&refunded), refunded),
-                        None => Step::unchanged(decision(&tat)),
-                    }
-                }
+                Action::Refund { .. } => gcra.decide(Some(&tat), now, action, cost).map(Update::into_whole),
                 _ => gcra.check(Some(&tat), now, action.check_cost(cost)),
             },
             |tat, _| self.tat = tat,

@@ -67,7 +67,6 @@ use tokio::sync::{mpsc, oneshot};
 use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
 use super::{spread, Store};
-use crate::algorithm::{Limit, LimitSpec};
 use crate::clock::{micros, Clock, Sleep, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::{Error, ErrorKind, Result};
@@ -77,17 +76,11 @@ use crate::subject::Subject;
 mod connection;
 mod url;
 
-/// The library's source: the prelude, every algorithm's Lua twin, the entry point.
+/// The library's source: the prelude, every algorithm's Lua twin (in the
+/// algorithms' registry order), the entry point.
 pub(crate) const LIBRARY: &str = concat!(
     include_str!("prelude.lua"),
-    include_str!("../../algorithm/fixed_window.lua"),
-    include_str!("../../algorithm/sliding_window.lua"),
-    include_str!("../../algorithm/sliding_log.lua"),
-    include_str!("../../algorithm/token_bucket.lua"),
-    include_str!("../../algorithm/reservation.lua"),
-    include_str!("../../algorithm/leaky_bucket.lua"),
-    include_str!("../../algorithm/gcra.lua"),
-    include_str!("../../algorithm/concurrency.lua"),
+    crate::algorithm::lua_twins!(),
     include_str!("tollgate.lua"),
 );
 
@@ -634,7 +627,7 @@ impl RedisStore {
             args.push(lease.to_owned());
         }
         for (index, (_, limit)) in policy.limits().enumerate() {
-            args.push(format!("{}:{}", script_params(limit), request.cost_of(index)));
+            args.push(format!("{}:{}", limit.script_params(), request.cost_of(index)));
         }
         let reply_len = if op == RESET {
             REPLY_HEAD
@@ -643,28 +636,6 @@ impl RedisStore {
         };
         Encoded { keys, args, reply_len }
     }
-}
-
-/// A limit as the library reads it: its algorithm's id, then its
-/// parameters in the order its Lua twin's `params` reads them, joined by ':'.
-fn script_params(limit: &Limit) -> String {
-    let p = limit.script_params();
-    let (id, used): (u8, &[usize]) = match limit.spec() {
-        LimitSpec::FixedWindow(_) => (1, &[0, 1]),
-        LimitSpec::SlidingWindow(_) => (2, &[0, 1, 2]),
-        LimitSpec::SlidingLog(_) => (3, &[0, 1]),
-        LimitSpec::TokenBucket(_) => (4, &[0, 1, 2, 3, 4, 5, 6]),
-        LimitSpec::Reservation(_) => (5, &[0, 1, 5, 6]),
-        LimitSpec::LeakyBucket(_) => (6, &[0, 5, 6]),
-        LimitSpec::Gcra(_) => (7, &[0, 5, 6]),
-        LimitSpec::Concurrency(_) => (8, &[0, 1]),
-    };
-    let mut text = id.to_string();
-    for &at in used {
-        text.push(':');
-        text.push_str(&p[at].to_string());
-    }
-    text
 }
 
 fn store_error(error: redis::RedisError) -> Error {
@@ -807,6 +778,7 @@ impl std::fmt::Debug for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::LUA_IDS;
 
     fn job(keys: &[&str]) -> Job {
         let (reply, _) = oneshot::channel();
@@ -818,6 +790,17 @@ mod tests {
             },
             reply,
         }
+    }
+
+    #[test]
+    fn the_library_holds_every_algorithm_once_under_its_own_id() {
+        let ids: std::collections::HashSet<u8> = LUA_IDS.iter().map(|&(_, id)| id).collect();
+        assert_eq!(ids.len(), LUA_IDS.len(), "Lua ids repeat: {LUA_IDS:?}");
+        for (name, id) in LUA_IDS {
+            assert!(LIBRARY.contains(&format!("\nALGORITHMS[{id}] = {name}\n")), "{name}");
+        }
+        let registered = LIBRARY.lines().filter(|line| line.starts_with("ALGORITHMS[")).count();
+        assert_eq!(registered, LUA_IDS.len());
     }
 
     #[test]
