@@ -43,10 +43,10 @@ pub enum Op {
     /// Give back `cost` units an earlier request took at `at` (its
     /// [`Outcome::decided_at`]): a reservation cancelled, or the part of a
     /// decision that another store denied. Never denied; each limit reports
-    /// as a release does (what is left, no wait). Window counts (fixed window, sliding window,
-    /// sliding log) give back only while the units taken at `at` still
-    /// count; buckets and TATs give back up to full; a concurrency limit
-    /// releases `lease` (nothing without one).
+    /// as a release does (what is left, no wait). Window counts (fixed
+    /// window, sliding window, sliding log) give back only while the units
+    /// taken at `at` still count; buckets and TATs give back up to full; a
+    /// concurrency limit releases `lease` (nothing without one).
     ///
     /// A refund restores exactly the state the limit would hold had the
     /// units never been taken when nothing else consumed on it in between;
@@ -167,17 +167,7 @@ impl Policy {
     /// When there is no limit, a name is not 1 to 200 letters,
     /// digits or any of `_-.~/@=+!,;%:#`, or a name repeats.
     pub fn new<N: Into<String>>(limits: impl IntoIterator<Item = (N, Limit)>) -> Result<Self> {
-        let limits: Vec<(String, Limit)> = limits.into_iter().map(|(name, limit)| (name.into(), limit)).collect();
-        if limits.is_empty() {
-            return Err(Error::invalid_limit("a policy needs at least one limit"));
-        }
-        for (at, (name, _)) in limits.iter().enumerate() {
-            check_name(name)?;
-            if limits[..at].iter().any(|(other, _)| other == name) {
-                return Err(Error::invalid_limit(format!("limit name \"{name}\" is used twice")));
-            }
-        }
-        Ok(Self { limits, named: true })
+        Self::named(limits, false)
     }
 
     /// Builds a policy whose limits live under several subjects, for
@@ -190,12 +180,20 @@ impl Policy {
     /// When there is no limit, or a name is not 1 to 200 letters, digits or
     /// any of `_-.~/@=+!,;%:#`.
     pub fn spread<N: Into<String>>(limits: impl IntoIterator<Item = (N, Limit)>) -> Result<Self> {
+        Self::named(limits, true)
+    }
+
+    /// [`Policy::new`], or with `repeats` [`Policy::spread`].
+    fn named<N: Into<String>>(limits: impl IntoIterator<Item = (N, Limit)>, repeats: bool) -> Result<Self> {
         let limits: Vec<(String, Limit)> = limits.into_iter().map(|(name, limit)| (name.into(), limit)).collect();
         if limits.is_empty() {
             return Err(Error::invalid_limit("a policy needs at least one limit"));
         }
-        for (name, _) in &limits {
+        for (at, (name, _)) in limits.iter().enumerate() {
             check_name(name)?;
+            if !repeats && limits[..at].iter().any(|(other, _)| other == name) {
+                return Err(Error::invalid_limit(format!("limit name \"{name}\" is used twice")));
+            }
         }
         Ok(Self { limits, named: true })
     }

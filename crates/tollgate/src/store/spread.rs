@@ -22,8 +22,9 @@ use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
 /// Refuses a spread decision whose subjects do not match its policy, or
-/// that names one limit of one subject twice.
-pub(crate) fn check(subjects: &[Subject], policy: &Policy, request: &Request) -> Result<()> {
+/// that names one limit of one subject twice. (The request is validated
+/// where it is decided.)
+pub(crate) fn check(subjects: &[Subject], policy: &Policy) -> Result<()> {
     if subjects.len() != policy.len() {
         return Err(Error::invalid_argument(format!(
             "{} subjects for a policy of {} limits",
@@ -31,15 +32,17 @@ pub(crate) fn check(subjects: &[Subject], policy: &Policy, request: &Request) ->
             policy.len()
         )));
     }
-    let mut seen = HashSet::with_capacity(subjects.len());
-    for (subject, (name, _)) in subjects.iter().zip(policy.limits()) {
-        if !seen.insert((subject, name)) {
-            return Err(Error::invalid_argument(format!(
-                "limit \"{name}\" of subject \"{subject}\" is given twice"
-            )));
+    if subjects.len() > 1 {
+        let mut seen = HashSet::with_capacity(subjects.len());
+        for (subject, (name, _)) in subjects.iter().zip(policy.limits()) {
+            if !seen.insert((subject, name)) {
+                return Err(Error::invalid_argument(format!(
+                    "limit \"{name}\" of subject \"{subject}\" is given twice"
+                )));
+            }
         }
     }
-    policy.validate(request)
+    Ok(())
 }
 
 /// The indices `0..len` grouped by `part_of(index)`, in order of first
@@ -57,14 +60,15 @@ pub(crate) fn group<K: Hash + Eq>(len: usize, part_of: impl Fn(usize) -> K) -> V
     parts
 }
 
-/// The default [`Store::decide_spread`]: one decision per subject.
+/// The default [`Store::decide_spread`]: one decision per subject (each
+/// validates its part of the request).
 pub(crate) async fn by_subject<S: Store>(
     store: &S,
     subjects: &[Subject],
     policy: &Policy,
     request: &Request,
 ) -> Result<Outcome> {
-    check(subjects, policy, request)?;
+    check(subjects, policy)?;
     let parts = group(subjects.len(), |index| &subjects[index]);
     if parts.len() == 1 {
         return store.decide(&subjects[0], policy, request).await;

@@ -730,7 +730,8 @@ impl Store for RedisStore {
     /// One call on one server; on a Cluster one call per hash slot, refunded
     /// when another slot denies.
     async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
-        spread::check(subjects, policy, request)?;
+        spread::check(subjects, policy)?;
+        policy.validate(request)?;
         check_lease(request)?;
         let keys: Vec<String> = policy
             .limits()
