@@ -56,7 +56,7 @@ function gcra.refund(p, s, now, _, cost)
   if s == nil or cost == 0 then
     return gcra.decide(p, s, now, RELEASE, 0)
   end
-  local ahead = sat_sub(s, cost * p.unit)
+  local ahead = sat_sub(min(s, p.horizon), cost * p.unit)
   return gcra.decide(p, ahead, now, RELEASE, 0), ahead
 end
 

@@ -85,7 +85,7 @@ impl Gcra {
     /// Gives back `cost` cells: the TAT moves back by their emission time,
     /// never behind `now`. The new state, or `None` when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Option<GcraState> {
-        Tat::refunded(state, now, cost, self.ticks)
+        Tat::refunded(state, now, cost, self.ticks, self.horizon())
     }
 }
 

@@ -61,7 +61,7 @@ function leaky_bucket.refund(p, s, now, _, cost)
   if s == nil or cost == 0 then
     return leaky_bucket.decide(p, s, now, RELEASE, 0)
   end
-  local queued = sat_sub(s, cost * p.unit)
+  local queued = sat_sub(min(s, p.capacity * p.unit), cost * p.unit)
   return leaky_bucket.decide(p, queued, now, RELEASE, 0), queued
 end
 

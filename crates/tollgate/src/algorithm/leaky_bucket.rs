@@ -96,7 +96,7 @@ impl LeakyBucket {
     /// Gives back `cost` units: they leave the queue. The new state, or
     /// `None` when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&LeakyBucketState>, now: u64, cost: u64) -> Option<LeakyBucketState> {
-        Tat::refunded(state, now, cost, self.ticks)
+        Tat::refunded(state, now, cost, self.ticks, self.capacity * self.ticks.unit)
     }
 }
 

@@ -103,11 +103,12 @@ impl Tat {
         }
     }
 
-    /// What a refund of `cost` units leaves of `tat`: the instant moved back
-    /// by their ticks, never behind `now`. `None` when it gives nothing
-    /// back (no cost, or the instant has passed: nothing is owed).
-    pub(crate) fn refunded(tat: Option<&Self>, now: u64, cost: u64, rate: Rate) -> Option<Self> {
-        let backlog = tat?.backlog(now, rate);
+    /// What a refund of `cost` units leaves of `tat`: the backlog, as the
+    /// algorithm reads it (at most `most` ticks), moved back by their ticks,
+    /// never behind `now`. `None` when it gives nothing back (no cost, or
+    /// the instant has passed: nothing is owed).
+    pub(crate) fn refunded(tat: Option<&Self>, now: u64, cost: u64, rate: Rate, most: u64) -> Option<Self> {
+        let backlog = tat?.backlog(now, rate).min(most);
         if backlog == 0 || cost == 0 {
             return None;
         }

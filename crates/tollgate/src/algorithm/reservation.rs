@@ -119,7 +119,7 @@ impl Reservation {
     /// missing from a full store shrink by them. The new state, or `None`
     /// when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&ReservationState>, now: u64, cost: u64) -> Option<ReservationState> {
-        Tat::refunded(state, now, cost, self.ticks)
+        Tat::refunded(state, now, cost, self.ticks, u64::MAX)
     }
 }
 

@@ -162,7 +162,7 @@ function token_bucket.refund(p, s, now, _, cost)
   end
   local level
   if p.smooth then
-    level = sat_sub(s, cost * p.unit)
+    level = sat_sub(deficit(p, s), cost * p.unit)
   else
     local tokens, boundary = tokens_at(p, s, now)
     level = { tokens = min(tokens + cost, p.capacity), boundary = boundary }

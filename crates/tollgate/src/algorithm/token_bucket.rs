@@ -204,7 +204,8 @@ impl TokenBucket {
     pub(crate) fn refunded(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Option<TokenBucketState> {
         match (self.mode, state?) {
             (Refill::Smooth, TokenBucketState::Smooth(full_at)) => {
-                Tat::refunded(Some(full_at), now, cost, self.rate).map(TokenBucketState::Smooth)
+                let full = self.capacity * self.rate.unit;
+                Tat::refunded(Some(full_at), now, cost, self.rate, full).map(TokenBucketState::Smooth)
             }
             (Refill::Interval, TokenBucketState::Interval { .. }) if cost > 0 => {
                 let (tokens, boundary) = self.tokens(state, now);
