@@ -61,7 +61,7 @@ function fixed_window.decide(p, s, now, action, cost)
 end
 
 function fixed_window.store(key, _, _, change, _, ttl)
-  rcall("SET", key, "f" .. fmt(change.window_end) .. ":" .. fmt(change.count), "PX", expire_ms(ttl))
+  rcall("SET", key, format("f%d:%d", change.window_end, change.count), "PX", expire_ms(ttl))
 end
 
 -- Gives back units taken at `at` from the count of the window holding `at`,

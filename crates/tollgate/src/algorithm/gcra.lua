@@ -1,7 +1,7 @@
 -- gcra.rs: one theoretical arrival time (TAT) per key, a bare integer
 -- ("<at>:<frac>" when the rate does not divide into whole microseconds).
 
-local gcra = { tag = "", pattern = "^(%d+):(%d+)$" }
+local gcra = { tat = tat_encoding("") }
 
 -- τ + T: how far ahead of now the TAT may run, in ticks, is p.horizon.
 function gcra.params(n)
@@ -10,7 +10,7 @@ function gcra.params(n)
 end
 
 function gcra.load(key, p, now)
-  return load_tat(key, p, gcra.tag, gcra.pattern, now)
+  return load_tat(key, p, gcra.tat, now)
 end
 
 function gcra.available(p, s, now)
@@ -47,7 +47,7 @@ end
 
 function gcra.store(key, p, _, new_ahead, now, ttl)
   local at, frac = tat_after(p, now, new_ahead)
-  store_tat(key, gcra.tag, at, frac, ttl)
+  store_tat(key, gcra.tat, at, frac, ttl)
 end
 
 -- Gives back `cost` cells: the TAT moves back by their emission time,

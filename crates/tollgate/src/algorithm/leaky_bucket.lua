@@ -1,13 +1,13 @@
 -- leaky_bucket.rs: the instant the queue has drained, "l<at>[:<frac>]".
 
-local leaky_bucket = { tag = "l", pattern = "^l(%d+):?(%d*)$" }
+local leaky_bucket = { tat = tat_encoding("l") }
 
 function leaky_bucket.params(n)
   return { capacity = n[2], unit = n[3], per_micro = n[4] }
 end
 
 function leaky_bucket.load(key, p, now)
-  return load_tat(key, p, leaky_bucket.tag, leaky_bucket.pattern, now)
+  return load_tat(key, p, leaky_bucket.tat, now)
 end
 
 function leaky_bucket.available(p, s, now)
@@ -53,7 +53,7 @@ end
 
 function leaky_bucket.store(key, p, _, queued_after, now, ttl)
   local at, frac = tat_after(p, now, queued_after)
-  store_tat(key, leaky_bucket.tag, at, frac, ttl)
+  store_tat(key, leaky_bucket.tat, at, frac, ttl)
 end
 
 -- Gives back `cost` units: they leave the queue; reports as a peek after.

@@ -1,14 +1,14 @@
 -- reservation.rs: the instant the permit store is full again (past
 -- max_burst: debt), "r<at>[:<frac>]".
 
-local reservation = { tag = "r", pattern = "^r(%d+):?(%d*)$" }
+local reservation = { tat = tat_encoding("r") }
 
 function reservation.params(n)
   return { max_burst = n[2], initial = n[3], unit = n[4], per_micro = n[5] }
 end
 
 function reservation.load(key, p, now)
-  return load_tat(key, p, reservation.tag, reservation.pattern, now)
+  return load_tat(key, p, reservation.tat, now)
 end
 
 local function missing(p, s, now)
@@ -68,7 +68,7 @@ end
 
 function reservation.store(key, p, _, missing_after, now, ttl)
   local at, frac = tat_after(p, now, missing_after)
-  store_tat(key, reservation.tag, at, frac, ttl)
+  store_tat(key, reservation.tat, at, frac, ttl)
 end
 
 -- Gives back `cost` permits (a reservation cancelled): the permits missing

@@ -3,7 +3,7 @@
 -- boundary and when that level has no more to say,
 -- "i<tokens>:<boundary>:<expires>" (instants in µs).
 
-local token_bucket = { tag = "s", pattern = "^s(%d+):?(%d*)$" }
+local token_bucket = { tat = tat_encoding("s") }
 
 function token_bucket.params(n)
   local p = { capacity = n[2], refill = n[3], interval = n[4], smooth = n[5] == 0, initial = n[6] }
@@ -29,14 +29,14 @@ function token_bucket.load(key, p, now)
     if value and substring(value, 1, 1) == "i" then
       return load_interval(value, now) and OTHER_MODE
     end
-    return load_tat(key, p, token_bucket.tag, token_bucket.pattern, now)
+    return load_tat(key, p, token_bucket.tat, now)
   end
   local value = get_string(key)
   if not value then
     return nil
   end
   if substring(value, 1, 1) == "s" then
-    return load_tat(key, p, token_bucket.tag, token_bucket.pattern, now) and OTHER_MODE
+    return load_tat(key, p, token_bucket.tat, now) and OTHER_MODE
   end
   local level = load_interval(value, now)
   if level == nil and not find(value, "^i%d+:%d+:%d+$") then
@@ -145,11 +145,11 @@ end
 function token_bucket.store(key, p, _, change, now, ttl)
   if p.smooth then
     local at, frac = tat_after(p, now, change)
-    store_tat(key, token_bucket.tag, at, frac, ttl)
+    store_tat(key, token_bucket.tat, at, frac, ttl)
   elseif ttl == 0 then
     rcall("DEL", key)
   else
-    local value = "i" .. fmt(change.tokens) .. ":" .. fmt(change.boundary) .. ":" .. fmt(now + ttl)
+    local value = format("i%d:%d:%d", change.tokens, change.boundary, now + ttl)
     rcall("SET", key, value, "PX", expire_ms(ttl))
   end
 end

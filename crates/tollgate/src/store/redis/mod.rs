@@ -54,6 +54,7 @@
 //! the units it needs). `BENCHMARKS.md` has the measured figures.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -149,6 +150,9 @@ struct Inner {
     timeout: Duration,
     /// Feeds the batcher; `None` when every decision is a call of its own.
     batcher: Option<mpsc::UnboundedSender<Job>>,
+    /// Decisions of this store under way. One that finds none is a call of
+    /// its own, made at once: batching adds no latency to a lone decision.
+    under_way: AtomicUsize,
     /// [`RedisStoreBuilder::clock`]: the time of requests without `now`.
     clock: Option<CallerClock>,
 }
@@ -287,6 +291,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 timeout: self.timeout,
                 batcher,
+                under_way: AtomicUsize::new(0),
                 clock: self.clock,
             }),
         })
@@ -454,6 +459,26 @@ async fn batch(client: Client, mut jobs: mpsc::UnboundedReceiver<Job>, max_batch
     }
 }
 
+/// One decision counted in [`Inner::under_way`] while it lives.
+struct UnderWay<'a> {
+    count: &'a AtomicUsize,
+    /// No other decision of the store was under way when it began.
+    alone: bool,
+}
+
+impl<'a> UnderWay<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let alone = count.fetch_add(1, Ordering::AcqRel) == 0;
+        Self { count, alone }
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The decisions of one lane: waiting, and calls under way.
 #[derive(Default)]
 struct Lane {
@@ -574,8 +599,9 @@ impl RedisStore {
     async fn run(&self, decision: Encoded) -> Result<Vec<i64>> {
         let timeout = self.inner.timeout;
         let timed_out = || Error::new(ErrorKind::Timeout, format!("redis: no answer within {timeout:?}"));
+        let under_way = UnderWay::enter(&self.inner.under_way);
         match &self.inner.batcher {
-            Some(batcher) => {
+            Some(batcher) if !under_way.alone => {
                 let (reply, answer) = oneshot::channel();
                 batcher
                     .send(Job { decision, reply })
@@ -585,7 +611,7 @@ impl RedisStore {
                     .map_err(|_| timed_out())?
                     .map_err(|_| Error::new(ErrorKind::Store, "redis: the call was dropped"))?
             }
-            None => tokio::time::timeout(timeout, self.inner.client.call(&[&decision]))
+            _ => tokio::time::timeout(timeout, self.inner.client.call(&[&decision]))
                 .await
                 .map_err(|_| timed_out())?,
         }

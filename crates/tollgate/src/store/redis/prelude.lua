@@ -203,17 +203,24 @@ end
 -- usual state is a bare integer. A TAT that has passed says nothing. Every
 -- algorithm keeping one reads it only as its backlog (the ticks between now
 -- and the TAT), so that is what the state is once loaded: one number.
-local function load_tat(key, p, tag, pattern, now)
+
+-- How an algorithm writes its TAT: the tag, the pattern that reads it, the
+-- formats that write it (one string.format call either way).
+local function tat_encoding(tag)
+  return { tag = tag, pattern = "^" .. tag .. "(%d+):?(%d*)$", whole = tag .. "%d", fractional = tag .. "%d:%d" }
+end
+
+local function load_tat(key, p, encoding, now)
   local value = get_string(key)
   if not value then
     return nil
   end
   local at, frac = nil, 0
-  if tag == "" then
+  if encoding.tag == "" then
     at = tonumber(value)
   end
   if not at then
-    local a, f = match(value, pattern)
+    local a, f = match(value, encoding.pattern)
     if not a then
       return other_state(value)
     end
@@ -225,17 +232,16 @@ local function load_tat(key, p, tag, pattern, now)
   return backlog(p, at, frac, now)
 end
 
-local function store_tat(key, tag, at, frac, ttl)
+local function store_tat(key, encoding, at, frac, ttl)
   if ttl == 0 then
     rcall("DEL", key)
     return
   end
-  local value = fmt(at)
-  if tag ~= "" then
-    value = tag .. value
-  end
-  if frac ~= 0 then
-    value = value .. ":" .. fmt(frac)
+  local value
+  if frac == 0 then
+    value = format(encoding.whole, at)
+  else
+    value = format(encoding.fractional, at, frac)
   end
   rcall("SET", key, value, "PX", expire_ms(ttl))
 end
