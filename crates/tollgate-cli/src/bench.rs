@@ -108,6 +108,11 @@ pub struct Args {
     /// most 10 000 (each keeps a latency histogram of about 200 KiB)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     tasks: u32,
+    /// Threads running the tasks [default: one per core]; with a server on
+    /// the same machine, 1 leaves it the other cores (redis-benchmark runs
+    /// on one thread)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
     /// With --target: concurrent connections, each with one request in
     /// flight; at most 10 000
     #[arg(long, value_name = "N", requires = "target", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -303,10 +308,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Some(url) => Either::Target(target::Plan::new(args, url)?),
         None => Either::Store(Plan::new(args)?),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = match args.threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Some(threads) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(threads))
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    }
+    .context("cannot start the async runtime")?;
     let progress = if args.quiet {
         ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())
     } else {

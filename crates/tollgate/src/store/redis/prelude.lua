@@ -145,7 +145,8 @@ local function tat_after(p, now, b)
   if p.per_micro == 1 then
     return now + b, 0
   end
-  return now + idiv(b, p.per_micro), imod(b, p.per_micro)
+  local whole = idiv(b, p.per_micro)
+  return now + whole, b - whole * p.per_micro
 end
 
 -- Storage ---------------------------------------------------------------
@@ -210,11 +211,8 @@ local function tat_encoding(tag)
   return { tag = tag, pattern = "^" .. tag .. "(%d+):?(%d*)$", whole = tag .. "%d", fractional = tag .. "%d:%d" }
 end
 
-local function load_tat(key, p, encoding, now)
-  local value = get_string(key)
-  if not value then
-    return nil
-  end
+-- The backlog a TAT state `value` (a string) leaves at now.
+local function read_tat(value, p, encoding, now)
   local at, frac = nil, 0
   if encoding.tag == "" then
     at = tonumber(value)
@@ -230,6 +228,14 @@ local function load_tat(key, p, encoding, now)
     return nil
   end
   return backlog(p, at, frac, now)
+end
+
+local function load_tat(key, p, encoding, now)
+  local value = get_string(key)
+  if not value then
+    return nil
+  end
+  return read_tat(value, p, encoding, now)
 end
 
 local function store_tat(key, encoding, at, frac, ttl)

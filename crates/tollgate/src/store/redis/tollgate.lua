@@ -173,6 +173,10 @@ end
 local function decide_one(key, now, op, cost, max_wait, lease, reply)
   local p = LIMITS[1]
   local algorithm = p.algorithm
+  if op == CHECK and algorithm.check then
+    algorithm.check(key, p, now, p.cost, cost, reply)
+    return
+  end
   local s, stale = algorithm.load(key, p, now)
   local at = #reply
   if s == FOREIGN then
