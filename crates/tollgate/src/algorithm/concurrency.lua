@@ -3,7 +3,8 @@
 -- cannot, under names no lease has (they start with a NUL byte) and with
 -- negative scores (below every lease): "\0n" the units held in total,
 -- "\0c<name>" a lease's units when it holds other than one. So:
---   ended leases are the scores up to now, trimmed a few at a time;
+--   ended leases are the scores up to now, trimmed a few at a time (in
+--     one range when none of them holds other than one unit);
 --   the units held are one ZSCORE, a lease's one ZMSCORE;
 --   retry_after walks the leases soonest to end first, stopping when enough
 --   units are freed (at most `needed` leases, each holds at least one unit).
@@ -49,11 +50,15 @@ function concurrency.load(key, _, now)
   end
   total = -tonumber(total)
   local trimmed = false
-  while true do
-    local ended = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
-    if #ended == 0 then
-      break
-    end
+  local ended = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
+  if #ended == PAGE and rcall("ZCOUNT", key, "-inf", "(0") == 1 then
+    -- A page or more ended, and no lease holds other than one unit (the
+    -- total is the only negative score): they go in one range.
+    total = total - rcall("ZREMRANGEBYSCORE", key, "(0", now)
+    trimmed = true
+    ended = {}
+  end
+  while #ended > 0 do
     local costs, members = costs_of(key, ended, false)
     for i, id in ipairs(ended) do
       total = total - costs[i]
@@ -64,6 +69,7 @@ function concurrency.load(key, _, now)
     if #ended < PAGE then
       break
     end
+    ended = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
   end
   if total <= 0 then
     rcall("DEL", key)

@@ -485,6 +485,46 @@ pub async fn a_spread_decision_is_all_or_nothing<S: Store>(store: S) {
     );
 }
 
+/// Many leases ending before the next decision are all given back, whether
+/// each held one unit or some held more; the ones still running stay held.
+pub async fn many_ended_leases_are_given_back<S: Store>(store: S) {
+    let limiter = Limiter::new(store, Limit::concurrency(1_000, Duration::from_secs(1)).unwrap());
+    for (name, heavy) in [("ones", 0), ("mixed", 1)] {
+        let subject = Subject::new("many-leases").and(name);
+        // 150 leases (more than a page) at distinct instants; with "mixed",
+        // every tenth holds 3 units.
+        let mut held = 0;
+        for i in 0..150u64 {
+            let cost = if heavy == 1 && i % 10 == 0 { 3 } else { 1 };
+            let op = Op::Acquire {
+                lease: format!("lease-{i}"),
+                max_wait: None,
+            };
+            assert!(decide(&limiter, &subject, op, cost, T0 + i).await.decision.allowed);
+            held += cost;
+        }
+        assert_eq!(check(&limiter, &subject, 0, T0 + 150).await.remaining, 1_000 - held);
+        // The first 100 have ended one second after they began; 50 still run.
+        let at = T0 + 1_000_000 + 99;
+        let still: u64 = (100..150u64)
+            .map(|i| if heavy == 1 && i % 10 == 0 { 3 } else { 1 })
+            .sum();
+        let op = Op::Acquire {
+            lease: "after".to_owned(),
+            max_wait: None,
+        };
+        let after = decide(&limiter, &subject, op, 1, at).await.decision;
+        assert!(after.allowed, "{name}");
+        assert_eq!(after.remaining, 1_000 - still - 1, "{name}");
+        // Once every lease has ended only "after" is held.
+        assert_eq!(
+            check(&limiter, &subject, 0, T0 + 1_000_000 + 150).await.remaining,
+            999,
+            "{name}"
+        );
+    }
+}
+
 /// Runs the whole suite, each test on a fresh store made by `make`.
 pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn() -> F) {
     policy_is_all_or_nothing(make().await).await;
@@ -492,6 +532,7 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     crafted_subjects_do_not_collide(make().await).await;
     partial_grants_and_reservations(make().await).await;
     leases_are_released_and_expire(make().await).await;
+    many_ended_leases_are_given_back(make().await).await;
     unsupported_operations_are_errors(make().await).await;
     a_redefined_limit_starts_afresh(make().await).await;
     a_redefined_gcra_limit_starts_afresh(make().await).await;
