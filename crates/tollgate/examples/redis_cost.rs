@@ -73,6 +73,16 @@ fn algorithms() -> Vec<(&'static str, Limit)> {
     ]
 }
 
+/// What one use of `limit` is: an acquire of `lease` on a concurrency
+/// limit, a check on the others.
+fn one_use(concurrency: bool, lease: String) -> Op {
+    if concurrency {
+        Op::Acquire { lease, max_wait: None }
+    } else {
+        Op::Check
+    }
+}
+
 /// `usec` and `calls` of one command in `INFO commandstats`.
 async fn command_stats(connection: &mut MultiplexedConnection, command: &str) -> (f64, f64) {
     let info: String = redis::cmd("INFO")
@@ -207,15 +217,11 @@ async fn cpu_per_decision(store: &RedisStore, raw: &mut MultiplexedConnection, d
             let (usec, calls) = command_stats(raw, "evalsha").await;
             let anchor = usec / calls;
             reset_stats(raw).await;
-            if limit.is_concurrency() {
-                load(store, &policy, decisions, |i| Op::Acquire {
-                    lease: format!("lease-{i}"),
-                    max_wait: None,
-                })
-                .await;
-            } else {
-                load(store, &policy, decisions, |_| Op::Check).await;
-            }
+            let concurrency = limit.is_concurrency();
+            load(store, &policy, decisions, move |i| {
+                one_use(concurrency, format!("lease-{i}"))
+            })
+            .await;
             let per_call = library_usec_per_call(raw).await;
             ours = ours.min(per_call);
             anchors = anchors.min(anchor);
@@ -278,14 +284,7 @@ async fn fill(store: &RedisStore, subject: &Subject, policy: &Policy, entries: u
     let concurrency = policy.limits().any(|(_, limit)| limit.is_concurrency());
     let mut pending = Vec::new();
     for i in 0..entries {
-        let op = if concurrency {
-            Op::Acquire {
-                lease: format!("fill-{i}"),
-                max_wait: None,
-            }
-        } else {
-            Op::Check
-        };
+        let op = one_use(concurrency, format!("fill-{i}"));
         let request = Request::new(op, 1).at(Timestamp::from_micros(start + i));
         let (store, subject, policy) = (store.clone(), subject.clone(), policy.clone());
         pending.push(tokio::spawn(async move {
@@ -325,14 +324,7 @@ async fn longest_calls(store: &RedisStore, raw: &mut MultiplexedConnection) {
             // Ten seconds ago, with a window (a lease) of one second.
             fill(store, &subject, &policy, entries, system_micros() - 10_000_000).await;
             reset_stats(raw).await;
-            let op = if limit.is_concurrency() {
-                Op::Acquire {
-                    lease: "after".to_owned(),
-                    max_wait: None,
-                }
-            } else {
-                Op::Check
-            };
+            let op = one_use(limit.is_concurrency(), "after".to_owned());
             let outcome = store.decide(&subject, &policy, &Request::new(op, 1)).await.unwrap();
             assert!(outcome.decision.allowed);
             let per_call = library_usec_per_call(raw).await;
@@ -350,14 +342,7 @@ async fn memory_per_key(store: &RedisStore, raw: &mut MultiplexedConnection) {
     for (name, limit) in algorithms() {
         let policy = Policy::new([(name, limit.clone())]).unwrap();
         let subject = Subject::new("203.0.113.7");
-        let op = if limit.is_concurrency() {
-            Op::Acquire {
-                lease: "0123456789abcdef".to_owned(),
-                max_wait: None,
-            }
-        } else {
-            Op::Check
-        };
+        let op = one_use(limit.is_concurrency(), "0123456789abcdef".to_owned());
         store.decide(&subject, &policy, &Request::new(op, 1)).await.unwrap();
         let key = store.key(&subject, name);
         let used: u64 = redis::cmd("MEMORY")
