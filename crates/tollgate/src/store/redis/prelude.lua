@@ -204,15 +204,18 @@ end
 -- usual state is a bare integer. A TAT that has passed says nothing. Every
 -- algorithm keeping one reads it only as its backlog (the ticks between now
 -- and the TAT), so that is what the state is once loaded: one number.
-
+--
 -- How an algorithm writes its TAT: the tag, the pattern that reads it, the
 -- formats that write it (one string.format call either way).
 local function tat_encoding(tag)
   return { tag = tag, pattern = "^" .. tag .. "(%d+):?(%d*)$", whole = tag .. "%d", fractional = tag .. "%d:%d" }
 end
 
--- The backlog a TAT state `value` (a string) leaves at now.
-local function read_tat(value, p, encoding, now)
+local function load_tat(key, p, encoding, now)
+  local value = get_string(key)
+  if not value then
+    return nil
+  end
   local at, frac = nil, 0
   if encoding.tag == "" then
     at = tonumber(value)
@@ -228,14 +231,6 @@ local function read_tat(value, p, encoding, now)
     return nil
   end
   return backlog(p, at, frac, now)
-end
-
-local function load_tat(key, p, encoding, now)
-  local value = get_string(key)
-  if not value then
-    return nil
-  end
-  return read_tat(value, p, encoding, now)
 end
 
 local function store_tat(key, encoding, at, frac, ttl)

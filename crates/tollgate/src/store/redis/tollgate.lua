@@ -90,6 +90,13 @@ local function answer(reply, status, granted, now, n)
   end
 end
 
+-- Appends the reply of a decision refused because a key holds a value
+-- Tollgate did not write.
+local function refuse_foreign(reply, now)
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3] = -1, 0, now
+end
+
 -- Gives back `COSTS[i]` units taken at `at` on every limit: never refused.
 local function refund(keys, first, n, now, at, cost, lease, reply)
   for i = 1, n do
@@ -111,9 +118,7 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
     local p = LIMITS[i]
     local s, stale = p.algorithm.load(keys[first + i], p, now)
     if s == FOREIGN then
-      reply[#reply + 1] = -1
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = now
+      refuse_foreign(reply, now)
       return
     end
     STATES[i], STALE[i] = s, stale
@@ -169,18 +174,14 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
   answer(reply, allowed and 1 or 0, allowed and cost or 0, now, n)
 end
 
--- decide() for one limit, in fewer steps: the usual decision.
+-- decide() for one limit (not check_at_most, refund or reset), without the
+-- loops: with one limit a denial has nothing to give back.
 local function decide_one(key, now, op, cost, max_wait, lease, reply)
   local p = LIMITS[1]
   local algorithm = p.algorithm
-  if op == CHECK and algorithm.check then
-    algorithm.check(key, p, now, p.cost, cost, reply)
-    return
-  end
   local s, stale = algorithm.load(key, p, now)
-  local at = #reply
   if s == FOREIGN then
-    reply[at + 1], reply[at + 2], reply[at + 3] = -1, 0, now
+    refuse_foreign(reply, now)
     return
   end
   use_slot(1)
@@ -188,10 +189,7 @@ local function decide_one(key, now, op, cost, max_wait, lease, reply)
   if change ~= nil then
     algorithm.store(key, p, s, change, now, d[5], stale)
   end
-  local allowed = d[1]
-  reply[at + 1], reply[at + 2], reply[at + 3] = allowed, allowed == 1 and cost or 0, now
-  reply[at + 4], reply[at + 5], reply[at + 6], reply[at + 7], reply[at + 8], reply[at + 9] =
-    allowed, d[2], d[3], d[4], d[5], d[6]
+  answer(reply, d[1], d[1] == 1 and cost or 0, now, 1)
 end
 
 local function run(keys, args)
