@@ -212,6 +212,55 @@ async fn keys_follow_the_documented_layout() {
     assert!(server.cli(&["PTTL", &keys]).parse::<u64>().is_ok());
 }
 
+/// A GCRA state is an integer Redis stores as one (`OBJECT ENCODING` int,
+/// the size of a bare timestamp), whether or not its TAT carries a fraction
+/// of a microsecond; beyond 1 000 ticks a microsecond the fraction is
+/// written after a colon. Each is read back exactly.
+#[tokio::test]
+async fn gcra_states_are_integers() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let subject = Subject::new("encoded");
+    let t0 = common::conformance::T0;
+    for (name, rate, integer) in [
+        ("whole", 10, true),         // 100 000 µs a cell
+        ("thirds", 3, true),         // 333 333⅓ µs
+        ("thousandths", 999, true),  // 1 001.001… µs: 999 ticks a µs
+        ("finer", 1_000_003, false), // 1 000 003 ticks a µs
+    ] {
+        let limit = Limit::gcra(rate, Duration::from_secs(1), 2).unwrap();
+        let limiter = tollgate::Limiter::new(redis.clone(), Policy::new([(name, limit)]).unwrap());
+        let at = |micros| Request::new(Op::Check, 1).at(Timestamp::from_micros(t0 + micros));
+        assert_eq!(
+            limiter.decide(&subject, &at(0)).await.unwrap().decision.remaining,
+            1,
+            "{name}"
+        );
+        let key = redis.key(&subject, name);
+        let value = server.cli(&["GET", &key]);
+        let encoding = server.cli(&["OBJECT", "ENCODING", &key]);
+        assert_eq!(encoding == "int", integer, "{name}: {value} is {encoding}");
+        assert_eq!(value.contains(':'), !integer, "{name}: {value}");
+        // Read back at the same instant: the second cell fits, a third only
+        // after its retry_after.
+        assert!(
+            limiter.decide(&subject, &at(0)).await.unwrap().decision.allowed,
+            "{name}"
+        );
+        let denied = limiter.decide(&subject, &at(0)).await.unwrap().decision;
+        assert!(!denied.allowed, "{name}");
+        let wait = u64::try_from(denied.retry_after.unwrap().as_micros()).unwrap();
+        assert!(
+            !limiter.decide(&subject, &at(wait - 1)).await.unwrap().decision.allowed,
+            "{name}"
+        );
+        assert!(
+            limiter.decide(&subject, &at(wait)).await.unwrap().decision.allowed,
+            "{name}"
+        );
+    }
+}
+
 // --- Faults and errors. ---------------------------------------------------
 
 /// A library or script the server lost (FUNCTION FLUSH on Redis 7+ and

@@ -47,7 +47,7 @@ end
 
 function gcra.store(key, p, _, new_ahead, now, ttl)
   local at, frac = tat_after(p, now, new_ahead)
-  store_tat(key, gcra.tat, at, frac, ttl)
+  store_tat(key, p, gcra.tat, at, frac, ttl)
 end
 
 -- Gives back `cost` cells: the TAT moves back by their emission time,

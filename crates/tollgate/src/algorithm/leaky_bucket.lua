@@ -53,7 +53,7 @@ end
 
 function leaky_bucket.store(key, p, _, queued_after, now, ttl)
   local at, frac = tat_after(p, now, queued_after)
-  store_tat(key, leaky_bucket.tat, at, frac, ttl)
+  store_tat(key, p, leaky_bucket.tat, at, frac, ttl)
 end
 
 -- Gives back `cost` units: they leave the queue; reports as a peek after.

@@ -68,7 +68,7 @@ end
 
 function reservation.store(key, p, _, missing_after, now, ttl)
   local at, frac = tat_after(p, now, missing_after)
-  store_tat(key, reservation.tat, at, frac, ttl)
+  store_tat(key, p, reservation.tat, at, frac, ttl)
 end
 
 -- Gives back `cost` permits (a reservation cancelled): the permits missing

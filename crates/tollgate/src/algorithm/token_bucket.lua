@@ -145,7 +145,7 @@ end
 function token_bucket.store(key, p, _, change, now, ttl)
   if p.smooth then
     local at, frac = tat_after(p, now, change)
-    store_tat(key, token_bucket.tat, at, frac, ttl)
+    store_tat(key, p, token_bucket.tat, at, frac, ttl)
   elseif ttl == 0 then
     rcall("DEL", key)
   else

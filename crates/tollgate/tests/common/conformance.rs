@@ -217,6 +217,27 @@ pub async fn a_redefined_gcra_limit_starts_afresh<S: Store>(store: S) {
     assert_eq!(check(&third, &subject, 1, T0).await.remaining, 4);
 }
 
+/// The same for a GCRA whose emission interval is not whole microseconds
+/// (its TAT carries a fraction of one): another algorithm reads its state as
+/// none, and a GCRA of another rate reads the TAT in its own ticks.
+pub async fn a_redefined_fractional_gcra_limit_starts_afresh<S: Store>(store: S) {
+    let subject = Subject::new("redefined");
+    // 3 a second: a cell every 333 333⅓ µs.
+    let thirds = Policy::new([("x", Limit::gcra(3, Duration::from_secs(1), 5).unwrap())]).unwrap();
+    let window = Policy::new([("x", Limit::fixed_window(3, Duration::from_secs(3600)).unwrap())]).unwrap();
+    let first = Limiter::new(store.clone(), thirds.clone());
+    assert_eq!(check(&first, &subject, 4, T0).await.remaining, 1);
+    let second = Limiter::new(store.clone(), window);
+    assert_eq!(check(&second, &subject, 1, T0).await.remaining, 2);
+    let third = Limiter::new(store.clone(), thirds);
+    assert_eq!(check(&third, &subject, 1, T0).await.remaining, 4);
+    // 7 a second, burst 5 (7 ticks a µs, 1 000 000 a cell): the TAT, 333 333
+    // µs and 1 tick ahead, is 2 333 332 ticks, 2.33 cells of 5: 2 left.
+    let sevenths = Policy::new([("x", Limit::gcra(7, Duration::from_secs(1), 5).unwrap())]).unwrap();
+    let fourth = Limiter::new(store, sevenths);
+    assert_eq!(check(&fourth, &subject, 0, T0).await.remaining, 2);
+}
+
 /// A limit is one state per `(subject, name)`, whichever policy decides it:
 /// alone, or next to other limits.
 pub async fn policies_share_limits_by_name<S: Store>(store: S) {
@@ -536,6 +557,7 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     unsupported_operations_are_errors(make().await).await;
     a_redefined_limit_starts_afresh(make().await).await;
     a_redefined_gcra_limit_starts_afresh(make().await).await;
+    a_redefined_fractional_gcra_limit_starts_afresh(make().await).await;
     policies_share_limits_by_name(make().await).await;
     subject_and_name_do_not_run_together(make().await).await;
     huge_waits_are_unbounded(make().await).await;

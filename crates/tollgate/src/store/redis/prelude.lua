@@ -172,13 +172,25 @@ local FOREIGN = {}
 local EXPLICIT_NOW_TTL = 3600000
 local explicit_now = false
 
+-- The texts of recent expiries, by their ms (decisions of one limit often
+-- share one: a window's end, a short TAT), at most MAX_EXPIRY_TEXTS of them.
+local EXPIRY_TEXTS, EXPIRY_TEXTS_KEPT, MAX_EXPIRY_TEXTS = {}, 0, 256
+
 -- The expiry of a state that says something for `ttl` µs: in ms, as text.
 local function expire_ms(ttl)
   local ms = div_ceil(ttl, 1000)
   if explicit_now and ms < EXPLICIT_NOW_TTL then
     ms = EXPLICIT_NOW_TTL
   end
-  return fmt(ms)
+  local text = EXPIRY_TEXTS[ms]
+  if text == nil then
+    if EXPIRY_TEXTS_KEPT >= MAX_EXPIRY_TEXTS then
+      EXPIRY_TEXTS, EXPIRY_TEXTS_KEPT = {}, 0
+    end
+    text = fmt(ms)
+    EXPIRY_TEXTS[ms], EXPIRY_TEXTS_KEPT = text, EXPIRY_TEXTS_KEPT + 1
+  end
+  return text
 end
 
 -- The string at `key`: the value, nil when there is none, or false when
@@ -194,21 +206,35 @@ end
 -- A string holding some algorithm's state (another one's, when the caller
 -- did not recognise it) counts as none; anything else is FOREIGN.
 local function other_state(value)
-  if find(value, "^[filrs]?%d+:?%d*:?%d*$") then
+  if find(value, "^[filrs]?%d+:?%d*:?%d*$") or find(value, "^%-%d%d%d%d+$") then
     return nil
   end
   return FOREIGN
 end
 
--- TAT states: "<tag><at>" or "<tag><at>:<frac>"; GCRA's tag is empty, so its
--- usual state is a bare integer. A TAT that has passed says nothing. Every
--- algorithm keeping one reads it only as its backlog (the ticks between now
--- and the TAT), so that is what the state is once loaded: one number.
+-- TAT states: "<tag><at>" or "<tag><at>:<frac>". A TAT that has passed says
+-- nothing. Every algorithm keeping one reads it only as its backlog (the
+-- ticks between now and the TAT), so that is what the state is once loaded:
+-- one number.
+--
+-- GCRA's tag is empty and its TAT an integer Redis stores as one (no string
+-- allocated, the size of a bare timestamp): `<at>` in whole microseconds, or
+-- packed as `-<at><frac in 3 digits>` when a microsecond holds at most 1 000
+-- ticks (the sign marks the packing, which reads as a number too large for a
+-- double to hold exactly, so it is read back as text); `<at>:<frac>` beyond.
 --
 -- How an algorithm writes its TAT: the tag, the pattern that reads it, the
 -- formats that write it (one string.format call either way).
+local PACKED_TICKS = 1000
+
 local function tat_encoding(tag)
-  return { tag = tag, pattern = "^" .. tag .. "(%d+):?(%d*)$", whole = tag .. "%d", fractional = tag .. "%d:%d" }
+  return {
+    tag = tag,
+    pattern = "^" .. tag .. "(%d+):?(%d*)$",
+    whole = tag .. "%d",
+    fractional = tag .. "%d:%d",
+    packed = tag == "" and "-%d%03d" or nil,
+  }
 end
 
 local function load_tat(key, p, encoding, now)
@@ -217,8 +243,14 @@ local function load_tat(key, p, encoding, now)
     return nil
   end
   local at, frac = nil, 0
-  if encoding.tag == "" then
+  if encoding.packed then
     at = tonumber(value)
+    if at and at < 0 then
+      at, frac = tonumber(substring(value, 2, -4)), tonumber(substring(value, -3))
+      if not (at and frac) then
+        return other_state(value)
+      end
+    end
   end
   if not at then
     local a, f = match(value, encoding.pattern)
@@ -233,7 +265,7 @@ local function load_tat(key, p, encoding, now)
   return backlog(p, at, frac, now)
 end
 
-local function store_tat(key, encoding, at, frac, ttl)
+local function store_tat(key, p, encoding, at, frac, ttl)
   if ttl == 0 then
     rcall("DEL", key)
     return
@@ -241,6 +273,8 @@ local function store_tat(key, encoding, at, frac, ttl)
   local value
   if frac == 0 then
     value = format(encoding.whole, at)
+  elseif encoding.packed and p.per_micro <= PACKED_TICKS then
+    value = format(encoding.packed, at, frac)
   else
     value = format(encoding.fractional, at, frac)
   end

@@ -17,8 +17,11 @@
 -- remaining, retry_after (-1: never), reset_after, wait.
 
 -- Tables reused from call to call (cleared by overwriting the first n
--- entries), so that a decision allocates nothing it can avoid.
+-- entries), so that a decision allocates nothing it can avoid. The reply
+-- too: Redis reads a returned table up to its first nil, so a call ends its
+-- reply with one, past the REPLIED integers it wrote.
 local LIMITS, COSTS, STATES, STALE, CHANGES = {}, {}, {}, {}, {}
+local REPLY, REPLIED = {}, 0
 
 -- The numbers of a text "a:b:…" (empty fields skipped).
 local function numbers(text)
@@ -77,28 +80,34 @@ local function store(key, i, now, ttl)
   end
 end
 
+-- Appends a decision's head to the reply: a refused decision's whole reply.
+local function answer_head(status, granted, now)
+  local at = REPLIED
+  REPLY[at + 1], REPLY[at + 2], REPLY[at + 3] = status, granted, now
+  REPLIED = at + 3
+end
+
 -- Appends a decision's integers to the reply.
-local function answer(reply, status, granted, now, n)
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3] = status, granted, now
-  at = at + 3
+local function answer(status, granted, now, n)
+  answer_head(status, granted, now)
+  local reply, at = REPLY, REPLIED
   for i = 1, n do
     local d = SLOTS[i]
     reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5], reply[at + 6] =
       d[1], d[2], d[3], d[4], d[5], d[6]
     at = at + 6
   end
+  REPLIED = at
 end
 
 -- Appends the reply of a decision refused because a key holds a value
 -- Tollgate did not write.
-local function refuse_foreign(reply, now)
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3] = -1, 0, now
+local function refuse_foreign(now)
+  answer_head(-1, 0, now)
 end
 
 -- Gives back `COSTS[i]` units taken at `at` on every limit: never refused.
-local function refund(keys, first, n, now, at, cost, lease, reply)
+local function refund(keys, first, n, now, at, cost, lease)
   for i = 1, n do
     local p = LIMITS[i]
     use_slot(i)
@@ -110,21 +119,21 @@ local function refund(keys, first, n, now, at, cost, lease, reply)
       store(keys[first + i], i, now, SLOTS[i][5])
     end
   end
-  answer(reply, 1, cost, now, n)
+  answer(1, cost, now, n)
 end
 
-local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
+local function decide(keys, first, n, now, op, cost, max_wait, lease)
   for i = 1, n do
     local p = LIMITS[i]
     local s, stale = p.algorithm.load(keys[first + i], p, now)
     if s == FOREIGN then
-      refuse_foreign(reply, now)
+      refuse_foreign(now)
       return
     end
     STATES[i], STALE[i] = s, stale
   end
   if op == REFUND then
-    refund(keys, first, n, now, max_wait, cost, lease, reply)
+    refund(keys, first, n, now, max_wait, cost, lease)
     return
   end
   local action = op
@@ -171,17 +180,17 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease, reply)
       p.algorithm.store(keys[first + i], p, STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
     end
   end
-  answer(reply, allowed and 1 or 0, allowed and cost or 0, now, n)
+  answer(allowed and 1 or 0, allowed and cost or 0, now, n)
 end
 
 -- decide() for one limit (not check_at_most, refund or reset), without the
 -- loops: with one limit a denial has nothing to give back.
-local function decide_one(key, now, op, cost, max_wait, lease, reply)
+local function decide_one(key, now, op, cost, max_wait, lease)
   local p = LIMITS[1]
   local algorithm = p.algorithm
   local s, stale = algorithm.load(key, p, now)
   if s == FOREIGN then
-    refuse_foreign(reply, now)
+    refuse_foreign(now)
     return
   end
   use_slot(1)
@@ -189,14 +198,14 @@ local function decide_one(key, now, op, cost, max_wait, lease, reply)
   if change ~= nil then
     algorithm.store(key, p, s, change, now, d[5], stale)
   end
-  answer(reply, d[1], d[1] == 1 and cost or 0, now, 1)
+  answer(d[1], d[1] == 1 and cost or 0, now, 1)
 end
 
 local function run(keys, args)
   if not rcall then
     bind_standard_functions()
   end
-  local reply = {}
+  REPLIED = 0
   local server_now
   local at, first = 2, 0
   for _ = 1, tonumber(args[1]) do
@@ -225,18 +234,17 @@ local function run(keys, args)
       at = at + 1
     end
     if n == 1 and op ~= CHECK_AT_MOST and op ~= REFUND and op ~= RESET then
-      decide_one(keys[first + 1], now, op, cost, max_wait, lease, reply)
+      decide_one(keys[first + 1], now, op, cost, max_wait, lease)
     elseif op == RESET then
       for i = 1, n do
         rcall("DEL", keys[first + i])
       end
-      reply[#reply + 1] = 1
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = now
+      answer_head(1, 0, now)
     else
-      decide(keys, first, n, now, op, cost, max_wait, lease, reply)
+      decide(keys, first, n, now, op, cost, max_wait, lease)
     end
     first = first + n
   end
-  return reply
+  REPLY[REPLIED + 1] = nil
+  return REPLY
 end
