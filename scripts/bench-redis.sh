@@ -41,7 +41,7 @@ start_redis
 
 # --- (a) throughput -------------------------------------------------------
 
-GCRA_ANCHOR=$(sed -n '/^const GCRA_ANCHOR/,/^";/p' crates/tollgate/examples/redis_cost.rs | sed '1d;$d')
+GCRA_ANCHOR=$(cat crates/tollgate/examples/anchors/gcra.lua)
 gcra_sha=$(rcli SCRIPT LOAD "$GCRA_ANCHOR")
 [ "$(rcli EVALSHA "$gcra_sha" 1 probe 1 1000000000 | head -n 1)" = 1 ] || die "the GCRA anchor script does not allow"
 

@@ -21,20 +21,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::aio::MultiplexedConnection;
 use tollgate::{Limit, Op, Policy, RedisStore, Request, Store, Subject, Timestamp};
 
-/// The anchor: GCRA in a dozen lines (TIME, GET, SET … PX), as one writes it by hand.
-const GCRA_ANCHOR: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local emission, horizon = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1])) or now
-if tat < now then tat = now end
-local new_tat = tat + emission
-if new_tat - now > horizon then
-  return {0, new_tat - now - horizon}
-end
-redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000))
-return {1, 0}
-";
+/// The anchor: GCRA in a dozen lines (TIME, GET, SET … PX), as one writes it
+/// by hand (also run by `scripts/bench-redis.sh` and `tools/client-choice`).
+const GCRA_ANCHOR: &str = include_str!("anchors/gcra.lua");
 
 /// The anchor for a fixed window: count and expire.
 const FIXED_ANCHOR: &str = r"

@@ -1,6 +1,9 @@
-//! redis-rs against fred on Tollgate's workload: `TASKS` tasks sharing one
-//! client, each sending EVALSHA of Tollgate's script (one GCRA check) in a
-//! loop for `SECONDS`, over 1000 keys. Prints decisions per second for each.
+//! redis-rs against fred on the one-connection workload of `tollgate bench
+//! --batch 1`: `TASKS` tasks sharing one client, each sending EVALSHA of the
+//! hand-written GCRA anchor script (crates/tollgate/examples/anchors/gcra.lua,
+//! always allowing) in a loop for `SECONDS`, over 1000 keys. Prints
+//! decisions per second for each: what one connection of a Rust client
+//! reaches with the cheapest script, the ceiling for Tollgate's own calls.
 //!
 //! Usage: client-choice redis://127.0.0.1:PORT [tasks] [seconds]
 
@@ -10,15 +13,12 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 
-const SCRIPT: &str = include_str!("../../../crates/tollgate/src/store/redis/tollgate.lua");
+const SCRIPT: &str = include_str!("../../../crates/tollgate/examples/anchors/gcra.lua");
 
-/// The arguments Tollgate sends for one GCRA check (100 per second, burst
-/// 1e9: always allowed), on server time.
+/// The anchor's arguments: an emission interval of 1 µs, a horizon of 10⁹ µs
+/// (always allowed).
 fn args() -> Vec<String> {
-    ["", "1", "check", "1", "-1", "", "0", "1", "gcra", "1000000000", "0", "0", "0", "0", "10000", "1", "1"]
-        .iter()
-        .map(|arg| (*arg).to_owned())
-        .collect()
+    vec!["1".to_owned(), "1000000000".to_owned()]
 }
 
 async fn run<F, Fut>(tasks: usize, seconds: u64, call: F) -> f64
