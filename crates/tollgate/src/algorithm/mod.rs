@@ -449,6 +449,9 @@ pub struct WindowSpec {
 pub struct Limit {
     spec: LimitSpec,
     kind: Kind,
+    /// The limit as the Redis library reads it, written once.
+    #[cfg(feature = "redis")]
+    script_params: std::sync::Arc<str>,
 }
 
 fn at_least_one(value: u64, field: &str) -> Result<u64> {
@@ -496,7 +499,12 @@ impl LimitSpec {
     /// naming the field at fault.
     pub fn build(self) -> Result<Limit> {
         let kind = self.validate()?;
-        Ok(Limit { spec: self, kind })
+        Ok(Limit {
+            #[cfg(feature = "redis")]
+            script_params: dispatch!(&kind, p => script_params(p)).into(),
+            spec: self,
+            kind,
+        })
     }
 
     /// The algorithm's name, as written in `"algorithm"`.
@@ -853,8 +861,8 @@ impl Limit {
     /// The limit as the Redis library reads it: its algorithm's id, then
     /// the numbers its Lua twin's `params` reads, joined by ':'.
     #[cfg(feature = "redis")]
-    pub(crate) fn script_params(&self) -> String {
-        dispatch!(&self.kind, p => script_params(p))
+    pub(crate) fn script_params(&self) -> &str {
+        &self.script_params
     }
 }
 
