@@ -54,8 +54,8 @@
 //! |---|---|---|
 //! | fixed window, GCRA, token bucket, reservation, leaky bucket | O(1): one read, one write | 10–25 µs |
 //! | sliding window | O(buckets): one hash of at most buckets + 1 fields | 15–30 µs |
-//! | sliding log | O(log n + e), e the entries that left the window since the log was last written (at most the limit) | 50–90 µs at 10…100 000 live entries; trimming 100 000 at once: 7–11 ms |
-//! | concurrency | O(log n + e + w), e the leases ended since the last call, w the leases a denial's `retry_after` walks (at most the units it needs) | 40–70 µs at 10…100 000 leases; 100 000 ended leases of one unit: 33–43 ms (of mixed units, paged: about 2.6 µs each) |
+//! | sliding log | O(log n + e), e the entries that left the window since the log was last written (at most the limit) | 46–90 µs at 10…100 000 live entries; trimming 100 000 at once: 6–11 ms |
+//! | concurrency | O(log n + e + w), e the leases ended since the last call, w the leases a denial's `retry_after` walks (at most the units it needs) | 38–70 µs at 10…100 000 leases; 100 000 ended leases of one unit: 33–46 ms (of mixed units, paged: about 2.6 µs each) |
 //!
 //! A batched call costs the sum of its decisions (at most
 //! [`RedisStoreBuilder::max_batch`]). The long calls are the first after a
