@@ -171,10 +171,6 @@ function concurrency.decide(p, s, now, action, cost, _, lease)
 end
 
 function concurrency.store(key, _, _, change, _, ttl, stale)
-  if ttl == 0 then
-    rcall("DEL", key)
-    return
-  end
   if stale then
     rcall("DEL", key)
   end

@@ -146,8 +146,6 @@ function token_bucket.store(key, p, _, change, now, ttl)
   if p.smooth then
     local at, frac = tat_after(p, now, change)
     store_tat(key, p, token_bucket.tat, at, frac, ttl)
-  elseif ttl == 0 then
-    rcall("DEL", key)
   else
     local value = format("i%d:%d:%d", change.tokens, change.boundary, now + ttl)
     rcall("SET", key, value, "PX", expire_ms(ttl))

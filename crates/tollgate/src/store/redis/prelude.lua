@@ -92,8 +92,9 @@ end
 local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET, REFUND = 1, 2, 3, 4, 5, 6, 7
 
 -- How a borrowing or shaping limit (reservation, leaky bucket) runs an
--- action, as Limit::decide does: a release only reports (never denied, never
--- waits); `check` accepts a wait of at most `check_wait` (nil: any).
+-- action, as their Rust twins' `decide` do: a release only reports (never
+-- denied, never waits); `check` accepts a wait of at most `check_wait`
+-- (nil: any).
 local function queue_action(reserve, p, s, now, action, cost, max_wait, check_wait)
   if action == RELEASE then
     local decision = reserve(p, s, now, 0, nil)
@@ -223,13 +224,12 @@ end
 -- ticks (the sign marks the packing, which reads as a number too large for a
 -- double to hold exactly, so it is read back as text); `<at>:<frac>` beyond.
 --
--- How an algorithm writes its TAT: the tag, the pattern that reads it, the
--- formats that write it (one string.format call either way).
+-- How an algorithm with tag `tag` keeps its TAT: the pattern that reads it,
+-- the formats that write it (one string.format call either way).
 local PACKED_TICKS = 1000
 
 local function tat_encoding(tag)
   return {
-    tag = tag,
     pattern = "^" .. tag .. "(%d+):?(%d*)$",
     whole = tag .. "%d",
     fractional = tag .. "%d:%d",
@@ -266,10 +266,6 @@ local function load_tat(key, p, encoding, now)
 end
 
 local function store_tat(key, p, encoding, at, frac, ttl)
-  if ttl == 0 then
-    rcall("DEL", key)
-    return
-  end
   local value
   if frac == 0 then
     value = format(encoding.whole, at)
@@ -289,6 +285,7 @@ end
 --   decide(p, s, now, action, cost, max_wait, lease) -> decision, change;
 --   refund(p, s, now, at, cost, lease) -> decision, change: gives back
 --     `cost` units taken at `at` (a lease's, on leases), reporting as a peek;
---   store(key, p, s, change, now, ttl, stale): writes what changed (a
---     change whose state says nothing more, ttl 0, is a DEL instead).
+--   store(key, p, s, change, now, ttl, stale): writes what changed, whose
+--     state says something for ttl > 0 µs (tollgate.lua deletes the key of
+--     a change that says nothing more, ttl 0, instead of calling store).
 local ALGORITHMS = {}

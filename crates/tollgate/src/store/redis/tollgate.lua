@@ -70,13 +70,13 @@ local function head_of(text)
   return keep(text, head)
 end
 
--- Writes limit i's change: its state stops mattering after `ttl` µs (0: now).
-local function store(key, i, now, ttl)
+-- Writes a limit's change: its state stops mattering after `ttl` µs (0: at
+-- once, and the key goes).
+local function store(key, p, s, change, now, ttl, stale)
   if ttl == 0 then
     rcall("DEL", key)
   else
-    local p = LIMITS[i]
-    p.algorithm.store(key, p, STATES[i], CHANGES[i], now, ttl, STALE[i])
+    p.algorithm.store(key, p, s, change, now, ttl, stale)
   end
 end
 
@@ -116,7 +116,7 @@ local function refund(keys, first, n, now, at, cost, lease)
   end
   for i = 1, n do
     if CHANGES[i] ~= nil then
-      store(keys[first + i], i, now, SLOTS[i][5])
+      store(keys[first + i], LIMITS[i], STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
     end
   end
   answer(1, cost, now, n)
@@ -176,8 +176,7 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease)
   end
   for i = 1, n do
     if CHANGES[i] ~= nil then
-      local p = LIMITS[i]
-      p.algorithm.store(keys[first + i], p, STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
+      store(keys[first + i], LIMITS[i], STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
     end
   end
   answer(allowed and 1 or 0, allowed and cost or 0, now, n)
@@ -196,7 +195,7 @@ local function decide_one(key, now, op, cost, max_wait, lease)
   use_slot(1)
   local d, change = algorithm.decide(p, s, now, op, p.cost, max_wait, lease)
   if change ~= nil then
-    algorithm.store(key, p, s, change, now, d[5], stale)
+    store(key, p, s, change, now, d[5], stale)
   end
   answer(d[1], d[1] == 1 and cost or 0, now, 1)
 end
