@@ -66,7 +66,7 @@ pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};
 pub use store::{
     AnyStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder,
-    Store,
+    Store, StoreConnector,
 };
 /// The README's Rust blocks, compiled and run as doc tests.
 #[cfg(all(doctest, feature = "redis"))]

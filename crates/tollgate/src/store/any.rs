@@ -59,6 +59,16 @@ impl Store for AnyStore {
         }
     }
 
+    async fn ping(&self) -> Result<()> {
+        match self {
+            Self::Memory(store) => store.ping().await,
+            #[cfg(feature = "redis")]
+            Self::Redis(store) => store.ping().await,
+            #[cfg(feature = "redis")]
+            Self::Resilient(store) => store.ping().await,
+        }
+    }
+
     fn sleep(&self, duration: std::time::Duration) -> Sleep {
         match self {
             Self::Memory(store) => store.sleep(duration),

@@ -18,7 +18,7 @@ pub use self::any::AnyStore;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
-pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder};
+pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder, StoreConnector};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -73,6 +73,16 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// A store fault.
     fn reset(&self, subject: &Subject, policy: &Policy) -> impl Future<Output = Result<()>> + Send;
+
+    /// Checks that the store answers (a health check): always, in memory;
+    /// a `TIME` round trip on Redis.
+    ///
+    /// # Errors
+    ///
+    /// A store fault, or no answer in time.
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
 
     /// Waits for `duration` on the store's notion of time.
     fn sleep(&self, duration: Duration) -> Sleep {

@@ -19,15 +19,22 @@
 //! Every [`Outcome`] says which [`Path`] decided it; [`ResilientStore::stats`]
 //! counts them. Invalid arguments are errors whatever the policy.
 //!
+//! The store may also be built before its backend answers
+//! ([`ResilientStore::connecting`]): a task connects in the background,
+//! retrying with a back-off, and until it succeeds every call is a fault
+//! that the breaker and the policy answer, so a service starts while Redis
+//! is down and moves to it as soon as it answers.
+//!
 //! [`RedisStore`]: crate::RedisStore
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -111,10 +118,33 @@ pub struct ResilienceStats {
     pub breaker_open: bool,
 }
 
+/// Opens the store behind a [`ResilientStore::connecting`], once per attempt.
+pub type StoreConnector<S> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = Result<S>> + Send>> + Send>;
+
+/// The longest wait between two attempts to connect.
+const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Where the store comes from.
+enum Source<S> {
+    /// Given, connected.
+    Ready(S),
+    /// Opened in the background.
+    Connect(StoreConnector<S>),
+}
+
+impl<S> fmt::Debug for Source<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ready(_) => "Ready",
+            Self::Connect(_) => "Connect",
+        })
+    }
+}
+
 /// Options for a [`ResilientStore`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ResilientStoreBuilder<S> {
-    store: S,
+    store: Source<S>,
     on_error: OnStoreError,
     timeout: Duration,
     failures: u64,
@@ -170,11 +200,17 @@ impl<S: Store> ResilientStoreBuilder<S> {
         self
     }
 
-    /// The store.
+    /// The store. A store still [`connecting`](ResilientStore::connecting)
+    /// starts its connecting task on the current Tokio runtime.
     pub fn build(self) -> ResilientStore<S> {
-        ResilientStore {
+        let (store, connect) = match self.store {
+            Source::Ready(store) => (OnceLock::from(store), None),
+            Source::Connect(connect) => (OnceLock::new(), Some(connect)),
+        };
+        let store = ResilientStore {
             inner: Arc::new(Inner {
-                store: self.store,
+                store,
+                connect_error: Mutex::new(None),
                 on_error: self.on_error,
                 timeout: self.timeout,
                 breaker: Breaker::new(self.failures, self.backoff, self.max_backoff),
@@ -183,7 +219,38 @@ impl<S: Store> ResilientStoreBuilder<S> {
                 counts: Counts::default(),
                 log: FaultLog::default(),
             }),
+        };
+        if let Some(connect) = connect {
+            tokio::spawn(connect_in_background(Arc::downgrade(&store.inner), connect));
         }
+        store
+    }
+}
+
+/// Connects `inner`'s store with `connect`, retrying with a back-off until
+/// it succeeds or the store is dropped.
+async fn connect_in_background<S: Store>(inner: std::sync::Weak<Inner<S>>, mut connect: StoreConnector<S>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let result = connect().await;
+        let Some(inner) = inner.upgrade() else { return };
+        match result {
+            Ok(store) => {
+                let _ = inner.store.set(store);
+                *inner.connect_error.lock() = None;
+                tracing::info!("store connected");
+                return;
+            }
+            Err(error) => {
+                let first = inner.connect_error.lock().replace(error.to_string()).is_none();
+                if first {
+                    tracing::warn!(%error, "cannot connect to the store yet; retrying in the background");
+                }
+            }
+        }
+        drop(inner);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_CONNECT_BACKOFF);
     }
 }
 
@@ -211,7 +278,11 @@ impl<S> fmt::Debug for ResilientStore<S> {
 }
 
 struct Inner<S> {
-    store: S,
+    /// Set once connected (at once, unless built with
+    /// [`ResilientStore::connecting`]).
+    store: OnceLock<S>,
+    /// The last failed attempt to connect, while not connected.
+    connect_error: Mutex<Option<String>>,
     on_error: OnStoreError,
     timeout: Duration,
     breaker: Breaker,
@@ -233,6 +304,18 @@ struct Counts {
 impl<S: Store> ResilientStore<S> {
     /// Options for a resilient store in front of `store`.
     pub fn builder(store: S) -> ResilientStoreBuilder<S> {
+        Self::builder_of(Source::Ready(store))
+    }
+
+    /// Options for a resilient store in front of the store `connect` opens:
+    /// built at once, it connects in the background (retrying with a
+    /// back-off of up to a second) and treats every call before then as a
+    /// fault, which the breaker and the failure policy answer.
+    pub fn connecting(connect: StoreConnector<S>) -> ResilientStoreBuilder<S> {
+        Self::builder_of(Source::Connect(connect))
+    }
+
+    fn builder_of(store: Source<S>) -> ResilientStoreBuilder<S> {
         ResilientStoreBuilder {
             store,
             on_error: OnStoreError::default(),
@@ -244,9 +327,29 @@ impl<S: Store> ResilientStore<S> {
         }
     }
 
-    /// The store behind.
-    pub fn store(&self) -> &S {
-        &self.inner.store
+    /// The store behind, once connected.
+    pub fn store(&self) -> Option<&S> {
+        self.inner.store.get()
+    }
+
+    /// True once the store behind is connected and the breaker is closed:
+    /// the last calls reached it.
+    pub fn is_reachable(&self) -> bool {
+        self.inner.store.get().is_some() && !self.inner.breaker.is_open()
+    }
+
+    /// The store behind, or the fault of calling it before it is connected.
+    fn connected(&self) -> Result<&S> {
+        self.inner.store.get().ok_or_else(|| {
+            let cause = self.inner.connect_error.lock().clone();
+            Error::new(
+                ErrorKind::Store,
+                match cause {
+                    Some(cause) => format!("store not connected yet: {cause}"),
+                    None => "store not connected yet".to_owned(),
+                },
+            )
+        })
     }
 
     /// The failure policy.
@@ -268,8 +371,13 @@ impl<S: Store> ResilientStore<S> {
         }
     }
 
-    /// Runs `decision`, the store's, within the deadline, unless the breaker is open.
-    async fn call(&self, decision: impl Future<Output = Result<Outcome>>) -> Result<Outcome> {
+    /// Runs `decision` on the store within the deadline, unless the breaker
+    /// is open; a store not yet connected is a fault.
+    async fn call<'a, F, Fut>(&'a self, decision: F) -> Result<Outcome>
+    where
+        F: FnOnce(&'a S) -> Fut,
+        Fut: Future<Output = Result<Outcome>>,
+    {
         let inner = &self.inner;
         if !inner.breaker.admits() {
             return Err(Error::new(
@@ -277,12 +385,15 @@ impl<S: Store> ResilientStore<S> {
                 "store unavailable: the circuit breaker is open after consecutive faults",
             ));
         }
-        let result = match tokio::time::timeout(inner.timeout, decision).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::new(
-                ErrorKind::Timeout,
-                format!("store: no answer within the deadline ({:?})", inner.timeout),
-            )),
+        let result = match self.connected() {
+            Ok(store) => match tokio::time::timeout(inner.timeout, decision(store)).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("store: no answer within the deadline ({:?})", inner.timeout),
+                )),
+            },
+            Err(fault) => Err(fault),
         };
         match &result {
             Ok(_) => {
@@ -348,6 +459,19 @@ impl<S: Store> ResilientStore<S> {
 }
 
 impl<S: Store> Store for ResilientStore<S> {
+    /// The store's own check, within the deadline (not counted by the
+    /// breaker); a store not yet connected fails it.
+    async fn ping(&self) -> Result<()> {
+        let store = self.connected()?;
+        match tokio::time::timeout(self.inner.timeout, store.ping()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!("store: no answer within the deadline ({:?})", self.inner.timeout),
+            )),
+        }
+    }
+
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         policy.validate(request)?;
         let inner = &self.inner;
@@ -357,7 +481,7 @@ impl<S: Store> Store for ResilientStore<S> {
                 return Ok(outcome);
             }
         }
-        match self.call(inner.store.decide(subject, policy, request)).await {
+        match self.call(|store| store.decide(subject, policy, request)).await {
             Ok(outcome) => {
                 inner.counts.store.fetch_add(1, Ordering::Relaxed);
                 if let Some(denials) = &inner.denials {
@@ -379,7 +503,7 @@ impl<S: Store> Store for ResilientStore<S> {
     async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
         let inner = &self.inner;
         // An invalid request is refused by the store, not counted as a fault.
-        match self.call(inner.store.decide_spread(subjects, policy, request)).await {
+        match self.call(|store| store.decide_spread(subjects, policy, request)).await {
             Ok(outcome) => {
                 inner.counts.store.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
@@ -397,7 +521,8 @@ impl<S: Store> Store for ResilientStore<S> {
             denials.forget(subject, policy);
         }
         self.inner.local.reset_now(subject, policy);
-        match tokio::time::timeout(self.inner.timeout, self.inner.store.reset(subject, policy)).await {
+        let store = self.connected()?;
+        match tokio::time::timeout(self.inner.timeout, store.reset(subject, policy)).await {
             Ok(result) => result,
             Err(_) => Err(Error::new(
                 ErrorKind::Timeout,
@@ -407,7 +532,10 @@ impl<S: Store> Store for ResilientStore<S> {
     }
 
     fn sleep(&self, duration: Duration) -> Sleep {
-        self.inner.store.sleep(duration)
+        match self.inner.store.get() {
+            Some(store) => store.sleep(duration),
+            None => Box::pin(tokio::time::sleep(duration)),
+        }
     }
 }
 

@@ -757,6 +757,10 @@ fn check_lease(request: &Request) -> Result<()> {
 }
 
 impl Store for RedisStore {
+    async fn ping(&self) -> Result<()> {
+        self.server_time().await.map(|_| ())
+    }
+
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         policy.validate(request)?;
         check_lease(request)?;
