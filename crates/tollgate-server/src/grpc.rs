@@ -4,9 +4,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit as ProtoUnit, DescriptorStatus as ProtoStatus, RateLimit,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{DescriptorStatus as ProtoStatus, RateLimit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -15,8 +13,8 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, ListValue, Struct, Value as ProtoValue};
 use tonic::{Request, Response, Status};
 
-use crate::config::Unit;
-use crate::service::{CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError};
+use crate::service::{CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError, Target};
+use crate::unit::Unit;
 
 /// The gRPC front end.
 pub struct Grpc {
@@ -27,19 +25,6 @@ impl Grpc {
     /// A tonic service answering for `service`.
     pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Self> {
         RateLimitServiceServer::new(Self { service })
-    }
-}
-
-fn unit_from_proto(unit: i32) -> Option<Unit> {
-    match ProtoUnit::try_from(unit).ok()? {
-        ProtoUnit::Second => Some(Unit::Second),
-        ProtoUnit::Minute => Some(Unit::Minute),
-        ProtoUnit::Hour => Some(Unit::Hour),
-        ProtoUnit::Day => Some(Unit::Day),
-        ProtoUnit::Week => Some(Unit::Week),
-        ProtoUnit::Month => Some(Unit::Month),
-        ProtoUnit::Year => Some(Unit::Year),
-        ProtoUnit::Unknown => None,
     }
 }
 
@@ -56,18 +41,20 @@ pub(crate) fn descriptor(index: usize, descriptor: RateLimitDescriptor) -> Resul
     }
     let limit_override = match descriptor.limit {
         Some(limit) => {
-            let unit = unit_from_proto(limit.unit)
+            let unit = Unit::from_proto(limit.unit)
                 .ok_or_else(|| ServiceError::InvalidArgument(format!("descriptors[{index}].limit.unit is unknown")))?;
             Some((u64::from(limit.requests_per_unit), unit))
         }
         None => None,
     };
     Ok(Descriptor {
-        entries: descriptor
-            .entries
-            .into_iter()
-            .map(|entry| (entry.key, entry.value))
-            .collect(),
+        target: Target::Entries(
+            descriptor
+                .entries
+                .into_iter()
+                .map(|entry| (entry.key, entry.value))
+                .collect(),
+        ),
         hits_addend: descriptor.hits_addend.map(|hits| hits.value),
         limit_override,
     })
@@ -172,6 +159,8 @@ impl RateLimitService for Grpc {
         let check = CheckRequest {
             domain: request.domain,
             descriptors,
+            // Envoy's 0 means 1.
+            hits: u64::from(request.hits_addend).max(1),
             hits_addend: u64::from(request.hits_addend),
         };
         let answer = self.service.should_rate_limit(&check).await.map_err(status)?;

@@ -6,10 +6,14 @@
 //!   rule, with a cost — answering a decision with `RateLimit` /
 //!   `Retry-After` headers, 429 when denied;
 //! - `GET /metrics` (Prometheus), `GET /healthz`, `GET /v1/config`;
-//! - `GET /healthcheck`: envoyproxy/ratelimit's (`OK`, or 500 when unhealthy).
+//! - `GET /healthcheck`: envoyproxy/ratelimit's (`OK`, or 500 when unhealthy);
+//! - `GET /rlconfig`: envoyproxy/ratelimit's debug view of the loaded
+//!   configuration, as text.
 //!
-//! Bodies are capped at [`MAX_BODY`]; every malformed request is a 400 with
-//! `{"error": "…"}`, and the server keeps serving.
+//! Every route parses its body into the service's one request type and
+//! calls [`Service::should_rate_limit`]. Bodies are capped at [`MAX_BODY`]
+//! (413 above it); every malformed request is a 400 with `{"error": "…"}`,
+//! and the server keeps serving.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +27,13 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tollgate::wire::DecisionJson;
-use tollgate::{Decision, Policy, Request, Restrictiveness, Store, Subject};
+use tollgate::{Decision, Restrictiveness};
 
-use crate::config::Unit;
 use crate::service::{
-    rate_limit_headers, restrictiveness, CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError, Usage,
+    rate_limit_headers, restrictiveness, CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus, Service,
+    ServiceError, Target,
 };
+use crate::unit::Unit;
 
 /// The largest request body, in bytes.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -40,8 +45,18 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/check", post(check))
         .route("/v1/config", get(config))
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/healthcheck", get(healthcheck))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(service)
+}
+
+/// envoyproxy/ratelimit's debug listener (`DEBUG_HOST`, `DEBUG_PORT`):
+/// `/rlconfig`, and the metrics at `/metrics`.
+pub fn debug_router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/rlconfig", get(rlconfig))
+        .route("/metrics", get(metrics))
         .with_state(service)
 }
 
@@ -65,7 +80,7 @@ fn service_error(failure: &ServiceError) -> Response {
 async fn read_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Response> {
     let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
         error(
-            StatusCode::BAD_REQUEST,
+            StatusCode::PAYLOAD_TOO_LARGE,
             format!("the body must be at most {MAX_BODY} bytes"),
         )
     })?;
@@ -164,8 +179,8 @@ impl JsonRequest {
                     Some(limit) => {
                         let unit = Unit::parse(&limit.unit).ok_or_else(|| {
                             ServiceError::InvalidArgument(format!(
-                                "descriptors[{index}].limit.unit \"{}\" is unknown",
-                                limit.unit
+                                "descriptors[{index}].limit.unit: {}",
+                                Unit::unknown(&limit.unit)
                             ))
                         })?;
                         Some((limit.requests_per_unit, unit))
@@ -173,11 +188,7 @@ impl JsonRequest {
                     None => None,
                 };
                 Ok(Descriptor {
-                    entries: descriptor
-                        .entries
-                        .into_iter()
-                        .map(|entry| (entry.key, entry.value))
-                        .collect(),
+                    target: Target::Entries(entries(descriptor.entries)),
                     hits_addend: descriptor.hits_addend,
                     limit_override,
                 })
@@ -186,6 +197,8 @@ impl JsonRequest {
         Ok(CheckRequest {
             domain: self.domain,
             descriptors,
+            // Envoy's 0 means 1.
+            hits: self.hits_addend.max(1),
             hits_addend: self.hits_addend,
         })
     }
@@ -332,27 +345,99 @@ async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {
         Ok(body) => body,
         Err(response) => return response,
     };
-    let outcome = match (&body.descriptors, &body.subject, &body.limit) {
-        (Some(_), None, None) => check_descriptors(&service, body).await,
-        (None, Some(_), Some(_)) => check_named(&service, body).await,
-        _ => Err(ServiceError::InvalidArgument(
-            "give either descriptors, or a subject and the name of a limit".to_owned(),
-        )),
+    let (request, named) = match body.into_check() {
+        Ok(parsed) => parsed,
+        Err(failure) => return service_error(&failure),
     };
-    match outcome {
-        Ok((decision, extra, headers)) => {
-            let status = if decision.allowed {
-                StatusCode::OK
-            } else {
-                StatusCode::TOO_MANY_REQUESTS
-            };
-            let json = CheckJson {
-                decision: DecisionJson::from(&decision),
-                descriptors: extra,
-            };
-            with_headers((status, axum::Json(json)).into_response(), &headers)
+    let answer = match service.should_rate_limit(&request).await {
+        Ok(answer) => answer,
+        Err(failure) => return service_error(&failure),
+    };
+    // The request's decision: the most restrictive descriptor's (the
+    // denying one with the longest retry_after, else the one with the
+    // fewest remaining).
+    let limited: Vec<&DescriptorStatus> = answer
+        .statuses
+        .iter()
+        .filter(|status| status.decision.is_some())
+        .collect();
+    let decision = Restrictiveness::most(limited.iter().map(|status| restrictiveness(status)))
+        .and_then(|index| limited[index].decision.clone());
+    let overall = answer.overall;
+    let mut decision = decision.unwrap_or_else(|| {
+        // Only rules without a decision applied: unlimited, or blocking.
+        let mut decision = Decision::unlimited();
+        if overall == Code::OverLimit {
+            // Blocked: never admissible.
+            decision.limit = 0;
+            decision.remaining = 0;
+            decision.retry_after = None;
         }
-        Err(failure) => service_error(&failure),
+        decision
+    });
+    decision.allowed = overall == Code::Ok;
+    let headers = rate_limit_headers(&answer.statuses, overall);
+    let status = if decision.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let descriptors = (!named).then(|| {
+        answer
+            .statuses
+            .iter()
+            .map(|status| DescriptorJson {
+                code: code_name(status.code),
+                rule: status.rule.clone(),
+                decision: status.decision.as_ref().map(DecisionJson::from),
+            })
+            .collect()
+    });
+    let json = CheckJson {
+        decision: DecisionJson::from(&decision),
+        descriptors,
+    };
+    with_headers((status, axum::Json(json)).into_response(), &headers)
+}
+
+impl CheckBody {
+    /// The service's request, and whether it is the named form (answered
+    /// without the per-descriptor list).
+    fn into_check(self) -> Result<(CheckRequest, bool), ServiceError> {
+        // Here, unlike Envoy's hits_addend, a cost of 0 is a peek.
+        let hits = self.cost.unwrap_or(1);
+        let (descriptors, named) = match (self.descriptors, self.subject, self.limit) {
+            (Some(descriptors), None, None) => {
+                let descriptors = descriptors
+                    .into_iter()
+                    .map(|descriptor| Descriptor {
+                        target: Target::Entries(entries(descriptor.entries)),
+                        hits_addend: descriptor.cost,
+                        limit_override: None,
+                    })
+                    .collect();
+                (descriptors, false)
+            }
+            (None, Some(subject), Some(limit)) => {
+                let descriptor = Descriptor {
+                    target: Target::Named { subject, limit },
+                    ..Descriptor::default()
+                };
+                (vec![descriptor], true)
+            }
+            _ => {
+                return Err(ServiceError::InvalidArgument(
+                    "give either descriptors, or a subject and the name of a limit".to_owned(),
+                ))
+            }
+        };
+        let request = CheckRequest {
+            domain: self.domain,
+            descriptors,
+            hits,
+            hits_addend: 0,
+        };
+        Ok((request, named))
     }
 }
 
@@ -373,128 +458,8 @@ struct DescriptorJson {
     decision: Option<DecisionJson>,
 }
 
-type Checked = (Decision, Option<Vec<DescriptorJson>>, Vec<(&'static str, String)>);
-
-async fn check_descriptors(service: &Service, body: CheckBody) -> Result<Checked, ServiceError> {
-    let cost = body.cost.unwrap_or(1);
-    let descriptors = body
-        .descriptors
-        .unwrap_or_default()
-        .into_iter()
-        .map(|descriptor| Descriptor {
-            entries: descriptor
-                .entries
-                .into_iter()
-                .map(|entry| (entry.key, entry.value))
-                .collect(),
-            hits_addend: descriptor.cost,
-            limit_override: None,
-        })
-        .collect();
-    let request = CheckRequest {
-        domain: body.domain,
-        descriptors,
-        hits_addend: cost,
-    };
-    let answer = service.should_rate_limit(&request).await?;
-    let per_descriptor: Vec<DescriptorJson> = answer
-        .statuses
-        .iter()
-        .map(|status| DescriptorJson {
-            code: code_name(status.code),
-            rule: status.rule.clone(),
-            decision: status.decision.as_ref().map(DecisionJson::from),
-        })
-        .collect();
-    // The request's decision: the most restrictive descriptor's (the
-    // denying one with the longest retry_after, else the one with the
-    // fewest remaining).
-    let limited: Vec<&crate::service::DescriptorStatus> = answer
-        .statuses
-        .iter()
-        .filter(|status| status.decision.is_some())
-        .collect();
-    let decision = Restrictiveness::most(limited.iter().map(|status| restrictiveness(status)))
-        .and_then(|index| limited[index].decision.clone());
-    let mut decision = decision.unwrap_or_else(Decision::unlimited);
-    decision.allowed = answer.overall == Code::Ok;
-    let headers = rate_limit_headers(&answer.statuses, answer.overall);
-    Ok((decision, Some(per_descriptor), headers))
-}
-
-async fn check_named(service: &Service, body: CheckBody) -> Result<Checked, ServiceError> {
-    let (Some(subject), Some(name)) = (body.subject, body.limit) else {
-        return Err(ServiceError::InvalidArgument(
-            "subject and limit are required".to_owned(),
-        ));
-    };
-    if body.domain.is_empty() {
-        return Err(ServiceError::InvalidArgument("domain must not be empty".to_owned()));
-    }
-    let config = service.config();
-    let rule = config.named_rule(&body.domain, &name).ok_or_else(|| {
-        ServiceError::InvalidArgument(format!("domain \"{}\" has no limit named \"{name}\"", body.domain))
-    })?;
-    let limit = match &rule.quota {
-        crate::config::Quota::Limited(limit) => limit.clone(),
-        crate::config::Quota::Unlimited => return Ok((Decision::unlimited(), None, Vec::new())),
-        crate::config::Quota::Blocked => {
-            return Err(ServiceError::InvalidArgument(format!(
-                "limit \"{name}\" blocks every request"
-            )));
-        }
-    };
-    let policy = Policy::new([(format!("named:{}", Subject::new(&name).as_key()), limit)])
-        .map_err(|failure| ServiceError::InvalidArgument(failure.to_string()))?;
-    let cost = body.cost.unwrap_or(1);
-    let op = crate::service::gateway_op(&policy);
-    let subject = Subject::new(&body.domain).and(&subject);
-    let outcome = service
-        .store()
-        .decide(&subject, &policy, &Request::new(op, cost))
-        .await
-        .map_err(|failure| {
-            if failure.is_invalid() {
-                ServiceError::InvalidArgument(failure.to_string())
-            } else {
-                service.metrics().store_error(&body.domain);
-                ServiceError::Unavailable(failure.to_string())
-            }
-        })?;
-    let mut decision = outcome
-        .limits
-        .into_iter()
-        .next()
-        .map(|(_, decision)| decision)
-        .unwrap_or(outcome.decision);
-    service.metrics().record(
-        &body.domain,
-        &rule.path,
-        cost,
-        Usage::of(&decision, cost, rule.shadow_mode),
-    );
-    if rule.shadow_mode || service.options().shadow_mode {
-        decision.allowed = true;
-    }
-    let status = crate::service::DescriptorStatus {
-        code: if decision.allowed { Code::Ok } else { Code::OverLimit },
-        current_limit: Some(crate::service::CurrentLimit {
-            name: name.clone(),
-            requests_per_unit: rule.requests_per_unit.unwrap_or(decision.limit),
-            unit: rule.unit,
-        }),
-        limit_remaining: decision.remaining,
-        duration_until_reset: Some(if decision.allowed {
-            decision.reset_after
-        } else {
-            decision.retry_after.unwrap_or(decision.reset_after)
-        }),
-        decision: Some(decision.clone()),
-        rule: Some(rule.path.clone()),
-    };
-    let overall = status.code;
-    let headers = rate_limit_headers(std::slice::from_ref(&status), overall);
-    Ok((decision, None, headers))
+fn entries(entries: Vec<JsonEntry>) -> Vec<(String, String)> {
+    entries.into_iter().map(|entry| (entry.key, entry.value)).collect()
 }
 
 // --- The rest. ----------------------------------------------------------------
@@ -508,6 +473,25 @@ async fn healthcheck(State(service): State<Arc<Service>>) -> Response {
     } else {
         StatusCode::INTERNAL_SERVER_ERROR.into_response()
     }
+}
+
+/// `/healthz`: `ok`, or 503 while unhealthy (the store unreachable with
+/// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, or shutting down).
+async fn healthz(State(service): State<Arc<Service>>) -> Response {
+    if *service.health().borrow() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unhealthy\n").into_response()
+    }
+}
+
+/// envoyproxy/ratelimit's `/rlconfig`: every loaded rule, one line each.
+async fn rlconfig(State(service): State<Arc<Service>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        service.config().dump(),
+    )
+        .into_response()
 }
 
 async fn config(State(service): State<Arc<Service>>) -> Response {

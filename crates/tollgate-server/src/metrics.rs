@@ -414,6 +414,17 @@ impl Metrics {
         }
     }
 
+    /// Counts the configuration read at start in envoyproxy/ratelimit's
+    /// `config_load_success` / `config_load_error` (as it counts its first
+    /// load), not in Tollgate's reload counters.
+    pub fn initial_config(&self, ok: bool) {
+        if ok {
+            self.upstream.config_load_success.inc_by(1);
+        } else {
+            self.upstream.config_load_error.inc_by(1);
+        }
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut text = String::new();

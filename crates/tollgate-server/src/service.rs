@@ -1,5 +1,11 @@
 //! The rate limit service: one request of descriptors in, one status per
-//! descriptor out, whatever the protocol (gRPC or HTTP).
+//! descriptor out, whatever the front end (gRPC, `/json`, `/v1/check`).
+//!
+//! Every front end parses into one [`CheckRequest`] and calls
+//! [`Service::should_rate_limit`]; each descriptor then travels as one value
+//! carrying its match, its decision and its status to the answer, and errors
+//! keep their kind ([`ServiceError`]) until the front end maps them to a
+//! status code.
 //!
 //! All descriptors of a request are decided together: when any is over its
 //! limit, none consumes. (envoyproxy/ratelimit counts every descriptor's hits
@@ -24,19 +30,28 @@
 //! `duration_until_reset` is the time to the window's end, even for a counter
 //! nothing touched; the global shadow mode answers an overall OK and keeps
 //! each descriptor's code; the response headers are those of the most
-//! restrictive descriptor ([`restrictiveness`], the library's rule).
+//! restrictive descriptor ([`restrictiveness`], the library's rule). Every
+//! reset is counted from the instant the store decided at (Redis's clock, on
+//! Redis), never the host's.
+//!
+//! Work is linear in the number of descriptors, which is capped
+//! ([`Options::max_descriptors`]), so one request never becomes an unbounded
+//! store call.
 
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use futures_util::future::join_all;
 use tokio::sync::watch;
 use tollgate::wire::{rate_limit_headers as rate_limit_headers_of, HeaderLimit};
 use tollgate::{AnyStore, Decision, Limit, Op, Policy, Request, Restrictiveness, Store, Subject};
 
-use crate::config::{Config, Quota, Rule, Unit};
+use crate::config::{Config, Domain, Quota, Rule};
 use crate::metrics::Metrics;
+use crate::unit::Unit;
 
 /// The name of a configured rule's limit within its descriptor's subject.
 const RULE: &str = "rule";
@@ -44,26 +59,72 @@ const RULE: &str = "rule";
 /// The most hits one request or descriptor may add.
 pub const MAX_HITS: u64 = u32::MAX as u64;
 
-/// One descriptor of a request: its entries, and optionally its own hits
+/// The most descriptors one request may carry, by default.
+pub const DEFAULT_MAX_DESCRIPTORS: usize = 1_000;
+
+/// What a descriptor names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `(key, value)` pairs, outermost first, matched against the domain's
+    /// rules (Envoy's descriptors).
+    Entries(Vec<(String, String)>),
+    /// The rule of the domain with this `name`, for `subject`
+    /// (`/v1/check`'s named form).
+    Named {
+        /// Whom the limit is kept for.
+        subject: String,
+        /// The rule's `name`.
+        limit: String,
+    },
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Self::Entries(Vec::new())
+    }
+}
+
+/// One descriptor of a request: what it names, and optionally its own hits
 /// and a limit that overrides the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Descriptor {
-    /// `(key, value)` pairs, outermost first.
-    pub entries: Vec<(String, String)>,
+    /// The entries, or a named rule.
+    pub target: Target,
     /// Hits for this descriptor instead of the request's.
     pub hits_addend: Option<u64>,
     /// A fixed window of `requests_per_unit` per `unit` instead of the configured rule.
     pub limit_override: Option<(u64, Unit)>,
 }
 
-/// A request: Envoy's `RateLimitRequest`.
+impl Descriptor {
+    /// A descriptor of `entries`.
+    pub fn entries(entries: Vec<(String, String)>) -> Self {
+        Self {
+            target: Target::Entries(entries),
+            ..Self::default()
+        }
+    }
+
+    /// Its entries (none for a named rule).
+    fn entry_list(&self) -> &[(String, String)] {
+        match &self.target {
+            Target::Entries(entries) => entries,
+            Target::Named { .. } => &[],
+        }
+    }
+}
+
+/// A request, whatever the front end.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckRequest {
     /// The configuration domain.
     pub domain: String,
     /// The descriptors to decide.
     pub descriptors: Vec<Descriptor>,
-    /// Hits each descriptor adds (0 counts as 1).
+    /// Hits each descriptor adds unless it says otherwise; 0 is a peek (the
+    /// gRPC and `/json` front ends read Envoy's `hits_addend` 0 as 1).
+    pub hits: u64,
+    /// Envoy's `hits_addend` as sent (0: not set), for the dynamic metadata.
     pub hits_addend: u64,
 }
 
@@ -108,6 +169,20 @@ pub struct DescriptorStatus {
     pub rule: Option<String>,
 }
 
+impl DescriptorStatus {
+    /// No limit applies.
+    fn unmatched() -> Self {
+        Self {
+            code: Code::Ok,
+            current_limit: None,
+            limit_remaining: 0,
+            duration_until_reset: None,
+            decision: None,
+            rule: None,
+        }
+    }
+}
+
 /// The answer to a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckResponse {
@@ -128,13 +203,26 @@ pub struct CheckResponse {
     pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// Why a request was not decided.
+/// Why a request was not decided; each kind has its status code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServiceError {
     /// The request is malformed (400 / `INVALID_ARGUMENT`).
     InvalidArgument(String),
-    /// The store failed (503 / `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides).
+    /// The store failed or did not answer in time (503 / `UNAVAILABLE`, so
+    /// Envoy's `failure_mode_deny` decides).
     Unavailable(String),
+}
+
+impl ServiceError {
+    /// The service error of a library error: an invalid argument stays one,
+    /// anything else is the store's fault.
+    pub fn from_store(error: &tollgate::Error) -> Self {
+        if error.is_invalid() {
+            Self::InvalidArgument(error.to_string())
+        } else {
+            Self::Unavailable(error.to_string())
+        }
+    }
 }
 
 impl std::fmt::Display for ServiceError {
@@ -170,6 +258,13 @@ pub struct Options {
     /// Answer with dynamic metadata: the request, and the `metadata` of the
     /// rules it passed (`RESPONSE_DYNAMIC_METADATA`).
     pub dynamic_metadata: bool,
+    /// The most descriptors one request may carry (`MAX_DESCRIPTORS`,
+    /// [`DEFAULT_MAX_DESCRIPTORS`]); more is an invalid argument.
+    pub max_descriptors: usize,
+    /// Unhealthy (gRPC health, `/healthcheck`, `/healthz`) while the store
+    /// does not answer, checked every second
+    /// (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
+    pub health_checks_store: bool,
 }
 
 impl Default for Options {
@@ -182,6 +277,8 @@ impl Default for Options {
             near_limit_ratio: 0.8,
             healthy_with_config_only: false,
             dynamic_metadata: false,
+            max_descriptors: DEFAULT_MAX_DESCRIPTORS,
+            health_checks_store: false,
         }
     }
 }
@@ -216,42 +313,88 @@ pub struct Service {
     metrics: Metrics,
     options: Options,
     healthy: watch::Sender<bool>,
+    health: std::sync::Mutex<Health>,
 }
 
-/// What the rules say of a request's descriptors.
-struct Matched<'a> {
-    applied: Vec<Applied<'a>>,
-    blocked: Vec<Blocked<'a>>,
-    statuses: Vec<DescriptorStatus>,
-    /// Each descriptor's rule's metadata (none for unlimited or replaced rules).
-    metadata: Vec<Option<&'a serde_json::Value>>,
+/// What the service's health depends on; healthy when none holds.
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(clippy::struct_excessive_bools)] // Each is one cause.
+struct Health {
+    /// Shutting down.
+    stopping: bool,
+    /// No domain loaded, with `healthy_with_config_only`.
+    no_config: bool,
+    /// The store does not answer, with `health_checks_store`.
+    store_down: bool,
 }
 
-/// A descriptor whose limit applies in this request.
-struct Applied<'a> {
-    index: usize,
-    limit: Limit,
-    rule: Option<&'a Rule>,
+/// One descriptor on its way through the service: what it matched, then
+/// its decision and its status.
+struct Item<'a> {
+    /// Hits it adds (0: a peek).
     hits: u64,
+    /// The configured rule that applied, if any (none for Envoy's override).
+    rule: Option<&'a Rule>,
+    /// What applies to it.
+    matched: Matched,
+    /// envoyproxy/ratelimit's stat key, without the domain.
+    stat_key: Cow<'a, str>,
+    /// In quota mode.
+    quota: bool,
+    /// In shadow mode.
+    shadow: bool,
+    /// Its rule's metadata, for the dynamic metadata.
+    metadata: Option<&'a serde_json::Value>,
+    /// The answer, filled in as the request is decided.
+    status: DescriptorStatus,
+}
+
+/// What applies to a descriptor.
+enum Matched {
+    /// No rule: OK, with nothing counted.
+    Nothing,
+    /// An unlimited rule: OK, with everything remaining.
+    Unlimited,
+    /// A rule of `requests_per_unit: 0`: over (but for a peek), consuming nothing.
+    Blocked,
+    /// A limit, decided in the store.
+    Limited(Box<Limited>),
+}
+
+/// A limit that applies in this request.
+struct Limited {
+    limit: Limit,
     /// The descriptor: the domain and its entries.
     subject: Subject,
     /// The counter's name within the subject.
     name: String,
-    /// envoyproxy/ratelimit's stat key, without the domain.
-    stat_key: Cow<'a, str>,
     /// A fixed window's length (its reset is the window's end).
     window: Option<Duration>,
-    shadow: bool,
-    quota: bool,
+    /// The store's decision, once made.
+    decision: Option<Decision>,
 }
 
-/// A descriptor whose rule blocks (`requests_per_unit: 0`).
-struct Blocked<'a> {
-    index: usize,
-    rule: &'a Rule,
-    hits: u64,
-    stat_key: Cow<'a, str>,
-    quota: bool,
+impl Item<'_> {
+    fn limited(&self) -> Option<&Limited> {
+        match &self.matched {
+            Matched::Limited(limited) => Some(limited),
+            _ => None,
+        }
+    }
+
+    /// Decided in the store, and enforced (not in shadow mode).
+    fn is_enforced(&self) -> bool {
+        self.limited().is_some() && !self.shadow
+    }
+
+    /// Over its limit, as far as the overall code is concerned.
+    fn is_over(&self) -> bool {
+        match &self.matched {
+            Matched::Blocked => self.hits > 0 && !self.shadow,
+            Matched::Limited(limited) => limited.decision.as_ref().is_some_and(|decision| !decision.allowed),
+            Matched::Nothing | Matched::Unlimited => false,
+        }
+    }
 }
 
 fn invalid(message: impl Into<String>) -> ServiceError {
@@ -261,14 +404,32 @@ fn invalid(message: impl Into<String>) -> ServiceError {
 impl Service {
     /// A service over `store` with `config` in force.
     pub fn new(config: Config, store: AnyStore, options: Options) -> Self {
-        let healthy = !options.healthy_with_config_only || !config.domains.is_empty();
+        let health = Health {
+            no_config: options.healthy_with_config_only && config.domains.is_empty(),
+            ..Health::default()
+        };
         Self {
             config: ArcSwap::from_pointee(config),
             store,
             metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,
-            healthy: watch::channel(healthy).0,
+            healthy: watch::channel(!health.no_config).0,
+            health: std::sync::Mutex::new(health),
         }
+    }
+
+    /// Changes a cause of ill health and publishes the result.
+    fn update_health(&self, change: impl FnOnce(&mut Health)) {
+        let mut health = self.health.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        change(&mut health);
+        self.healthy
+            .send_replace(!health.stopping && !health.no_config && !health.store_down);
+    }
+
+    /// Records whether the store answered its health check (with
+    /// [`Options::health_checks_store`]).
+    pub fn store_reachable(&self, reachable: bool) {
+        self.update_health(|health| health.store_down = !reachable);
     }
 
     /// The configuration in force.
@@ -279,7 +440,8 @@ impl Service {
     /// Puts a new configuration in force.
     pub fn replace_config(&self, config: Config) {
         if self.options.healthy_with_config_only {
-            self.healthy.send_replace(!config.domains.is_empty());
+            let missing = config.domains.is_empty();
+            self.update_health(|health| health.no_config = missing);
         }
         self.config.store(Arc::new(config));
     }
@@ -306,25 +468,38 @@ impl Service {
 
     /// Marks the service unhealthy from now on (it is shutting down).
     pub fn stopping(&self) {
-        self.healthy.send_replace(false);
+        self.update_health(|health| health.stopping = true);
     }
 
-    fn validate(request: &CheckRequest) -> Result<(), ServiceError> {
+    fn validate(&self, request: &CheckRequest) -> Result<(), ServiceError> {
         if request.domain.is_empty() {
             return Err(invalid("domain must not be empty"));
         }
         if request.descriptors.is_empty() {
             return Err(invalid("descriptors must not be empty"));
         }
-        if request.hits_addend > MAX_HITS {
+        let most = self.options.max_descriptors;
+        if request.descriptors.len() > most {
+            return Err(invalid(format!(
+                "descriptors: {} given, at most {most} per request (MAX_DESCRIPTORS, --max-descriptors)",
+                request.descriptors.len()
+            )));
+        }
+        if request.hits > MAX_HITS {
             return Err(invalid(format!("hits_addend must be at most {MAX_HITS}")));
         }
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            if descriptor.entries.is_empty() {
-                return Err(invalid(format!("descriptors[{index}] has no entries")));
-            }
-            if descriptor.entries.iter().any(|(key, _)| key.is_empty()) {
-                return Err(invalid(format!("descriptors[{index}] has an entry without a key")));
+            match &descriptor.target {
+                Target::Entries(entries) if entries.is_empty() => {
+                    return Err(invalid(format!("descriptors[{index}] has no entries")));
+                }
+                Target::Entries(entries) if entries.iter().any(|(key, _)| key.is_empty()) => {
+                    return Err(invalid(format!("descriptors[{index}] has an entry without a key")));
+                }
+                Target::Named { limit, .. } if limit.is_empty() => {
+                    return Err(invalid("limit must not be empty"));
+                }
+                _ => {}
             }
             if descriptor.hits_addend.is_some_and(|hits| hits > MAX_HITS) {
                 return Err(invalid(format!(
@@ -342,136 +517,127 @@ impl Service {
         Ok(())
     }
 
-    /// Finds the limit each descriptor of `request` meets.
+    /// Finds what applies to each descriptor of `request`, and drops the
+    /// rules that a matched rule `replaces`.
     fn match_rules<'a>(
         &self,
-        request: &CheckRequest,
-        domain: Option<&'a crate::config::Domain>,
-        hits: u64,
-    ) -> Result<Matched<'a>, ServiceError> {
-        let mut applied: Vec<Applied<'a>> = Vec::new();
-        let mut blocked: Vec<Blocked<'a>> = Vec::new();
-        let mut replacing: Vec<&'a str> = Vec::new();
-        let mut metadata: Vec<Option<&'a serde_json::Value>> = vec![None; request.descriptors.len()];
-        let mut statuses: Vec<DescriptorStatus> = request
-            .descriptors
-            .iter()
-            .map(|_| DescriptorStatus {
-                code: Code::Ok,
-                current_limit: None,
-                limit_remaining: 0,
-                duration_until_reset: None,
-                decision: None,
-                rule: None,
-            })
-            .collect();
-        for (index, descriptor) in request.descriptors.iter().enumerate() {
-            let hits = descriptor.hits_addend.unwrap_or(hits);
-            if let Some((requests, unit)) = descriptor.limit_override {
-                applied.push(self.overridden(&request.domain, index, descriptor, hits, requests, unit)?);
-                continue;
+        request: &'a CheckRequest,
+        domain: Option<&'a Domain>,
+    ) -> Result<Vec<Item<'a>>, ServiceError> {
+        let mut items = Vec::with_capacity(request.descriptors.len());
+        let mut replacing: HashSet<&'a str> = HashSet::new();
+        for descriptor in &request.descriptors {
+            let item = self.match_one(&request.domain, domain, descriptor, request.hits)?;
+            if let Some(rule) = item.rule {
+                replacing.extend(rule.replaces.iter().map(String::as_str));
             }
-            let Some(found) = domain.and_then(|domain| domain.lookup(&descriptor.entries)) else {
-                continue;
-            };
-            let rule = found.rule;
-            replacing.extend(rule.replaces.iter().map(String::as_str));
-            if !matches!(rule.quota, Quota::Unlimited) {
-                metadata[index] = found.metadata;
-            }
-            let stat_key = match found.stat_key {
-                Some(key) => Cow::Owned(key),
-                None => Cow::Borrowed(rule.path.as_str()),
-            };
-            statuses[index].rule = Some(rule.path.clone());
-            let quota = rule.quota_mode || self.options.quota_mode;
-            match &rule.quota {
-                Quota::Limited(limit) => {
-                    // Subjects are injective encodings, hashed when long. A
-                    // share_threshold wildcard puts its pattern in place of
-                    // the value, so its matches share.
-                    let entries = descriptor.entries.iter().enumerate().flat_map(|(at, (key, value))| {
-                        let value = found
-                            .shared
-                            .iter()
-                            .find(|(shared, _)| *shared == at)
-                            .map_or(value.as_str(), |(_, pattern)| *pattern);
-                        [key.as_str(), value]
-                    });
-                    applied.push(Applied {
-                        index,
-                        limit: limit.clone(),
-                        rule: Some(rule),
-                        hits,
-                        subject: Subject::from_parts(std::iter::once(request.domain.as_str()).chain(entries)),
-                        name: RULE.to_owned(),
-                        stat_key,
-                        window: rule.quota.fixed_window(),
-                        shadow: rule.shadow_mode,
-                        quota,
-                    });
+            items.push(item);
+        }
+        if !replacing.is_empty() {
+            for item in &mut items {
+                let replaced = item
+                    .rule
+                    .and_then(|rule| rule.name.as_deref())
+                    .is_some_and(|name| replacing.contains(name));
+                if replaced {
+                    item.matched = Matched::Nothing;
+                    item.metadata = None;
+                    item.status.rule = None;
                 }
-                // Unlimited: always OK, with everything remaining, and no stats.
-                Quota::Unlimited => statuses[index].limit_remaining = u64::from(u32::MAX),
-                Quota::Blocked => blocked.push(Blocked {
-                    index,
-                    rule,
-                    hits,
-                    stat_key,
-                    quota,
-                }),
             }
         }
-        // A rule that `replaces` another drops it when both match.
-        let replaced = |rule: Option<&Rule>| {
-            rule.and_then(|rule| rule.name.as_deref())
-                .is_some_and(|name| replacing.contains(&name))
-        };
-        for each in applied.iter().filter(|each| replaced(each.rule)) {
-            statuses[each.index].rule = None;
-            metadata[each.index] = None;
-        }
-        for each in blocked.iter().filter(|each| replaced(Some(each.rule))) {
-            metadata[each.index] = None;
-        }
-        applied.retain(|each| !replaced(each.rule));
-        blocked.retain(|each| !replaced(Some(each.rule)));
-        Ok(Matched {
-            applied,
-            blocked,
-            statuses,
-            metadata,
-        })
+        Ok(items)
     }
 
-    /// A descriptor with a limit sent by Envoy. As envoyproxy/ratelimit: it
-    /// is never in shadow mode, but follows the global quota mode.
-    fn overridden<'a>(
+    /// What applies to the descriptor at `index`.
+    fn match_one<'a>(
         &self,
-        domain: &str,
-        index: usize,
-        descriptor: &Descriptor,
+        domain_name: &str,
+        domain: Option<&'a Domain>,
+        descriptor: &'a Descriptor,
         hits: u64,
-        requests: u64,
-        unit: Unit,
-    ) -> Result<Applied<'a>, ServiceError> {
-        let limit = Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
-        let entries = descriptor
-            .entries
-            .iter()
-            .flat_map(|(key, value)| [key.as_str(), value.as_str()]);
-        Ok(Applied {
-            index,
-            limit,
-            rule: None,
+    ) -> Result<Item<'a>, ServiceError> {
+        let hits = descriptor.hits_addend.unwrap_or(hits);
+        let mut item = Item {
             hits,
-            subject: Subject::from_parts(std::iter::once(domain).chain(entries)),
-            name: format!("override.{requests}.{}", unit.name()),
-            stat_key: Cow::Owned(override_stat_key(&descriptor.entries)),
-            window: Some(unit.duration()),
+            rule: None,
+            matched: Matched::Nothing,
+            stat_key: Cow::Borrowed(""),
+            quota: false,
             shadow: false,
-            quota: self.options.quota_mode,
-        })
+            metadata: None,
+            status: DescriptorStatus::unmatched(),
+        };
+        if let Some((requests, unit)) = descriptor.limit_override {
+            // As envoyproxy/ratelimit: never in shadow mode, but in the
+            // global quota mode.
+            let limit = Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
+            let entries = descriptor.entry_list();
+            let parts = entries.iter().flat_map(|(key, value)| [key.as_str(), value.as_str()]);
+            item.matched = Matched::Limited(Box::new(Limited {
+                limit,
+                subject: Subject::from_parts(std::iter::once(domain_name).chain(parts)),
+                name: format!("override.{requests}.{}", unit.name()),
+                window: Some(unit.duration()),
+                decision: None,
+            }));
+            item.stat_key = Cow::Owned(override_stat_key(entries));
+            item.quota = self.options.quota_mode;
+            return Ok(item);
+        }
+        let (rule, subject, name, stat_key) = match &descriptor.target {
+            Target::Entries(entries) => {
+                let Some(found) = domain.and_then(|domain| domain.lookup(entries)) else {
+                    return Ok(item);
+                };
+                let rule = found.rule;
+                if !matches!(rule.quota, Quota::Unlimited) {
+                    item.metadata = found.metadata;
+                }
+                // Subjects are injective encodings, hashed when long. A
+                // share_threshold wildcard puts its pattern in place of the
+                // value, so its matches share.
+                let parts = entries.iter().enumerate().flat_map(|(at, (key, value))| {
+                    let value = found
+                        .shared
+                        .iter()
+                        .find(|(shared, _)| *shared == at)
+                        .map_or(value.as_str(), |(_, pattern)| *pattern);
+                    [key.as_str(), value]
+                });
+                let subject = Subject::from_parts(std::iter::once(domain_name).chain(parts));
+                let stat_key = match found.stat_key {
+                    Some(key) => Cow::Owned(key),
+                    None => Cow::Borrowed(rule.path.as_str()),
+                };
+                (rule, subject, RULE.to_owned(), stat_key)
+            }
+            Target::Named { subject, limit } => {
+                let rule = domain
+                    .and_then(|domain| domain.named_rule(limit))
+                    .ok_or_else(|| invalid(format!("domain \"{domain_name}\" has no limit named \"{limit}\"")))?;
+                let subject = Subject::new(domain_name).and(subject);
+                let name = format!("named:{}", Subject::new(limit).as_key());
+                (rule, subject, name, Cow::Borrowed(rule.path.as_str()))
+            }
+        };
+        item.rule = Some(rule);
+        item.stat_key = stat_key;
+        item.status.rule = Some(rule.path.clone());
+        item.quota = rule.quota_mode || self.options.quota_mode;
+        item.shadow = rule.shadow_mode;
+        item.matched = match &rule.quota {
+            Quota::Limited(limit) => Matched::Limited(Box::new(Limited {
+                limit: limit.clone(),
+                subject,
+                name,
+                window: rule.quota.fixed_window(),
+                decision: None,
+            })),
+            Quota::Unlimited => Matched::Unlimited,
+            Quota::Blocked => Matched::Blocked,
+        };
+        Ok(item)
     }
 
     /// Decides every descriptor of `request` at once.
@@ -484,87 +650,53 @@ impl Service {
     ///
     /// # Errors
     ///
-    /// A malformed request, or a store fault.
+    /// A malformed request ([`ServiceError::InvalidArgument`]), or a store
+    /// fault ([`ServiceError::Unavailable`], counted as one).
     pub async fn should_rate_limit(&self, request: &CheckRequest) -> Result<CheckResponse, ServiceError> {
-        if let Err(error) = Self::validate(request) {
+        if let Err(error) = self.validate(request) {
             self.metrics.service_error();
             return Err(error);
         }
         let started = Instant::now();
         let config = self.config.load();
-        let hits = if request.hits_addend == 0 {
-            1
-        } else {
-            request.hits_addend
-        };
         let domain = config.domains.get(&request.domain);
-
-        let Matched {
-            applied,
-            blocked,
-            mut statuses,
-            metadata,
-        } = self.match_rules(request, domain, hits)?;
-        let mut decisions: Vec<Option<Decision>> = vec![None; statuses.len()];
-        let decided = self.decide_all(&applied, &blocked, &mut decisions).await;
-        if let Err(error) = decided {
-            self.metrics.store_error(&request.domain);
-            return Err(ServiceError::Unavailable(error));
+        let mut items = match self.match_rules(request, domain) {
+            Ok(items) => items,
+            Err(error) => {
+                self.metrics.service_error();
+                return Err(error);
+            }
+        };
+        let decided_at = match self.decide_all(&mut items).await {
+            Ok(decided_at) => decided_at,
+            Err(error) if error.is_invalid() => {
+                self.metrics.service_error();
+                return Err(ServiceError::from_store(&error));
+            }
+            Err(error) => {
+                self.metrics.store_error(&request.domain);
+                return Err(ServiceError::from_store(&error));
+            }
+        };
+        // Resets count from the store's instant; with nothing decided in
+        // the store (only blocked or unlimited rules), from the host's.
+        let now = decided_at.unwrap_or_else(unix_now);
+        for item in &mut items {
+            self.settle(&request.domain, item, now);
         }
-
-        let now = unix_now();
-        let mut quota_of = vec![false; statuses.len()];
-        for each in &blocked {
-            quota_of[each.index] = each.quota;
-            self.block(&request.domain, each, &mut statuses[each.index], now);
-        }
-        for each in &applied {
-            let Some(decision) = decisions[each.index].take() else {
-                continue;
-            };
-            quota_of[each.index] = each.quota;
-            self.metrics.record(
-                &request.domain,
-                &each.stat_key,
-                each.hits,
-                Usage::of(&decision, each.hits, each.shadow),
-            );
-            let over = !decision.allowed;
-            let status = &mut statuses[each.index];
-            status.code = if over && !each.shadow {
-                Code::OverLimit
-            } else {
-                Code::Ok
-            };
-            status.current_limit = Some(current_limit(each, &decision));
-            status.limit_remaining = if over { 0 } else { decision.remaining };
-            status.duration_until_reset = Some(match each.window {
-                Some(window) if decision.reset_after.is_zero() => until_window_end(window, now),
-                None if over => decision.retry_after.unwrap_or(decision.reset_after),
-                _ => decision.reset_after,
-            });
-            status.decision = Some(decision);
-            status.rule = Some(
-                each.rule
-                    .map_or_else(|| "override".to_owned(), |rule| rule.path.clone()),
-            );
-        }
-
-        let mut overall = overall_code(&statuses, &quota_of);
+        let mut overall = overall_code(&items);
         if overall == Code::OverLimit && self.options.shadow_mode {
             overall = Code::Ok;
             self.metrics.global_shadow_mode();
         }
         self.metrics.latency(&request.domain, started.elapsed());
+        let dynamic_metadata = self.options.dynamic_metadata.then(|| dynamic_metadata(request, &items));
+        let statuses: Vec<DescriptorStatus> = items.into_iter().map(|item| item.status).collect();
         let headers = if self.options.response_headers {
             envoy_headers(&statuses, &self.options.header_names)
         } else {
             Vec::new()
         };
-        let dynamic_metadata = self
-            .options
-            .dynamic_metadata
-            .then(|| dynamic_metadata(request, &statuses, &metadata));
         Ok(CheckResponse {
             overall,
             statuses,
@@ -573,130 +705,170 @@ impl Service {
         })
     }
 
-    /// The status of a descriptor whose rule blocks: over the limit (but for
-    /// a peek), always, consuming nothing.
-    fn block(&self, domain: &str, each: &Blocked<'_>, status: &mut DescriptorStatus, now: u64) {
-        let over = each.hits > 0;
-        status.code = if over && !each.rule.shadow_mode {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
-        status.current_limit = Some(CurrentLimit {
-            name: each.rule.name.clone().unwrap_or_default(),
-            requests_per_unit: 0,
-            unit: each.rule.unit,
-        });
-        status.duration_until_reset = each.rule.unit.map(|unit| until_window_end(unit.duration(), now));
-        let usage = Usage {
-            limit: 0,
-            before: 0,
-            after: each.hits,
-            over,
-            shadow: each.rule.shadow_mode,
-        };
-        self.metrics.record(domain, &each.stat_key, each.hits, usage);
+    /// Fills in `item`'s status from what was decided, `now` being the
+    /// decision's instant, and counts it.
+    fn settle(&self, domain: &str, item: &mut Item<'_>, now: u64) {
+        let over = item.is_over();
+        match &item.matched {
+            Matched::Nothing => {}
+            // Unlimited: always OK, with everything remaining, and no stats.
+            Matched::Unlimited => item.status.limit_remaining = u64::from(u32::MAX),
+            Matched::Blocked => {
+                let Some(rule) = item.rule else { return };
+                item.status.code = if over { Code::OverLimit } else { Code::Ok };
+                item.status.current_limit = Some(CurrentLimit {
+                    name: rule.name.clone().unwrap_or_default(),
+                    requests_per_unit: 0,
+                    unit: rule.unit,
+                });
+                item.status.duration_until_reset = rule.unit.map(|unit| until_window_end(unit.duration(), now));
+                let usage = Usage {
+                    limit: 0,
+                    before: 0,
+                    after: item.hits,
+                    over: item.hits > 0,
+                    shadow: item.shadow,
+                };
+                self.metrics.record(domain, &item.stat_key, item.hits, usage);
+            }
+            Matched::Limited(limited) => {
+                let Some(decision) = limited.decision.clone() else {
+                    return;
+                };
+                self.metrics.record(
+                    domain,
+                    &item.stat_key,
+                    item.hits,
+                    Usage::of(&decision, item.hits, item.shadow),
+                );
+                let status = &mut item.status;
+                status.code = if over && !item.shadow {
+                    Code::OverLimit
+                } else {
+                    Code::Ok
+                };
+                status.current_limit = Some(current_limit(item.rule, limited.window, &decision));
+                status.limit_remaining = if over { 0 } else { decision.remaining };
+                status.duration_until_reset = Some(match limited.window {
+                    Some(window) if decision.reset_after.is_zero() => until_window_end(window, now),
+                    None if over => decision.retry_after.unwrap_or(decision.reset_after),
+                    _ => decision.reset_after,
+                });
+                status.rule = Some(
+                    item.rule
+                        .map_or_else(|| "override".to_owned(), |rule| rule.path.clone()),
+                );
+                status.decision = Some(decision);
+            }
+        }
     }
 
-    /// Decides the applied limits (see [`Service::should_rate_limit`]),
-    /// leaving each descriptor's decision in `decisions`.
-    async fn decide_all(
-        &self,
-        applied: &[Applied<'_>],
-        blocked: &[Blocked<'_>],
-        decisions: &mut [Option<Decision>],
-    ) -> Result<(), String> {
-        for shadow in applied.iter().filter(|each| each.shadow) {
-            let outcome = self.decide_together(&[shadow]).await?;
-            decisions[shadow.index] = outcome.into_iter().next();
+    /// Decides the limits of `items` (see [`Service::should_rate_limit`]),
+    /// leaving each one's decision in it; the instant the store decided at
+    /// (the latest, over several calls), if it was asked.
+    async fn decide_all(&self, items: &mut [Item<'_>]) -> Result<Option<u64>, tollgate::Error> {
+        let mut decided_at: Option<u64> = None;
+        let note = |seen: Option<u64>, at: u64| Some(seen.map_or(at, |seen| seen.max(at)));
+        // Shadow descriptors: each alone (they never refuse the others).
+        let shadows: Vec<usize> = (0..items.len())
+            .filter(|&index| items[index].limited().is_some() && items[index].shadow)
+            .collect();
+        let outcomes = join_all(shadows.iter().map(|&index| self.decide_together(&*items, vec![index]))).await;
+        for (&index, outcome) in shadows.iter().zip(outcomes) {
+            let (decisions, at) = outcome?;
+            decided_at = note(decided_at, at);
+            set_decisions(items, &[index], decisions);
         }
-        let enforced: Vec<&Applied<'_>> = applied.iter().filter(|each| !each.shadow && !each.quota).collect();
-        let mut live: Vec<&Applied<'_>> = applied.iter().filter(|each| !each.shadow && each.quota).collect();
         // Quota-mode descriptors: all of them (shadow ones included), and
         // those that already failed (blocked ones).
-        let total_quota =
-            applied.iter().filter(|each| each.quota).count() + blocked.iter().filter(|each| each.quota).count();
-        let mut failed_quota = blocked
+        let total_quota = items
             .iter()
-            .filter(|each| each.quota && each.hits > 0 && !each.rule.shadow_mode)
+            .filter(|item| item.quota && (item.limited().is_some() || matches!(item.matched, Matched::Blocked)))
             .count();
+        let mut failed_quota = items
+            .iter()
+            .filter(|item| item.quota && matches!(item.matched, Matched::Blocked) && item.is_over())
+            .count();
+        let mut batch: Vec<usize> = (0..items.len()).filter(|&index| items[index].is_enforced()).collect();
         loop {
-            let batch: Vec<&Applied<'_>> = enforced.iter().chain(&live).copied().collect();
             if batch.is_empty() {
-                return Ok(());
+                return Ok(decided_at);
             }
-            let outcome = self.decide_together(&batch).await?;
+            let (decisions, at) = self.decide_together(&*items, batch.clone()).await?;
+            decided_at = note(decided_at, at);
+            set_decisions(items, &batch, decisions);
             let mut enforced_denied = false;
             let mut newly_failed = 0;
-            for (each, decision) in batch.iter().zip(outcome) {
-                if !decision.allowed {
-                    if each.quota {
+            for &index in &batch {
+                if items[index].is_over() {
+                    if items[index].quota {
                         newly_failed += 1;
                     } else {
                         enforced_denied = true;
                     }
                 }
-                decisions[each.index] = Some(decision);
             }
             // Refused (nothing consumed), or admitted (all consumed).
             if enforced_denied || newly_failed == 0 || failed_quota + newly_failed == total_quota {
-                return Ok(());
+                return Ok(decided_at);
             }
             // Some quota-mode descriptors are over but the request goes on:
             // decide again without them, so that the others consume.
             failed_quota += newly_failed;
-            live.retain(|each| decisions[each.index].as_ref().is_some_and(|decision| decision.allowed));
+            batch.retain(|&index| !items[index].is_over());
         }
     }
 
-    /// Decides `applied` as one all-or-nothing policy; returns each one's decision.
-    async fn decide_together(&self, applied: &[&Applied<'_>]) -> Result<Vec<Decision>, String> {
-        if applied.is_empty() {
-            return Ok(Vec::new());
-        }
+    /// Decides the limits of `items` at `indices` as one all-or-nothing
+    /// policy; each one's decision, and the store's instant.
+    async fn decide_together(
+        &self,
+        items: &[Item<'_>],
+        indices: Vec<usize>,
+    ) -> Result<(Vec<Decision>, u64), tollgate::Error> {
         // A descriptor sent twice is one limit, weighing the sum of its hits.
-        let mut subjects: Vec<Subject> = Vec::new();
-        let mut limits: Vec<(String, Limit)> = Vec::new();
-        let mut costs: Vec<u64> = Vec::new();
-        let mut slot_of = Vec::with_capacity(applied.len());
-        for each in applied {
-            let same =
-                |(subject, (name, _)): (&Subject, &(String, Limit))| *subject == each.subject && *name == each.name;
-            if let Some(slot) = subjects.iter().zip(&limits).position(same) {
-                costs[slot] = costs[slot].saturating_add(each.hits);
-                slot_of.push(slot);
+        let mut slot_by_key: HashMap<(&Subject, &str), usize> = HashMap::with_capacity(indices.len());
+        let mut subjects: Vec<Subject> = Vec::with_capacity(indices.len());
+        let mut limits: Vec<(String, Limit)> = Vec::with_capacity(indices.len());
+        let mut costs: Vec<u64> = Vec::with_capacity(indices.len());
+        let mut slot_of = Vec::with_capacity(indices.len());
+        for &index in &indices {
+            let item = &items[index];
+            let Some(limited) = item.limited() else { continue };
+            let next = limits.len();
+            let slot = *slot_by_key
+                .entry((&limited.subject, limited.name.as_str()))
+                .or_insert(next);
+            if slot == next {
+                subjects.push(limited.subject.clone());
+                limits.push((limited.name.clone(), limited.limit.clone()));
+                costs.push(item.hits);
             } else {
-                slot_of.push(limits.len());
-                subjects.push(each.subject.clone());
-                limits.push((each.name.clone(), each.limit.clone()));
-                costs.push(each.hits);
+                costs[slot] = costs[slot].saturating_add(item.hits);
             }
+            slot_of.push(slot);
         }
-        let policy = Policy::spread(limits).map_err(|error| error.to_string())?;
+        let policy = Policy::spread(limits)?;
         let cost = costs.iter().copied().max().unwrap_or(1);
         let request = Request::new(gateway_op(&policy), cost).with_costs(costs);
-        let outcome = self
-            .store
-            .decide_spread(&subjects, &policy, &request)
-            .await
-            .map_err(|error| {
-                if error.is_invalid() {
-                    format!("invalid request: {error}")
-                } else {
-                    error.to_string()
-                }
-            })?;
+        let outcome = self.store.decide_spread(&subjects, &policy, &request).await?;
         self.metrics.path(outcome.path);
-        Ok(slot_of.into_iter().map(|slot| outcome.limits[slot].1.clone()).collect())
+        let decisions = slot_of.into_iter().map(|slot| outcome.limits[slot].1.clone()).collect();
+        Ok((decisions, outcome.decided_at.as_micros()))
+    }
+}
+
+/// Puts `decisions` (one per index of `indices`) into their items.
+fn set_decisions(items: &mut [Item<'_>], indices: &[usize], decisions: Vec<Decision>) {
+    for (&index, decision) in indices.iter().zip(decisions) {
+        if let Matched::Limited(limited) = &mut items[index].matched {
+            limited.decision = Some(decision);
+        }
     }
 }
 
 /// envoyproxy/ratelimit's dynamic metadata (see [`CheckResponse`]).
-fn dynamic_metadata(
-    request: &CheckRequest,
-    statuses: &[DescriptorStatus],
-    metadata: &[Option<&serde_json::Value>],
-) -> serde_json::Map<String, serde_json::Value> {
+fn dynamic_metadata(request: &CheckRequest, items: &[Item<'_>]) -> serde_json::Map<String, serde_json::Value> {
     use serde_json::{json, Map, Value};
     let descriptors: Vec<Value> = request
         .descriptors
@@ -704,7 +876,7 @@ fn dynamic_metadata(
         .map(|descriptor| {
             let mut fields = Map::new();
             let entries: Vec<Value> = descriptor
-                .entries
+                .entry_list()
                 .iter()
                 .map(|(key, value)| Value::String(format!("{key}={value}")))
                 .collect();
@@ -728,8 +900,8 @@ fn dynamic_metadata(
         fields.insert("hitsAddend".to_owned(), json!(request.hits_addend));
     }
     let mut passed = Map::new();
-    for (status, metadata) in statuses.iter().zip(metadata) {
-        if let (Code::Ok, Some(Value::Object(metadata))) = (status.code, metadata) {
+    for item in items {
+        if let (Code::Ok, Some(Value::Object(metadata))) = (item.status.code, item.metadata) {
             merge(&mut passed, metadata);
         }
     }
@@ -753,11 +925,15 @@ fn merge(into: &mut serde_json::Map<String, serde_json::Value>, from: &serde_jso
 }
 
 /// As envoyproxy/ratelimit: over when a descriptor outside quota mode is,
-/// or when every quota-mode descriptor (`quota_of`) is.
-fn overall_code(statuses: &[DescriptorStatus], quota_of: &[bool]) -> Code {
-    let over = |index: &usize| statuses[*index].code == Code::OverLimit;
-    let quota: Vec<usize> = (0..statuses.len()).filter(|index| quota_of[*index]).collect();
-    let failed = (0..statuses.len()).any(|index| !quota_of[index] && over(&index));
+/// or when every quota-mode descriptor is.
+fn overall_code(items: &[Item<'_>]) -> Code {
+    let over = |item: &&Item<'_>| item.status.code == Code::OverLimit;
+    // A descriptor counts in quota mode when a rule (or an override) applied to it.
+    let quota: Vec<&Item<'_>> = items
+        .iter()
+        .filter(|item| item.quota && item.status.current_limit.is_some())
+        .collect();
+    let failed = items.iter().filter(|item| !item.quota).any(|item| over(&item));
     if failed || (!quota.is_empty() && quota.iter().all(over)) {
         Code::OverLimit
     } else {
@@ -845,8 +1021,8 @@ pub(crate) fn gateway_op(policy: &Policy) -> Op {
     }
 }
 
-fn current_limit(applied: &Applied<'_>, decision: &Decision) -> CurrentLimit {
-    match applied.rule {
+fn current_limit(rule: Option<&Rule>, window: Option<Duration>, decision: &Decision) -> CurrentLimit {
+    match rule {
         Some(rule) => CurrentLimit {
             name: rule.name.clone().unwrap_or_default(),
             requests_per_unit: rule.requests_per_unit.unwrap_or(decision.limit),
@@ -855,19 +1031,7 @@ fn current_limit(applied: &Applied<'_>, decision: &Decision) -> CurrentLimit {
         None => CurrentLimit {
             name: String::new(),
             requests_per_unit: decision.limit,
-            unit: applied.window.and_then(|window| {
-                [
-                    Unit::Second,
-                    Unit::Minute,
-                    Unit::Hour,
-                    Unit::Day,
-                    Unit::Week,
-                    Unit::Month,
-                    Unit::Year,
-                ]
-                .into_iter()
-                .find(|unit| unit.duration() == window)
-            }),
+            unit: window.and_then(Unit::of_duration),
         },
     }
 }

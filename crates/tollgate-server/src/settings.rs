@@ -25,14 +25,19 @@
 //! | `REDIS_TYPE` | `SINGLE`; `CLUSTER` (`REDIS_URL` = `host:port,…`, seed nodes); `SENTINEL` (`REDIS_URL` = `<master name>,host:port,…`, the Sentinels) |
 //! | `CACHE_KEY_PREFIX` | `--prefix` |
 //! | `LOG_LEVEL`, `LOG_FORMAT` | the log filter (when `RUST_LOG` is not set), JSON logs |
+//! | `REDIS_TIMEOUT` | `--store-timeout`: the deadline of every Redis call (a duration, `50ms`, `1s`) |
+//! | `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION` | `--health-check-store`: the health endpoints (gRPC, `/healthcheck`, `/healthz`) fail while the store does not answer |
+//! | `DEBUG_HOST`, `DEBUG_PORT` (6070) | the debug listener (`/rlconfig`, `/metrics`), when either is set; the host defaults to 127.0.0.1 |
+//! | `MAX_DESCRIPTORS` (Tollgate's) | `--max-descriptors`: the most descriptors one request may carry (1 000) |
 //! | `GRPC_SERVER_USE_TLS`, `GRPC_UDS` | refused: not supported (rather than served otherwise) |
-//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `REDIS_TIMEOUT`, `DEBUG_HOST`, `DEBUG_PORT`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store, and a refused request consumes nothing, as with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), keys expire exactly, one Redis holds every limit, and no statsd, debug listener or tracing exporter |
+//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store, and a refused request consumes nothing, as with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), keys expire exactly, one Redis holds every limit, and no statsd or tracing exporter |
 //!
 //! Command-line flags win over the environment.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::config::LoadOptions;
 use crate::service::HeaderNames;
@@ -86,13 +91,21 @@ pub struct Settings {
     pub log_level: Option<String>,
     /// `LOG_FORMAT=json`.
     pub log_json: bool,
+    /// `REDIS_TIMEOUT`.
+    pub store_timeout: Option<Duration>,
+    /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`.
+    pub health_checks_store: bool,
+    /// The debug listener (`DEBUG_HOST`, `DEBUG_PORT`), when either is set.
+    pub debug: Option<SocketAddr>,
+    /// `MAX_DESCRIPTORS`.
+    pub max_descriptors: Option<usize>,
     /// Settings that are set but mean nothing here.
     pub ignored: Vec<String>,
 }
 
 /// Settings accepted without effect (see the module docs); a name ending in
 /// `*` stands for every name it starts.
-const IGNORED: [&str; 19] = [
+const IGNORED: [&str; 15] = [
     "LOCAL_CACHE_SIZE_IN_BYTES",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "EXPIRATION_JITTER_MAX_SECONDS",
@@ -101,11 +114,7 @@ const IGNORED: [&str; 19] = [
     "REDIS_POOL_ON_EMPTY_BEHAVIOR",
     "REDIS_PIPELINE_*",
     "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-    "REDIS_TIMEOUT",
-    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "REDIS_STARTUP_*",
-    "DEBUG_HOST",
-    "DEBUG_PORT",
     "USE_STATSD",
     "STATSD_*",
     "USE_DOG_STATSD*",
@@ -199,12 +208,7 @@ impl Settings {
         settings.healthy_with_config_only = env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
         settings.dynamic_metadata = env.flag("RESPONSE_DYNAMIC_METADATA")?;
 
-        if let Some(backend) = env.text("BACKEND_TYPE") {
-            if !backend.eq_ignore_ascii_case("redis") {
-                return Err(format!("BACKEND_TYPE={backend}: only redis is supported"));
-            }
-        }
-        settings.redis = redis_url(&env)?;
+        settings.read_store(&env)?;
         settings.prefix = env.text("CACHE_KEY_PREFIX").filter(|prefix| !prefix.is_empty());
 
         settings.log_level = env
@@ -231,6 +235,38 @@ impl Settings {
         ignored.sort();
         settings.ignored = ignored;
         Ok(settings)
+    }
+}
+
+impl Settings {
+    /// The store's settings: `BACKEND_TYPE`, `REDIS_*`, `MAX_DESCRIPTORS`.
+    fn read_store(&mut self, env: &Env<'_>) -> Result<(), String> {
+        let settings = self;
+        if let Some(backend) = env.text("BACKEND_TYPE") {
+            if !backend.eq_ignore_ascii_case("redis") {
+                return Err(format!("BACKEND_TYPE={backend}: only redis is supported"));
+            }
+        }
+        settings.redis = redis_url(env)?;
+        if let Some(timeout) = env.text("REDIS_TIMEOUT") {
+            let parsed = tollgate::duration::parse_duration(&timeout)
+                .map_err(|error| format!("REDIS_TIMEOUT={timeout}: {error}"))?;
+            if parsed.is_zero() {
+                return Err(format!("REDIS_TIMEOUT={timeout}: must be more than zero"));
+            }
+            settings.store_timeout = Some(parsed);
+        }
+        settings.health_checks_store = env.flag("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")?;
+        settings.debug = env.listener("DEBUG_HOST", "DEBUG_PORT", 6070)?;
+        if let Some(most) = env.text("MAX_DESCRIPTORS") {
+            let parsed: usize = most
+                .parse()
+                .ok()
+                .filter(|most| *most > 0)
+                .ok_or_else(|| format!("MAX_DESCRIPTORS={most}: not a whole number of at least 1"))?;
+            settings.max_descriptors = Some(parsed);
+        }
+        Ok(())
     }
 }
 

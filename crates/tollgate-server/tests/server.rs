@@ -410,6 +410,10 @@ async fn http_json_and_check(store: Store) {
 
 async fn bad_requests_are_refused_and_serving_goes_on(store: Store) {
     let server = start(store, Options::default()).await;
+    let response = server.post("/json", "x".repeat(100_000)).await;
+    assert_eq!(response.status(), 413, "an oversized body");
+    let answer: Value = response.json().await.unwrap();
+    assert!(answer["error"].as_str().unwrap().contains("at most"), "{answer}");
     for (body, expected) in [
         ("{not json".to_owned(), "invalid JSON"),
         (json!({"domain": "", "descriptors": [{"entries": [{"key": "user", "value": "x"}]}]}).to_string(), "domain"),
@@ -417,7 +421,6 @@ async fn bad_requests_are_refused_and_serving_goes_on(store: Store) {
         (json!({"domain": "test", "descriptors": [{"entries": []}]}).to_string(), "no entries"),
         (json!({"domain": "test", "descriptors": [{"entries": [{"key": "user", "value": "x"}]}], "hitsAddend": "99999999999"}).to_string(), "hits_addend"),
         (json!({"domain": "test", "descriptorz": []}).to_string(), "descriptorz"),
-        ("x".repeat(100_000), "at most"),
     ] {
         let response = server.post("/json", body).await;
         assert_eq!(response.status(), 400);
@@ -426,6 +429,17 @@ async fn bad_requests_are_refused_and_serving_goes_on(store: Store) {
     }
     let response = server.post("/v1/check", json!({"domain": "test"}).to_string()).await;
     assert_eq!(response.status(), 400);
+    // A limit the domain does not have is the caller's fault, not the store's.
+    let unknown = json!({"domain": "test", "subject": "x", "limit": "nope"});
+    let response = server.post("/v1/check", unknown.to_string()).await;
+    assert_eq!(response.status(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert!(
+        answer["error"].as_str().unwrap().contains("no limit named \"nope\""),
+        "{answer}"
+    );
+    let metrics = server.get("/metrics").await.text().await.unwrap();
+    assert!(!metrics.contains("tollgate_store_errors_total{"), "{metrics}");
     for bad in [
         RateLimitRequest {
             domain: String::new(),
@@ -477,6 +491,88 @@ async fn metrics_config_and_health(store: Store) {
     server.stop().await;
 }
 
+/// `/v1/check`'s `cost` 0 is a peek, in both forms (nothing is consumed);
+/// Envoy's `hits_addend` 0 keeps meaning 1.
+async fn cost_zero_is_a_peek(store: Store) {
+    let server = start(store, Options::default()).await;
+    let remaining = |answer: &Value| answer["remaining"].as_u64().unwrap();
+    let peek = json!({"domain": "test", "descriptors": [{"entries": [{"key": "user", "value": "paula"}]}], "cost": 0});
+    let named = json!({"domain": "test", "subject": "user-7", "limit": "bucket", "cost": 0});
+    for _ in 0..3 {
+        let response = server.post("/v1/check", peek.to_string()).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(remaining(&response.json().await.unwrap()), 3);
+        let response = server.post("/v1/check", named.to_string()).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(remaining(&response.json().await.unwrap()), 5);
+    }
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "paula")])], 0))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&response), vec![(OK, 2, Some(3))]);
+    let response = server.post("/v1/check", peek.to_string()).await;
+    assert_eq!(remaining(&response.json().await.unwrap()), 2);
+    server.stop().await;
+}
+
+/// A request's descriptors are capped: above the cap the request is an
+/// invalid argument naming it, on every front end, and serving goes on.
+async fn descriptors_are_capped(store: Store) {
+    let server = start(
+        store,
+        Options {
+            max_descriptors: 10,
+            ..Options::default()
+        },
+    )
+    .await;
+    let users = |count: usize| {
+        let names: Vec<String> = (0..count).map(|index| format!("cap-{index}")).collect();
+        let descriptors = names.iter().map(|name| descriptor(&[("user", name)])).collect();
+        request(descriptors, 0)
+    };
+    let response = server.grpc(users(10)).await.unwrap();
+    assert_eq!(response.statuses.len(), 10);
+    let status = server.grpc(users(11)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("at most 10"), "{status:?}");
+    let entries: Vec<Value> = (0..11)
+        .map(|index| json!({"entries": [{"key": "user", "value": format!("cap-{index}")}]}))
+        .collect();
+    for path in ["/json", "/v1/check"] {
+        let body = json!({"domain": "test", "descriptors": entries});
+        let response = server.post(path, body.to_string()).await;
+        assert_eq!(response.status(), 400, "{path}");
+        let answer: Value = response.json().await.unwrap();
+        assert!(answer["error"].as_str().unwrap().contains("at most 10"), "{answer}");
+    }
+    // Nothing of the refused requests was counted.
+    let response = server.grpc(users(1)).await.unwrap();
+    assert_eq!(statuses(&response), vec![(OK, 1, Some(3))]);
+    server.stop().await;
+}
+
+/// A fixed window's reset comes from the instant the store decided at (here
+/// the manual clock at noon: 12 hours to the day's end), never the host's,
+/// even for a counter nothing has touched (a peek of Envoy's per-descriptor
+/// `hits_addend` 0).
+async fn resets_come_from_the_store_clock(store: Store) {
+    let server = start(store, Options::default()).await;
+    let mut peek = descriptor(&[("user", "quinn")]);
+    peek.hits_addend = Some(UInt64Value { value: 0 });
+    let response = server.grpc(request(vec![peek], 0)).await.unwrap();
+    let reset = response.statuses[0].duration_until_reset.unwrap();
+    assert_eq!((reset.seconds, reset.nanos), (12 * 3600, 0), "{response:?}");
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "quinn")])], 0))
+        .await
+        .unwrap();
+    let reset = response.statuses[0].duration_until_reset.unwrap();
+    assert_eq!((reset.seconds, reset.nanos), (12 * 3600, 0), "{response:?}");
+    server.stop().await;
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -497,7 +593,47 @@ on_both_stores!(
     http_json_and_check,
     bad_requests_are_refused_and_serving_goes_on,
     metrics_config_and_health,
+    cost_zero_is_a_peek,
+    descriptors_are_capped,
+    resets_come_from_the_store_clock,
 );
+
+/// A 100 000-descriptor request is refused (the default cap is 1 000), and
+/// unrelated requests are answered meanwhile.
+#[tokio::test]
+async fn a_huge_request_is_refused_at_the_cap() {
+    let server = start(Store::Memory, Options::default()).await;
+    let names: Vec<String> = (0..100_000).map(|index| format!("huge-{index}")).collect();
+    let descriptors = names.iter().map(|name| descriptor(&[("user", name)])).collect();
+    let status = server.grpc(request(descriptors, 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("100000 given, at most 1000"), "{status:?}");
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "after-huge")])], 0))
+        .await
+        .unwrap();
+    assert_eq!(response.overall_code, OK);
+    server.stop().await;
+}
+
+/// envoyproxy/ratelimit's `/rlconfig`: one line per rule.
+#[tokio::test]
+async fn rlconfig_prints_the_loaded_rules() {
+    let server = start(Store::Memory, Options::default()).await;
+    let response = server.get("/rlconfig").await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    for line in [
+        "test.user: unit=DAY requests_per_unit=3, shadow_mode: false",
+        "test.user_vip: unit=DAY requests_per_unit=100, shadow_mode: false",
+        "test.message_type_marketing.to_number: unit=DAY requests_per_unit=2, shadow_mode: false",
+        "test.shadow: unit=DAY requests_per_unit=1, shadow_mode: true",
+        "test.internal: unit=UNKNOWN requests_per_unit=0, shadow_mode: false",
+    ] {
+        assert!(text.lines().any(|each| each == line), "no {line} in\n{text}");
+    }
+    server.stop().await;
+}
 
 /// A store that fails is `UNAVAILABLE` (503 over HTTP), so Envoy's
 /// `failure_mode_deny` decides; the server recovers with the store.
@@ -603,6 +739,11 @@ fn bad_files_are_refused_with_file_and_line() {
         ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      requests_per_unit: 5\n", 5, "invalid rate limit unit \"\""),
         // A duplicate is reported at the second one.
         ("domain: test\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", 5, "duplicate descriptor composite key \"test.a_b\""),
+        // A key given twice in one mapping is refused, never the last one winning.
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\ndescriptors:\n  - key: b\n", 5, "mapping key \"descriptors\" already defined"),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      requests_per_unit: 100\n", 7, "mapping key \"requests_per_unit\" already defined"),
+        ("domain: test\ndescriptors:\n  - key: a\n    key: b\n", 4, "mapping key \"key\" already defined"),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      algorithm: {algorithm: gcra, rate: 10, rate: 20, period: 1s, burst: 5}\n", 5, "rate"),
     ];
     for (text, line, expected) in cases {
         let error = parse(text).expect_err(text);
@@ -615,6 +756,28 @@ fn bad_files_are_refused_with_file_and_line() {
         );
         assert!(message.starts_with("limits.yaml:"), "{message}");
     }
+}
+
+/// Anchors, aliases and merge keys apply (an explicit key wins over a
+/// merged one, which is no duplicate).
+#[test]
+fn anchors_and_merge_keys_keep_working() {
+    let text = "domain: test\ndescriptors:\n  - key: a\n    rate_limit: &defaults\n      unit: second\n      requests_per_unit: 5\n  - key: b\n    rate_limit:\n      <<: *defaults\n      requests_per_unit: 7\n  - key: c\n    rate_limit: *defaults\n";
+    let domain = parse(text).unwrap();
+    let requests: Vec<(String, Option<u64>)> = domain
+        .descriptors
+        .nodes()
+        .iter()
+        .map(|node| (node.key.clone(), node.rule.as_ref().unwrap().requests_per_unit))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            ("a".to_owned(), Some(5)),
+            ("b".to_owned(), Some(7)),
+            ("c".to_owned(), Some(5))
+        ]
+    );
 }
 
 #[test]

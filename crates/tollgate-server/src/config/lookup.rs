@@ -1,0 +1,198 @@
+//! Matching a request's descriptor to a rule, as envoyproxy/ratelimit does
+//! (see the module docs of `config`).
+
+use super::{Config, Domain, Found, Level, Node, Rule};
+
+impl Level {
+    /// The node for an entry whose `key_value` is `composite`, as
+    /// envoyproxy/ratelimit finds it: exact, then the first matching
+    /// wildcard, then the key alone. Also says whether a wildcard matched.
+    fn find(&self, composite: &str, key: &str) -> Option<(&Node, bool)> {
+        if let Some(&index) = self.by_composite.get(composite) {
+            return Some((&self.nodes[index], false));
+        }
+        for (index, parts) in &self.wildcards {
+            if wildcard_match(parts, composite) {
+                return Some((&self.nodes[*index], true));
+            }
+        }
+        self.by_composite.get(key).map(|&index| (&self.nodes[index], false))
+    }
+}
+
+/// Whether `text` matches a pattern split on its `*`s: each `*` stands for
+/// any run of characters, including none.
+pub fn wildcard_match(parts: &[String], text: &str) -> bool {
+    let [first, middle @ .., last] = parts else {
+        return parts.first().is_some_and(|only| only == text);
+    };
+    if text.len() < parts.iter().map(String::len).sum::<usize>() {
+        return false;
+    }
+    let Some(rest) = text.strip_prefix(first.as_str()) else {
+        return false;
+    };
+    let Some(mut rest) = rest.strip_suffix(last.as_str()) else {
+        return false;
+    };
+    for part in middle {
+        match rest.find(part.as_str()) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+impl Domain {
+    /// The rule for a request descriptor's entries, matched as
+    /// envoyproxy/ratelimit does (see the module docs).
+    pub fn lookup<'a>(&'a self, entries: &[(String, String)]) -> Option<Found<'a>> {
+        let mut level = &self.descriptors;
+        let mut found = None;
+        let mut shared = Vec::new();
+        let mut composite = String::new();
+        // envoyproxy/ratelimit's value_to_metric stat key, built on the way.
+        let mut valued = self.value_to_metric.then(String::new);
+        for (depth, (key, value)) in entries.iter().enumerate() {
+            composite.clear();
+            composite.push_str(key);
+            composite.push('_');
+            composite.push_str(value);
+            let Some((node, wildcard)) = level.find(&composite, key) else {
+                break;
+            };
+            let pattern = |node: &'a Node| {
+                let prefix_len = key.len() + 1;
+                if node.composite.starts_with(key.as_str()) && node.composite.as_bytes().get(key.len()) == Some(&b'_') {
+                    &node.composite[prefix_len..]
+                } else {
+                    node.composite.as_str()
+                }
+            };
+            if wildcard && node.share_threshold {
+                shared.push((depth, pattern(node)));
+            }
+            if let Some(valued) = valued.as_mut() {
+                let shown = if wildcard {
+                    if node.share_threshold {
+                        pattern(node)
+                    } else if node.value_to_metric {
+                        value.as_str()
+                    } else {
+                        pattern(node)
+                    }
+                } else if node.value.is_some() || node.value_to_metric {
+                    value.as_str()
+                } else {
+                    ""
+                };
+                if depth > 0 {
+                    valued.push('.');
+                }
+                valued.push_str(key);
+                if !shown.is_empty() {
+                    valued.push('_');
+                    valued.push_str(shown);
+                }
+            }
+            if depth == entries.len() - 1 {
+                found = node.rule.as_ref().map(|rule| (rule, node.metadata.as_ref()));
+            }
+            if node.descriptors.is_empty() {
+                break;
+            }
+            level = &node.descriptors;
+        }
+        let (rule, metadata) = found?;
+        let stat_key = if rule.detailed_metric {
+            let mut detailed = String::new();
+            for (depth, (key, value)) in entries.iter().enumerate() {
+                if depth > 0 {
+                    detailed.push('.');
+                }
+                detailed.push_str(key);
+                match shared.iter().find(|(at, _)| *at == depth) {
+                    Some((_, pattern)) => {
+                        detailed.push('_');
+                        detailed.push_str(pattern);
+                    }
+                    // Without share_threshold, envoyproxy/ratelimit writes
+                    // `key_` for an empty value; with it, `key`.
+                    None if !value.is_empty() || shared.is_empty() => {
+                        detailed.push('_');
+                        detailed.push_str(value);
+                    }
+                    None => {}
+                }
+            }
+            Some(detailed)
+        } else {
+            valued.filter(|valued| *valued != rule.path)
+        };
+        Some(Found {
+            rule,
+            shared,
+            stat_key,
+            metadata,
+        })
+    }
+}
+
+impl Domain {
+    /// The first rule (in file order, depth first) with this `name`.
+    pub fn named_rule(&self, name: &str) -> Option<&Rule> {
+        fn search<'a>(level: &'a Level, name: &str) -> Option<&'a Rule> {
+            level.nodes.iter().find_map(|node| {
+                node.rule
+                    .as_ref()
+                    .filter(|rule| rule.name.as_deref() == Some(name))
+                    .or_else(|| search(&node.descriptors, name))
+            })
+        }
+        search(&self.descriptors, name)
+    }
+}
+
+impl Config {
+    /// The rule named `name` in `domain`, if any.
+    pub fn named_rule(&self, domain: &str, name: &str) -> Option<&Rule> {
+        self.domains.get(domain)?.named_rule(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(pattern: &str) -> Vec<String> {
+        pattern.split('*').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn wildcards_match_any_run_anywhere() {
+        for (pattern, text, expected) in [
+            ("ab*", "ab", true),
+            ("ab*", "abc", true),
+            ("ab*", "a", false),
+            ("ab*yz", "abyz", true),
+            ("ab*yz", "ab-yz", true),
+            ("ab*yz", "abyyz", true),
+            ("ab*yz", "abyzz", false),
+            ("ab*yz", "aby", false),
+            ("ab*yz", "abz", false),
+            ("*", "", true),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "a-b-c", true),
+            ("a*b*c", "acb", false),
+            ("a*b*c", "ac", false),
+            ("*b", "b", true),
+            ("a**b", "ab", true),
+            ("aa*aa", "aaa", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(wildcard_match(&parts(pattern), text), expected, "{pattern} ~ {text}");
+        }
+    }
+}
