@@ -355,6 +355,10 @@ struct Shared {
     issued: AtomicU64,
     /// Requests answered, for the progress bar.
     answered: AtomicU64,
+    /// The next key a `--target` request takes: the connections take the
+    /// `--keys` values in turn between them, so that K requests visit K
+    /// distinct values.
+    next_key: AtomicU64,
     /// Set when a task met an invalid argument: every task stops.
     stop: AtomicBool,
     invalid: Mutex<Option<String>>,
@@ -415,7 +419,9 @@ impl StoreClock {
     fn of(store: &AnyStore) -> Self {
         match store {
             AnyStore::Redis(redis) => Self::Redis(redis.clone()),
-            AnyStore::Resilient(resilient) => Self::Redis(resilient.store().clone()),
+            AnyStore::Resilient(resilient) => resilient
+                .store()
+                .map_or(Self::System, |redis| Self::Redis(redis.clone())),
             _ => Self::System,
         }
     }
@@ -474,6 +480,7 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
             subjects: Arc::clone(&subjects),
             shared: Arc::clone(&shared),
             first_key: u64::from(task) % plan.keys,
+            stride: u64::from(plan.tasks),
             until: plan.until.deadline(started),
             op: plan.op,
             hold: plan.hold,
@@ -577,7 +584,10 @@ struct Worker {
     limiter: Limiter<AnyStore>,
     subjects: Arc<[Subject]>,
     shared: Arc<Shared>,
+    /// Task `i` of `n` takes keys `i`, `i + n`, `i + 2n`, … (modulo the
+    /// keys): together the tasks visit every key.
     first_key: u64,
+    stride: u64,
     until: Deadline,
     op: BenchOp,
     hold: Duration,
@@ -604,11 +614,12 @@ impl Worker {
     async fn run(self) -> Tally {
         let mut tally = Tally::new();
         let keys = self.subjects.len();
+        let stride = usize::try_from(self.stride).unwrap_or(1) % keys;
         let mut key = usize::try_from(self.first_key).unwrap_or(0);
         let mut in_fault = false;
         while !self.until.reached(&self.shared) {
             let subject = &self.subjects[key];
-            key = (key + 1) % keys;
+            key = (key + stride.max(1)) % keys;
             let request = self.request();
             let sent = Instant::now();
             let result = self.limiter.decide(subject, &request).await;

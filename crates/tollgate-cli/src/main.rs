@@ -62,6 +62,23 @@ impl fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// `error` and its causes on one line, each said once: a cause whose text
+/// an outer message already carries is not repeated.
+pub(crate) fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -76,12 +93,29 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(state::DENIED),
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", one_line(&error));
             if error.is::<UsageError>() {
                 ExitCode::from(2)
             } else {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn each_cause_is_said_once() {
+        let text = "Connection refused (os error 111)";
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, text);
+        let error = anyhow::Error::new(refused)
+            .context(format!("redis: {text}"))
+            .context("cannot use the store at redis://127.0.0.1:1");
+        let line = super::one_line(&error);
+        assert_eq!(
+            line,
+            format!("cannot use the store at redis://127.0.0.1:1: redis: {text}")
+        );
     }
 }

@@ -50,10 +50,20 @@ pub struct Args {
     /// in-process store enforces each limit until Redis answers again).
     #[arg(long, value_name = "POLICY", default_value = "error", value_parser = parse_on_store_error)]
     on_store_error: OnStoreError,
-    /// With --redis: the deadline of every Redis call; after consecutive
-    /// faults a circuit breaker skips Redis for a back-off, then probes it.
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
-    store_timeout: Duration,
+    /// With --redis: the deadline of every Redis call (or `REDIS_TIMEOUT`);
+    /// after consecutive faults a circuit breaker skips Redis for a
+    /// back-off, then probes it. [default: 100ms]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    store_timeout: Option<Duration>,
+    /// The health endpoints (gRPC health, `/healthcheck`, `/healthz`) fail
+    /// while the store does not answer, checked every second (or
+    /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
+    #[arg(long)]
+    health_check_store: bool,
+    /// The most descriptors one request may carry; more is refused as
+    /// INVALID_ARGUMENT / 400 (or `MAX_DESCRIPTORS`). [default: 1000]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_descriptors: Option<u64>,
     /// With --redis: denials remembered (one per subject and rule set) and answered
     /// without calling Redis until their retry_after has passed; 0 turns
     /// the deny cache off.
@@ -103,14 +113,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     init_logs(args, &settings);
-    let config = match loaded {
-        Ok(config) => config,
+    let (config, initial_config_failed) = match loaded {
+        Ok(config) => (config, false),
         Err(error) if settings.force_start => {
             tracing::error!(%error, "no configuration loaded; starting without limits (FORCE_START_WITHOUT_INITIAL_CONFIG)");
-            Config::default()
+            (Config::default(), true)
         }
         Err(error) => return Err(UsageError(error.to_string()).into()),
     };
+    let store_timeout = args
+        .store_timeout
+        .or(settings.store_timeout)
+        .unwrap_or(Duration::from_millis(100));
     let redis = args.redis.clone().or_else(|| settings.redis.clone());
     let prefix = args
         .prefix
@@ -122,38 +136,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let grpc_address = args.grpc.or(settings.grpc).unwrap_or_else(|| loopback(8081));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let store = match &redis {
-            None => AnyStore::Memory(MemoryStore::new()),
-            Some(url) => match StoreUrl::parse(url)? {
-                StoreUrl::Redis(url) => AnyStore::Resilient(
-                    ResilientStore::builder(connect_redis(&url, &prefix).await?)
-                        .on_error(args.on_store_error)
-                        .timeout(args.store_timeout)
-                        .deny_cache(args.deny_cache)
-                        .build(),
-                ),
-                StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
-            },
-        };
+        let store = store(redis.as_deref(), &prefix, args.on_store_error, store_timeout, args.deny_cache).await?;
         let http = TcpListener::bind(http_address)
             .await
             .with_context(|| format!("cannot listen on {http_address}"))?;
         let grpc = TcpListener::bind(grpc_address)
             .await
             .with_context(|| format!("cannot listen on {grpc_address}"))?;
-        let options = Options {
-            shadow_mode: args.shadow_mode || settings.shadow_mode,
-            quota_mode: settings.quota_mode,
-            response_headers: args.response_headers || settings.response_headers,
-            header_names: settings.header_names.clone(),
-            near_limit_ratio: settings.near_limit_ratio.unwrap_or(0.8),
-            healthy_with_config_only: settings.healthy_with_config_only,
-            dynamic_metadata: settings.dynamic_metadata,
-        };
+        let options = options(args, &settings);
         let domains = config.domains.len();
         let mut server = Server::new(config, Some(config_path.clone()), store, options).load_options(load_options);
         if let Some(root) = watch_root.filter(|root| root.is_dir()) {
             server = server.also_watch(root);
+        }
+        if initial_config_failed {
+            server = server.initial_config_failed();
+        }
+        let mut debug_address = None;
+        if let Some(address) = settings.debug {
+            let listener = TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (DEBUG_HOST, DEBUG_PORT)"))?;
+            debug_address = Some(listener.local_addr()?);
+            server = server.debug_on(listener);
         }
         let mut metrics_address = None;
         if let Some((address, path)) = &settings.prometheus {
@@ -167,6 +172,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             http = %http.local_addr()?,
             grpc = %grpc.local_addr()?,
             metrics = %metrics_address.map(|address| address.to_string()).unwrap_or_default(),
+            debug = %debug_address.map(|address| address.to_string()).unwrap_or_default(),
             config = %config_path.display(),
             store = if redis.is_some() { "redis" } else { "memory" },
             domains,
@@ -179,6 +185,82 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// The store `--redis` names (the embedded memory store without it).
+async fn store(
+    redis: Option<&str>,
+    prefix: &str,
+    on_error: OnStoreError,
+    timeout: Duration,
+    deny_cache: usize,
+) -> anyhow::Result<AnyStore> {
+    Ok(match redis {
+        None => AnyStore::Memory(MemoryStore::new()),
+        Some(url) => match StoreUrl::parse(url)? {
+            StoreUrl::Redis(url) => AnyStore::Resilient(
+                redis_store(&url, prefix, on_error)
+                    .await?
+                    .on_error(on_error)
+                    .timeout(timeout)
+                    .deny_cache(deny_cache)
+                    .build(),
+            ),
+            StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
+        },
+    })
+}
+
+/// The service's switches: flags, else envoyproxy/ratelimit's settings.
+fn options(args: &Args, settings: &Settings) -> Options {
+    Options {
+        shadow_mode: args.shadow_mode || settings.shadow_mode,
+        quota_mode: settings.quota_mode,
+        response_headers: args.response_headers || settings.response_headers,
+        header_names: settings.header_names.clone(),
+        near_limit_ratio: settings.near_limit_ratio.unwrap_or(0.8),
+        healthy_with_config_only: settings.healthy_with_config_only,
+        dynamic_metadata: settings.dynamic_metadata,
+        max_descriptors: args
+            .max_descriptors
+            .and_then(|most| usize::try_from(most).ok())
+            .or(settings.max_descriptors)
+            .unwrap_or(tollgate_server::service::DEFAULT_MAX_DESCRIPTORS),
+        health_checks_store: args.health_check_store || settings.health_checks_store,
+    }
+}
+
+/// The Redis store at `url`, ready for its resilience options. With the
+/// `error` policy it must answer now (as envoyproxy/ratelimit, serve does
+/// not start without it); with another policy, a server that does not answer
+/// yet is connected in the background while the policy answers.
+async fn redis_store(
+    url: &str,
+    prefix: &str,
+    on_error: OnStoreError,
+) -> anyhow::Result<tollgate::ResilientStoreBuilder<tollgate::RedisStore>> {
+    match connect_redis(url, prefix).await {
+        Ok(store) => Ok(ResilientStore::builder(store)),
+        Err(error) if on_error == OnStoreError::Error || error.is::<UsageError>() => Err(error),
+        Err(error) => {
+            tracing::warn!(
+                error = %crate::one_line(&error),
+                policy = on_error.as_str(),
+                "the store does not answer yet: starting, and connecting in the background"
+            );
+            let (url, prefix) = (url.to_owned(), prefix.to_owned());
+            Ok(ResilientStore::connecting(Box::new(move || {
+                let (url, prefix) = (url.clone(), prefix.clone());
+                Box::pin(async move {
+                    tollgate::RedisStore::builder(url)
+                        .prefix(prefix)
+                        .connect_timeout(Duration::from_secs(5))
+                        .connect()
+                        .await
+                })
+            })))
+        }
+    }
 }
 
 /// Logs to stderr: `RUST_LOG`, else `LOG_LEVEL`, else info; as JSON with

@@ -13,6 +13,11 @@ domain: bench
 descriptors:
   - key: client
     rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: once
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+      algorithm: {algorithm: sliding_log, limit: 1, window: 1h}
   - key: small
     rate_limit:
       unit: hour
@@ -189,6 +194,31 @@ fn keys_spread_the_requests_over_values() {
         (14, 1),
         "{summary}"
     );
+}
+
+/// The connections take the `--keys` values in turn between them: 40
+/// requests over 4 connections visit 40 distinct values. Each value admits
+/// one request an hour, so only the 4 values the warm-ups took refuse.
+#[test]
+fn many_connections_visit_every_key() {
+    let server = Server::start();
+    for (target, request, value) in [
+        (&server.grpc, &[][..], "once=g"),
+        (&server.http, &["--request", "json"][..], "once=h"),
+    ] {
+        let args = [
+            &["--target", target.as_str(), "--domain", "bench", "--descriptor", value],
+            request,
+            &["--connections", "4", "--keys", "40", "--requests", "40"],
+        ]
+        .concat();
+        let summary = bench_json(&args);
+        assert_eq!(
+            (count(&summary, "ok"), count(&summary, "over_limit")),
+            (36, 4),
+            "{summary}"
+        );
+    }
 }
 
 #[test]

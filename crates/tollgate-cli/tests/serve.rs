@@ -201,3 +201,119 @@ async fn one_domain_spreads_over_a_cluster_and_a_refused_request_takes_nothing()
         "20 refused requests took nothing: {after}"
     );
 }
+
+/// Polls `condition` every 20 ms until it holds (an event, such as a
+/// connection, not a time); fails after 10 s.
+async fn until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if condition().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
+
+/// With a policy other than `error`, serve starts while Redis is
+/// unreachable, answers by the policy within its deadline, tells its health
+/// checks the truth (`--health-check-store`), and moves to Redis as soon as
+/// one answers on that port.
+#[tokio::test]
+async fn serve_starts_before_redis_and_moves_to_it() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.stop();
+    let server = common::Serve::start_with(
+        &examples(),
+        &[
+            "--redis",
+            url.as_str(),
+            "--on-store-error",
+            "open",
+            "--health-check-store",
+        ],
+    );
+    let client = reqwest::Client::new();
+    let http = server.http.clone();
+    let body = r#"{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"198.51.100.20"}]}]}"#;
+    let ask = || {
+        let request = client.post(format!("http://{http}/json")).body(body).send();
+        async move { request.await.unwrap().status().as_u16() }
+    };
+    let get = |path: &'static str| {
+        let request = client.get(format!("http://{http}{path}")).send();
+        async move {
+            let response = request.await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    // Admitted by the policy, however many: Redis is not there.
+    for _ in 0..7 {
+        assert_eq!(ask().await, 200);
+    }
+    until("unhealthy while Redis is away", || async {
+        get("/healthcheck").await.0 == 500
+    })
+    .await;
+    assert_eq!(get("/healthz").await.0, 503);
+    let (_, metrics) = get("/metrics").await;
+    assert!(
+        metrics.contains("tollgate_decisions_by_path_total{path=\"policy\"} 7"),
+        "{metrics}"
+    );
+
+    redis.restart();
+    until("decided in Redis once it answers", || async {
+        ask().await;
+        get("/metrics")
+            .await
+            .1
+            .lines()
+            .any(|line| line.starts_with("tollgate_decisions_by_path_total{path=\"store\"}") && !line.ends_with(" 0"))
+    })
+    .await;
+    until("healthy again", || async { get("/healthcheck").await.0 == 200 }).await;
+    // The example's 5 a minute, now enforced in Redis.
+    let keys = redis.cli(&["--scan"]);
+    assert!(keys.contains("198.51.100.20"), "no key in Redis: {keys}");
+    let statuses: Vec<u16> = {
+        let mut statuses = Vec::new();
+        for _ in 0..6 {
+            statuses.push(ask().await);
+        }
+        statuses
+    };
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+}
+
+/// With the default policy (`error`) serve does not start without Redis, as
+/// envoyproxy/ratelimit; the error is one line that says each cause once.
+#[test]
+fn serve_refuses_to_start_without_redis_under_the_error_policy() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.stop();
+    let output = tollgate(&[
+        "serve",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        "127.0.0.1:0",
+        "--redis",
+        &url,
+        "--config",
+    ])
+    .arg(examples())
+    .output()
+    .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|line| line.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("cannot use the store"), "{stderr}");
+    assert_eq!(errors[0].matches("Connection refused").count(), 1, "{stderr}");
+}

@@ -446,12 +446,11 @@ pub(super) async fn bench(plan: Plan, progress: &ProgressBar) -> anyhow::Result<
 
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for (index, connection) in (0_u64..).zip(connections) {
+    for connection in connections {
         let worker = Worker {
             connection,
             plan: Arc::clone(&plan),
             shared: Arc::clone(&shared),
-            first_key: index % plan.keys,
             until: plan.until.deadline(started),
         };
         tasks.spawn(worker.run());
@@ -476,15 +475,15 @@ struct Worker {
     connection: Connection,
     plan: Arc<Plan>,
     shared: Arc<Shared>,
-    first_key: u64,
     until: Deadline,
 }
 
 impl Worker {
     async fn run(mut self) -> Tally {
         let mut tally = Tally::new();
-        let mut key = self.first_key;
         while !self.until.reached(&self.shared) {
+            // The connections take the keys in turn between them.
+            let key = self.shared.next_key.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.plan.keys;
             let sent = Instant::now();
             let result = self.connection.send(&self.plan.requests, key, false).await;
             let latency = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -498,7 +497,6 @@ impl Worker {
                     tally.first_error.get_or_insert(error);
                 }
             }
-            key = (key + 1) % self.plan.keys;
         }
         tally
     }
