@@ -15,7 +15,9 @@
 # Usage: scripts/bench-serve.sh [--redis]
 # Environment: DURATION (default 5s), CONNECTIONS (64), KEYS (1000 distinct
 # descriptor values); SERVE_CPUS and BENCH_CPUS (e.g. 0 and 1) pin the server
-# and the load generator to CPUs with taskset, so they do not share one.
+# and the load generator to CPUs with taskset, so they do not share one;
+# BENCH_THREADS sets the load generator's threads (default: one per core; 1
+# suits a load generator pinned to one CPU).
 #
 # The limit (a fixed window of 10^9 per second per value) never refuses, so
 # every request is one full decision. Everything this script starts is
@@ -97,7 +99,8 @@ run() {
   children_cpu bench_before
   if $redis; then redis_before=$(redis_cpu); fi
   started=$(now_s)
-  if ! "${bench_pin[@]}" "$TOLLGATE" bench "$@" --connections "$CONNECTIONS" --duration "$DURATION" --json --quiet \
+  if ! "${bench_pin[@]}" "$TOLLGATE" bench "$@" ${BENCH_THREADS:+--threads "$BENCH_THREADS"} \
+    --connections "$CONNECTIONS" --duration "$DURATION" --json --quiet \
     >"$BENCH_TMP/$name.json" 2>"$BENCH_TMP/$name.err"; then
     die "tollgate bench ($name) failed: $(cat "$BENCH_TMP/$name.err")"
   fi

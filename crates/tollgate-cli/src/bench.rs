@@ -117,6 +117,11 @@ pub struct Args {
     /// flight; at most 10 000
     #[arg(long, value_name = "N", requires = "target", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     connections: u32,
+    /// With --target: send at this steady rate (requests per second over
+    /// all connections, each connection pacing its share) instead of as fast
+    /// as the server answers; latency is measured from each send
+    #[arg(long, value_name = "PER_SECOND", requires = "target", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    rate: Option<u64>,
     /// With an http:// target: what each request is [default: check]
     #[arg(long, value_enum, value_name = "KIND", requires = "target")]
     request: Option<HttpRequest>,

@@ -25,7 +25,7 @@ descriptors:
       algorithm: {algorithm: sliding_log, limit: 5, window: 1h}
 ";
 
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 16] = [
     "target",
     "request",
     "connections",
@@ -38,6 +38,7 @@ const FIELDS: [&str; 15] = [
     "decisions_per_s",
     "p50_us",
     "p99_us",
+    "p999_us",
     "max_us",
     "warmup_requests",
     "limit_applied",

@@ -48,6 +48,7 @@ pub struct Report {
     elapsed: Duration,
     p50_ns: u64,
     p99_ns: u64,
+    p999_ns: u64,
     max_ns: u64,
     /// With a failure policy: decisions by path (as `Path::ALL`), the p99 of
     /// those the store did not decide, and when the store decided again
@@ -153,6 +154,7 @@ impl Report {
             elapsed,
             p50_ns: 0,
             p99_ns: 0,
+            p999_ns: 0,
             max_ns: 0,
             resilience: None,
         };
@@ -170,6 +172,7 @@ impl Report {
         if !latency.is_empty() {
             report.p50_ns = latency.value_at_quantile(0.5);
             report.p99_ns = latency.value_at_quantile(0.99);
+            report.p999_ns = latency.value_at_quantile(0.999);
             report.max_ns = latency.max();
         }
         report
@@ -244,6 +247,7 @@ impl Report {
         put("decisions_per_s", self.decisions_per_s().into());
         put("p50_us", micros(self.p50_ns).into());
         put("p99_us", micros(self.p99_ns).into());
+        put("p999_us", micros(self.p999_ns).into());
         put("max_us", micros(self.max_ns).into());
         match &self.kind {
             Kind::Store {
@@ -313,9 +317,10 @@ impl Report {
         let _ = writeln!(out, "errors       {}", self.errors);
         let _ = writeln!(
             out,
-            "latency      p50 {} us, p99 {} us, max {} us",
+            "latency      p50 {} us, p99 {} us, p99.9 {} us, max {} us",
             micros(self.p50_ns),
             micros(self.p99_ns),
+            micros(self.p999_ns),
             micros(self.max_ns)
         );
         if let Some(resilience) = &self.resilience {

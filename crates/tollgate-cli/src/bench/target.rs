@@ -71,6 +71,8 @@ pub(super) struct Plan {
     keys: u64,
     until: Until,
     requests: Requests,
+    /// With `--rate`: the time between two sends of one connection.
+    pace: Option<Duration>,
 }
 
 /// Reads `grpc://HOST:PORT` or `http://HOST:PORT` into the protocol's scheme
@@ -155,6 +157,9 @@ impl Plan {
             keys: args.keys.unwrap_or(1),
             until: Until::new(args),
             requests,
+            pace: args
+                .rate
+                .map(|rate| Duration::from_secs_f64(f64::from(args.connections) / rate as f64)),
         })
     }
 }
@@ -446,8 +451,13 @@ pub(super) async fn bench(plan: Plan, progress: &ProgressBar) -> anyhow::Result<
 
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for connection in connections {
+    for (index, connection) in (0_u32..).zip(connections) {
+        // Paced connections start spread over one pace, not all at once.
+        let first_send = plan
+            .pace
+            .map_or(started, |pace| started + pace * index / plan.connections);
         let worker = Worker {
+            first_send,
             connection,
             plan: Arc::clone(&plan),
             shared: Arc::clone(&shared),
@@ -476,12 +486,21 @@ struct Worker {
     plan: Arc<Plan>,
     shared: Arc<Shared>,
     until: Deadline,
+    /// With `--rate`, when the first request goes (then one each pace).
+    first_send: Instant,
 }
 
 impl Worker {
     async fn run(mut self) -> Tally {
         let mut tally = Tally::new();
+        let mut next_send = self.first_send;
         while !self.until.reached(&self.shared) {
+            if let Some(pace) = self.plan.pace {
+                // Behind schedule (a slow answer), the next sends go at once
+                // until the connection has caught up.
+                tokio::time::sleep_until(next_send.into()).await;
+                next_send += pace;
+            }
             // The connections take the keys in turn between them.
             let key = self.shared.next_key.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.plan.keys;
             let sent = Instant::now();
