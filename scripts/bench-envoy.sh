@@ -123,7 +123,7 @@ envoy_call_time() {
   curl -s "$ADMIN/stats?filter=cluster.ratelimit.upstream_rq_time" |
     sed -n 's/^cluster.ratelimit.upstream_rq_time: //p' | tr ' ' '\n' |
     sed -n 's/^P\([0-9.]*\)([^,]*,\([^)]*\))$/\1 \2/p' |
-    awk '{ v[$1] = $2 } END { printf "%s|%s|%s|%s\n", v["50"], v["99"], v["99.9"], v["100"] }'
+    awk '{ v[$1] = $2 } END { printf "%.2f|%.2f|%.2f|%.2f\n", v["50"], v["99"], v["99.9"], v["100"] }'
 }
 
 # hey_run NAME PATH ARGS...: hey on a fresh Envoy with a CSV of every

@@ -498,6 +498,33 @@ mod tests {
         assert_eq!(read.ignored, ["LOCAL_CACHE_SIZE_IN_BYTES", "USE_STATSD"]);
     }
 
+    /// Settings once accepted without effect now take effect.
+    #[test]
+    fn timeout_health_debug_and_descriptor_cap() {
+        let read = settings(&[
+            ("REDIS_TIMEOUT", "250ms"),
+            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true"),
+            ("DEBUG_PORT", "6071"),
+            ("MAX_DESCRIPTORS", "50"),
+        ])
+        .unwrap();
+        assert_eq!(read.store_timeout, Some(Duration::from_millis(250)));
+        assert!(read.health_checks_store);
+        assert_eq!(read.debug, Some("127.0.0.1:6071".parse().unwrap()));
+        assert_eq!(read.max_descriptors, Some(50));
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+        let defaults = settings(&[]).unwrap();
+        assert_eq!(
+            (
+                defaults.store_timeout,
+                defaults.health_checks_store,
+                defaults.debug,
+                defaults.max_descriptors
+            ),
+            (None, false, None, None)
+        );
+    }
+
     #[test]
     fn redis_addresses() {
         let url = |pairs: &[(&str, &str)]| settings(pairs).unwrap().redis;
@@ -551,6 +578,14 @@ mod tests {
             (&[("GRPC_SERVER_USE_TLS", "true")][..], "GRPC_SERVER_USE_TLS"),
             (&[("GRPC_UDS", "/tmp/rl.sock")][..], "GRPC_UDS"),
             (&[("NEAR_LIMIT_RATIO", "most")][..], "NEAR_LIMIT_RATIO"),
+            (&[("REDIS_TIMEOUT", "soon")][..], "REDIS_TIMEOUT"),
+            (&[("REDIS_TIMEOUT", "0s")][..], "REDIS_TIMEOUT"),
+            (
+                &[("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "sure")][..],
+                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+            ),
+            (&[("DEBUG_PORT", "debug")][..], "DEBUG_PORT"),
+            (&[("MAX_DESCRIPTORS", "0")][..], "MAX_DESCRIPTORS"),
         ] {
             let error = settings(pairs).unwrap_err();
             assert!(error.starts_with(named), "{error}");

@@ -616,6 +616,46 @@ async fn a_huge_request_is_refused_at_the_cap() {
     server.stop().await;
 }
 
+/// envoyproxy/ratelimit's debug listener (`DEBUG_HOST`, `DEBUG_PORT`):
+/// `/rlconfig` and `/metrics`, where `config_load_success` counts the
+/// configuration loaded at start.
+#[tokio::test]
+async fn the_debug_listener_serves_rlconfig_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("test.yaml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let store = AnyStore::Memory(MemoryStore::new());
+    let debug = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let debug_address = debug.local_addr().unwrap();
+    let server = Server::new(Config::load(&file).unwrap(), Some(file), store, Options::default()).debug_on(debug);
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(http, grpc, async {
+        let _ = stopped.await;
+    }));
+    let rlconfig = reqwest::get(format!("http://{debug_address}/rlconfig")).await.unwrap();
+    assert_eq!(rlconfig.status(), 200);
+    let text = rlconfig.text().await.unwrap();
+    assert!(
+        text.contains("test.user: unit=DAY requests_per_unit=3, shadow_mode: false"),
+        "{text}"
+    );
+    let metrics = reqwest::get(format!("http://{debug_address}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let loaded = metrics
+        .lines()
+        .find(|line| line.starts_with("ratelimit_service_config_load_success"))
+        .unwrap_or_else(|| panic!("no config_load_success in\n{metrics}"));
+    assert!(loaded.ends_with(" 1"), "{loaded}");
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
 /// envoyproxy/ratelimit's `/rlconfig`: one line per rule.
 #[tokio::test]
 async fn rlconfig_prints_the_loaded_rules() {
