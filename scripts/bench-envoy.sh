@@ -26,17 +26,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source-path=SCRIPTDIR source=lib/bench.sh
 source scripts/lib/bench.sh
 
-redis=false
-for arg in "$@"; do
-  case "$arg" in
-    --redis) redis=true ;;
-    -h | --help)
-      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-      exit 0
-      ;;
-    *) die "unknown argument \"$arg\" (usage: $0 [--redis])" ;;
-  esac
-done
+redis_flag "$@"
+redis=$REDIS_FLAG
 RATE=${RATE:-1000}
 REQUESTS=${REQUESTS:-10000}
 DURATION=${DURATION:-10s}
@@ -66,25 +57,13 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 YAML
 
-serve_args=(serve --config "$BENCH_TMP/config.yaml" --http 127.0.0.1:0 --grpc 127.0.0.1:0)
-store=memory
 if $redis; then
   start_redis
-  serve_args+=(--redis "$REDIS_URL")
-  store="redis ($REDIS_URL)"
 fi
-RUST_LOG=info "$TOLLGATE" "${serve_args[@]}" 2>"$BENCH_TMP/serve.log" &
-serve_pid=$!
-BENCH_PIDS+=("$serve_pid")
-ready=""
-for _ in $(seq 600); do
-  kill -0 "$serve_pid" 2>/dev/null || die "tollgate serve exited: $(cat "$BENCH_TMP/serve.log")"
-  ready=$(grep -m 1 "tollgate serve is ready" "$BENCH_TMP/serve.log" || true)
-  [ -n "$ready" ] && break
-  sleep 0.05
-done
-[ -n "$ready" ] || die "tollgate serve did not get ready within 30 s"
-grpc=$(sed -n 's/.* grpc=\([^ ]*\).*/\1/p' <<<"$ready")
+start_serve "$BENCH_TMP/config.yaml"
+serve_pid=$SERVE_PID
+grpc=$SERVE_GRPC
+store=$SERVE_STORE
 
 # start_envoy: a fresh Envoy (its counters at zero); sets ENVOY_PID, ADMIN, URL.
 start_envoy() {

@@ -27,17 +27,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source-path=SCRIPTDIR source=lib/bench.sh
 source scripts/lib/bench.sh
 
-redis=false
-for arg in "$@"; do
-  case "$arg" in
-    --redis) redis=true ;;
-    -h | --help)
-      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-      exit 0
-      ;;
-    *) die "unknown argument \"$arg\" (usage: $0 [--redis])" ;;
-  esac
-done
+redis_flag "$@"
+redis=$REDIS_FLAG
 DURATION=${DURATION:-5s}
 CONNECTIONS=${CONNECTIONS:-64}
 KEYS=${KEYS:-1000}
@@ -59,31 +50,14 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 EOF
 
-serve_args=(serve --config "$BENCH_TMP/config.yaml" --http 127.0.0.1:0 --grpc 127.0.0.1:0)
-store=memory
 if $redis; then
   start_redis
-  serve_args+=(--redis "$REDIS_URL")
-  store="redis ($REDIS_URL)"
 fi
-
-# The server binds port 0 and logs the addresses it got: no port races.
-RUST_LOG=info "${serve_pin[@]}" "$TOLLGATE" "${serve_args[@]}" 2>"$BENCH_TMP/serve.log" &
-serve_pid=$!
-BENCH_PIDS+=("$serve_pid")
-ready=""
-for _ in $(seq 600); do
-  kill -0 "$serve_pid" 2>/dev/null || die "tollgate serve exited: $(cat "$BENCH_TMP/serve.log")"
-  ready=$(grep -m 1 "tollgate serve is ready" "$BENCH_TMP/serve.log" || true)
-  [ -n "$ready" ] && break
-  sleep 0.05
-done
-[ -n "$ready" ] || die "tollgate serve did not get ready within 30 s: $(cat "$BENCH_TMP/serve.log")"
-http=$(sed -n 's/.* http=\([^ ]*\).*/\1/p' <<<"$ready")
-grpc=$(sed -n 's/.* grpc=\([^ ]*\).*/\1/p' <<<"$ready")
-if [ -z "$http" ] || [ -z "$grpc" ]; then
-  die "no addresses in the server's ready line: $ready"
-fi
+start_serve "$BENCH_TMP/config.yaml" "${serve_pin[@]}"
+serve_pid=$SERVE_PID
+http=$SERVE_HTTP
+grpc=$SERVE_GRPC
+store=$SERVE_STORE
 note "tollgate serve (pid $serve_pid): HTTP $http, gRPC $grpc, store $store"
 
 described=(--domain bench --descriptor client=c --keys "$KEYS")

@@ -31,6 +31,23 @@ no_arguments() {
   esac
 }
 
+# redis_flag "$@": the usage of a script that takes only --redis; sets
+# REDIS_FLAG to true or false.
+redis_flag() {
+  REDIS_FLAG=false
+  local arg
+  for arg in "$@"; do
+    case "$arg" in
+      --redis) REDIS_FLAG=true ;;
+      -h | --help)
+        sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        exit 0
+        ;;
+      *) die "unknown argument \"$arg\" (usage: $0 [--redis])" ;;
+    esac
+  done
+}
+
 # need BINARY [HINT]: fails with a clear message when BINARY is not on PATH.
 need() {
   command -v "$1" >/dev/null 2>&1 || die "$1 is required but not installed${2:+ ($2)}"
@@ -120,6 +137,36 @@ start_redis() {
     wait "$pid" 2>/dev/null || true
   done
   die "redis-server did not start; its last log: $(tail -n 5 "$log" 2>/dev/null)"
+}
+
+# start_serve CONFIG [PREFIX...]: `tollgate serve` on CONFIG, on port 0 (it
+# logs the addresses it got: no port races), deciding in Redis when
+# start_redis ran; PREFIX (e.g. taskset -c 0) runs before it. Returns once it
+# is ready; sets SERVE_PID, SERVE_HTTP, SERVE_GRPC and SERVE_STORE.
+start_serve() {
+  local config=$1 ready="" args
+  shift
+  args=(serve --config "$config" --http 127.0.0.1:0 --grpc 127.0.0.1:0)
+  SERVE_STORE=memory
+  if [ -n "${REDIS_URL:-}" ]; then
+    args+=(--redis "$REDIS_URL")
+    SERVE_STORE="redis ($REDIS_URL)"
+  fi
+  RUST_LOG=info "$@" "$TOLLGATE" "${args[@]}" 2>"$BENCH_TMP/serve.log" &
+  SERVE_PID=$!
+  BENCH_PIDS+=("$SERVE_PID")
+  for _ in $(seq 600); do
+    kill -0 "$SERVE_PID" 2>/dev/null || die "tollgate serve exited: $(cat "$BENCH_TMP/serve.log")"
+    ready=$(grep -m 1 "tollgate serve is ready" "$BENCH_TMP/serve.log" || true)
+    [ -n "$ready" ] && break
+    sleep 0.05
+  done
+  [ -n "$ready" ] || die "tollgate serve did not get ready within 30 s: $(cat "$BENCH_TMP/serve.log")"
+  SERVE_HTTP=$(sed -n 's/.* http=\([^ ]*\).*/\1/p' <<<"$ready")
+  SERVE_GRPC=$(sed -n 's/.* grpc=\([^ ]*\).*/\1/p' <<<"$ready")
+  if [ -z "$SERVE_HTTP" ] || [ -z "$SERVE_GRPC" ]; then
+    die "no addresses in the server's ready line: $ready"
+  fi
 }
 
 rcli() {
