@@ -44,8 +44,8 @@
 //!
 //! Errors name the file and the line.
 //!
-//! The module is split by job: the model here, [`yaml`] reads a file,
-//! [`lookup`] matches a request's descriptor, [`load`] reads files and
+//! The module is split by job: the model here, `yaml` reads a file,
+//! `lookup` matches a request's descriptor, `load` reads files and
 //! directories into a [`Config`].
 
 mod load;
