@@ -773,11 +773,11 @@ impl Service {
         let shadows: Vec<usize> = (0..items.len())
             .filter(|&index| items[index].limited().is_some() && items[index].shadow)
             .collect();
-        let outcomes = join_all(shadows.iter().map(|&index| self.decide_together(&*items, vec![index]))).await;
-        for (&index, outcome) in shadows.iter().zip(outcomes) {
+        let outcomes = join_all(shadows.chunks(1).map(|one| self.decide_together(&*items, one))).await;
+        for outcome in outcomes {
             let (decisions, at) = outcome?;
             decided_at = note(decided_at, at);
-            set_decisions(items, &[index], decisions);
+            set_decisions(items, decisions);
         }
         // Quota-mode descriptors: all of them (shadow ones included), and
         // those that already failed (blocked ones).
@@ -794,9 +794,9 @@ impl Service {
             if batch.is_empty() {
                 return Ok(decided_at);
             }
-            let (decisions, at) = self.decide_together(&*items, batch.clone()).await?;
+            let (decisions, at) = self.decide_together(&*items, &batch).await?;
             decided_at = note(decided_at, at);
-            set_decisions(items, &batch, decisions);
+            set_decisions(items, decisions);
             let mut enforced_denied = false;
             let mut newly_failed = 0;
             for &index in &batch {
@@ -820,19 +820,19 @@ impl Service {
     }
 
     /// Decides the limits of `items` at `indices` as one all-or-nothing
-    /// policy; each one's decision, and the store's instant.
+    /// policy; each one's decision (by its index), and the store's instant.
     async fn decide_together(
         &self,
         items: &[Item<'_>],
-        indices: Vec<usize>,
-    ) -> Result<(Vec<Decision>, u64), tollgate::Error> {
+        indices: &[usize],
+    ) -> Result<(Vec<(usize, Decision)>, u64), tollgate::Error> {
         // A descriptor sent twice is one limit, weighing the sum of its hits.
         let mut slot_by_key: HashMap<(&Subject, &str), usize> = HashMap::with_capacity(indices.len());
         let mut subjects: Vec<Subject> = Vec::with_capacity(indices.len());
         let mut limits: Vec<(String, Limit)> = Vec::with_capacity(indices.len());
         let mut costs: Vec<u64> = Vec::with_capacity(indices.len());
         let mut slot_of = Vec::with_capacity(indices.len());
-        for &index in &indices {
+        for &index in indices {
             let item = &items[index];
             let Some(limited) = item.limited() else { continue };
             let next = limits.len();
@@ -846,21 +846,24 @@ impl Service {
             } else {
                 costs[slot] = costs[slot].saturating_add(item.hits);
             }
-            slot_of.push(slot);
+            slot_of.push((index, slot));
         }
         let policy = Policy::spread(limits)?;
         let cost = costs.iter().copied().max().unwrap_or(1);
         let request = Request::new(gateway_op(&policy), cost).with_costs(costs);
         let outcome = self.store.decide_spread(&subjects, &policy, &request).await?;
         self.metrics.path(outcome.path);
-        let decisions = slot_of.into_iter().map(|slot| outcome.limits[slot].1.clone()).collect();
+        let decisions = slot_of
+            .into_iter()
+            .map(|(index, slot)| (index, outcome.limits[slot].1.clone()))
+            .collect();
         Ok((decisions, outcome.decided_at.as_micros()))
     }
 }
 
-/// Puts `decisions` (one per index of `indices`) into their items.
-fn set_decisions(items: &mut [Item<'_>], indices: &[usize], decisions: Vec<Decision>) {
-    for (&index, decision) in indices.iter().zip(decisions) {
+/// Puts each decision into the item at its index.
+fn set_decisions(items: &mut [Item<'_>], decisions: Vec<(usize, Decision)>) {
+    for (index, decision) in decisions {
         if let Matched::Limited(limited) = &mut items[index].matched {
             limited.decision = Some(decision);
         }
