@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{at_least_one, edit, positive, unsupported_reserve, Action, Algorithm, Edit, Step, Update};
+use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
@@ -220,11 +220,10 @@ impl Algorithm for Concurrency {
         self.limit.saturating_sub(state.map_or(0, |state| state.in_flight(now)))
     }
 
-    /// Leases only: no `reserve`, and no `check` (or `acquire` without a
-    /// lease) of a positive cost.
+    /// Leases only: no `check` (or `acquire` without a lease) of a positive
+    /// cost (and, as every limit that does not shape, no `reserve`).
     fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
         match action {
-            Action::Reserve(_) => Err(unsupported_reserve(Self::NAME)),
             Action::Check | Action::Acquire { lease: None, .. } if cost > 0 => Err(Error::invalid_argument(
                 "a concurrency limit is taken with acquire (and given back with release), not check",
             )),

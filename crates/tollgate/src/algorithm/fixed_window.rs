@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use super::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update, WindowSpec};
+use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update, WindowSpec};
 use crate::decision::Decision;
 use crate::error::Result;
 

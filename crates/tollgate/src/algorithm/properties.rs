@@ -282,7 +282,7 @@ impl<'a> Harness<'a> {
 
     fn limit_ttl(&self) -> u64 {
         match self.limit.kind() {
-            super::Kind::Concurrency(p) => p.ttl,
+            super::registry::Kind::Concurrency(p) => p.ttl,
             _ => 0,
         }
     }

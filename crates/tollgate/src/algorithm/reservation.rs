@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::core::{at_least_one, at_most, positive, refund_whole, report, Action, Algorithm, Step, Update};
 use super::rate::{Rate, Tat, MAX_TICKS};
-use super::{at_least_one, at_most, positive, refund_whole, report, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};

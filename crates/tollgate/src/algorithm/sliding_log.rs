@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec};
+use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec};
 use crate::decision::Decision;
 use crate::error::Result;
 

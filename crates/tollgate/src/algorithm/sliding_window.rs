@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
+use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};

@@ -1,0 +1,264 @@
+//! The trait every algorithm implements, and the helpers its files share:
+//! a decision's [`Step`] and [`Update`], the [`Action`] a request asks, the
+//! validation of parameters, refunds of states replaced whole. Algorithm
+//! files import this module only: it knows none of them.
+
+use std::borrow::{Borrow, BorrowMut};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::rate::MAX_TICKS;
+use crate::clock::micros;
+use crate::decision::Decision;
+use crate::duration::{serde_text, MAX_MICROS};
+use crate::error::{Error, Result};
+
+/// What an algorithm returns: its decision, and the change to its state when
+/// it changed (for most algorithms, the whole new state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Step<C> {
+    pub decision: Decision,
+    pub change: Option<C>,
+}
+
+impl<C> Step<C> {
+    pub(crate) fn unchanged(decision: Decision) -> Self {
+        Self { decision, change: None }
+    }
+
+    pub(crate) fn changed(decision: Decision, change: C) -> Self {
+        Self {
+            decision,
+            change: Some(change),
+        }
+    }
+
+    pub(crate) fn map<T>(self, wrap: impl FnOnce(C) -> T) -> Step<T> {
+        Step {
+            decision: self.decision,
+            change: self.change.map(wrap),
+        }
+    }
+}
+
+/// What a request asks of one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action<'a> {
+    /// Decide at once, consuming when allowed.
+    Check,
+    /// Borrowing or shaping: accept a wait of at most this many µs (`None`: any).
+    Reserve(Option<u64>),
+    /// Take a lease (concurrency) or, on rate limits, a reservation within
+    /// `max_wait` / a check.
+    Acquire {
+        lease: Option<&'a str>,
+        max_wait: Option<u64>,
+    },
+    /// Give a lease back; other limits only report.
+    Release(&'a str),
+    /// Give back `cost` units taken at `at` (µs) and, on concurrency
+    /// limits, the lease; never refused, reported as a peek after.
+    Refund { at: u64, lease: Option<&'a str> },
+}
+
+impl Action<'_> {
+    /// The cost a limit that neither queues nor leases checks: a release
+    /// only reports, as a peek.
+    #[inline]
+    pub(crate) fn check_cost(self, cost: u64) -> u64 {
+        if matches!(self, Action::Release(_)) {
+            0
+        } else {
+            cost
+        }
+    }
+}
+
+/// One algorithm, implemented by its validated parameters in its own file:
+/// its spec, its state, its decision and its encoding for its Lua twin.
+///
+/// Every function is pure: the state is read, never written; a decision
+/// returns the [`Update`] a store commits.
+pub(crate) trait Algorithm: Copy {
+    /// The parameters as written in JSON or YAML, before validation.
+    type Spec;
+    /// The state of one subject.
+    type State;
+    /// How a store holds the state: the state itself, or boxed when it grows
+    /// with traffic, so that the states of a few numbers stay small.
+    type Stored: Borrow<Self::State> + BorrowMut<Self::State>;
+    /// An edit of the state made in place, for a state that grows with
+    /// traffic; [`Infallible`] for a state replaced whole.
+    type Edit<'a>: Edit<Self::State>;
+
+    /// The algorithm's name, as written in `"algorithm"`.
+    const NAME: &'static str;
+    /// The id of the Lua twin in the Redis library (`ALGORITHMS[ID]`).
+    #[cfg(feature = "redis")]
+    const ID: u8;
+    /// True for the shaping and borrowing limits, which grant a request at a
+    /// later moment rather than refusing it, and take `reserve`.
+    const SHAPING: bool = false;
+    /// True for a limit taken with leases.
+    const LEASES: bool = false;
+
+    /// Validates `spec`.
+    ///
+    /// # Errors
+    ///
+    /// An invalid limit, naming the field at fault.
+    fn build(spec: &Self::Spec) -> Result<Self>;
+
+    /// The most unit-cost requests admitted at once.
+    fn capacity(&self) -> u64;
+
+    /// The window a count-per-window limit counts over.
+    fn window(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Units that would be admitted now (`u64::MAX`: any cost).
+    fn available(&self, state: Option<&Self::State>, now: u64) -> u64;
+
+    /// Whether this limit can run `action` for `cost` units, beyond what
+    /// every limit checks ([`Limit`](super::Limit) refuses `reserve` on a
+    /// limit that neither borrows nor shapes): by default, anything.
+    ///
+    /// # Errors
+    ///
+    /// An invalid argument, saying why.
+    fn supports(&self, _action: Action<'_>, _cost: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Runs `action` for `cost` units against `state` (none: a subject never
+    /// seen, or whose state has lapsed) at `now`.
+    fn decide<'a>(
+        &self,
+        state: Option<&Self::State>,
+        now: u64,
+        action: Action<'a>,
+        cost: u64,
+    ) -> Step<Update<Self::Stored, Self::Edit<'a>>>;
+
+    /// The numbers the Lua twin's `params` reads, in order (after the id).
+    #[cfg(feature = "redis")]
+    fn script_params(&self) -> impl IntoIterator<Item = u64>;
+}
+
+/// What a decision does to one algorithm's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Update<S, E> {
+    /// The whole new state.
+    Put(S),
+    /// An edit of the state the decision was made on.
+    Edit(E),
+}
+
+impl<S> Update<S, Infallible> {
+    /// The whole new state: a state of a few numbers is never edited.
+    pub(crate) fn into_whole(self) -> S {
+        match self {
+            Self::Put(state) => state,
+            Self::Edit(never) => match never {},
+        }
+    }
+}
+
+/// An edit of a state of type `S`, made in place.
+pub(crate) trait Edit<S> {
+    /// Commits the edit to `state`, the state it was decided on.
+    fn apply(self, state: &mut S);
+}
+
+/// A state of a few numbers is replaced whole, never edited.
+impl<S> Edit<S> for Infallible {
+    fn apply(self, _: &mut S) {
+        match self {}
+    }
+}
+
+/// An edit made of `state` is committed in place, later; made of no state,
+/// it is committed at once to an empty state, which becomes the whole new one.
+pub(crate) fn edit<S: Default, E: Edit<S>>(state: Option<&S>, step: Step<E>) -> Step<Update<Box<S>, E>> {
+    step.map(|change| {
+        if state.is_some() {
+            Update::Edit(change)
+        } else {
+            let mut new = Box::<S>::default();
+            change.apply(&mut new);
+            Update::Put(new)
+        }
+    })
+}
+
+/// `limit` units per `window` (fixed window, sliding log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowSpec {
+    /// Units admitted per window.
+    pub limit: u64,
+    /// The window's length.
+    #[serde(with = "serde_text")]
+    pub window: Duration,
+}
+
+pub(crate) fn at_least_one(value: u64, field: &str) -> Result<u64> {
+    if value == 0 {
+        return Err(Error::invalid_limit(format!("{field} must be at least 1")));
+    }
+    if value > MAX_TICKS {
+        return Err(Error::invalid_limit(format!("{field} must be at most {MAX_TICKS}")));
+    }
+    Ok(value)
+}
+
+pub(crate) fn positive(duration: Duration, field: &str) -> Result<u64> {
+    let value = micros(duration);
+    if value == 0 {
+        return Err(Error::invalid_limit(format!("{field} must be positive")));
+    }
+    if value > MAX_MICROS {
+        return Err(Error::invalid_limit(format!(
+            "{field} is too long (at most {MAX_MICROS} us)"
+        )));
+    }
+    if !duration.subsec_nanos().is_multiple_of(1_000) {
+        return Err(Error::invalid_limit(format!("{field} is finer than a microsecond")));
+    }
+    Ok(value)
+}
+
+pub(crate) fn at_most(value: Option<u64>, ceiling: u64, field: &str, ceiling_field: &str) -> Result<u64> {
+    match value {
+        Some(value) if value > ceiling => Err(Error::invalid_limit(format!(
+            "{field} ({value}) must be at most {ceiling_field} ({ceiling})"
+        ))),
+        Some(value) => Ok(value),
+        None => Ok(ceiling),
+    }
+}
+
+/// A refund of a state replaced whole: `refunded` is the state it leaves
+/// (`None`: nothing given back). Every limit reports after it as a release
+/// does (what is left, no wait).
+pub(crate) fn refund_whole<A: Algorithm>(
+    algorithm: &A,
+    state: Option<&A::State>,
+    now: u64,
+    refunded: Option<A::State>,
+) -> Step<A::State> {
+    let report = |state| algorithm.decide(state, now, Action::Release(""), 0).decision;
+    match refunded {
+        Some(new) => Step::changed(report(Some(&new)), new),
+        None => Step::unchanged(report(state)),
+    }
+}
+
+/// A step that only reports: no wait asked of the caller.
+pub(crate) fn report<C>(mut step: Step<C>) -> Step<C> {
+    step.decision.wait = Duration::ZERO;
+    step
+}

@@ -1,0 +1,498 @@
+//! [`Limit`]: a validated limit and its constructors, one per algorithm,
+//! reaching its algorithm through the registry's `dispatch!`.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::core::{Action, Algorithm, Step, Update, WindowSpec};
+use super::gcra::Gcra;
+use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
+use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, Refill, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
+use crate::error::{Error, Result};
+
+/// A validated limit: one algorithm with its parameters.
+///
+/// Build one with a constructor ([`Limit::gcra`], …), from a [`LimitSpec`],
+/// or from JSON ([`Limit::from_json`]). Each refuses invalid parameters with
+/// an error naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    spec: LimitSpec,
+    kind: Kind,
+    /// The limit as the Redis library reads it, written once.
+    #[cfg(feature = "redis")]
+    script_params: std::sync::Arc<str>,
+}
+
+impl LimitSpec {
+    /// Validates the parameters into a [`Limit`].
+    ///
+    /// # Errors
+    ///
+    /// An [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) error
+    /// naming the field at fault.
+    pub fn build(self) -> Result<Limit> {
+        let kind = self.validate()?;
+        Ok(Limit {
+            #[cfg(feature = "redis")]
+            script_params: dispatch!(&kind, p => script_params(p)).into(),
+            spec: self,
+            kind,
+        })
+    }
+
+    /// The algorithm's name, as written in `"algorithm"`.
+    pub fn algorithm(&self) -> &'static str {
+        self.name()
+    }
+
+    /// Reads a spec from a JSON object such as
+    /// `{"algorithm":"gcra","rate":10,"period":"1s","burst":5}`.
+    ///
+    /// # Errors
+    ///
+    /// When the object has no known `algorithm`, an unknown or missing field,
+    /// or a value of the wrong type; the message names the field.
+    pub fn from_value(value: serde_json::Value) -> Result<Self> {
+        let serde_json::Value::Object(mut fields) = value else {
+            return Err(Error::invalid_limit(
+                "a limit must be a JSON object with an \"algorithm\" field",
+            ));
+        };
+        let algorithm = match fields.remove("algorithm") {
+            Some(serde_json::Value::String(name)) => name,
+            Some(_) => return Err(Error::invalid_limit("algorithm must be a string")),
+            None => return Err(Error::invalid_limit("missing field \"algorithm\"")),
+        };
+        let fields = serde_json::Value::Object(fields);
+        match ALGORITHMS.iter().find(|entry| entry.name == algorithm) {
+            Some(entry) => (entry.parse)(fields),
+            None => Err(Error::invalid_limit(format!(
+                "unknown algorithm \"{algorithm}\" (expected {})",
+                listed(ALGORITHMS.iter().map(|entry| entry.name), " or ")
+            ))),
+        }
+    }
+}
+
+/// `a, b, c<last>d`: the names joined by commas, the last two by `last`.
+fn listed<'a>(names: impl Iterator<Item = &'a str>, last: &str) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((final_name, [])) => (*final_name).to_owned(),
+        Some((final_name, rest)) => format!("{}{last}{final_name}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+impl Limit {
+    /// A fixed window counter: at most `limit` units per epoch-aligned `window`.
+    ///
+    /// - `limit`: units admitted per window (the decision's `limit`);
+    /// - `window`: the window's length; windows start at multiples of it since
+    ///   the Unix epoch, so every instance agrees where a window starts and
+    ///   `reset_after` is exact.
+    ///
+    /// **Bound:** within one aligned window the admitted cost is at most
+    /// `limit`; any interval spanning `k` aligned windows admits at most
+    /// `k · limit` — up to `2 · limit` in an interval of length `window` that
+    /// straddles a boundary (use [`Limit::sliding_window`] or
+    /// [`Limit::sliding_log`] where that burst matters). State: one counter.
+    ///
+    /// # Errors
+    ///
+    /// When `limit` is zero or `window` is not a positive whole number of microseconds.
+    pub fn fixed_window(limit: u64, window: Duration) -> Result<Self> {
+        LimitSpec::FixedWindow(WindowSpec { limit, window }).build()
+    }
+
+    /// A sliding window counter of `limit` units per `window`, in `buckets` sub-intervals.
+    ///
+    /// - `limit`: units admitted in any `window`;
+    /// - `window`: the window's length;
+    /// - `buckets`: epoch-aligned sub-intervals the window is counted in (10
+    ///   in JSON when absent, at most 1000); `window` must divide into them
+    ///   in whole microseconds.
+    ///
+    /// The count is the sum over every sub-interval that overlaps the last
+    /// `window`, the oldest one included even when it overlaps only in part:
+    /// admitted units count for up to one sub-interval longer than `window`,
+    /// which keeps the bound exact (a refused client may wait up to
+    /// `window + window / buckets`).
+    ///
+    /// **Bound:** any interval of length `window` (both ends included) admits
+    /// at most `limit` units. State: at most `buckets + 1` counters.
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero, or `window` is not a whole number of microseconds per bucket.
+    pub fn sliding_window(limit: u64, window: Duration, buckets: u64) -> Result<Self> {
+        LimitSpec::SlidingWindow(SlidingWindowSpec { limit, window, buckets }).build()
+    }
+
+    /// A sliding log: exactly `limit` units in any `window`.
+    ///
+    /// - `limit`: units admitted in any `window`;
+    /// - `window`: the window's length.
+    ///
+    /// Exact, at O(`limit`) memory: one entry per admitted instant (units
+    /// admitted at the same microsecond share one); a decision costs
+    /// O(log n) in the entries held. A refused request's `retry_after` is
+    /// when enough of the oldest units leave the window.
+    ///
+    /// **Bound:** any half-open interval `[t, t + window)` admits at most
+    /// `limit` units.
+    ///
+    /// # Errors
+    ///
+    /// When `limit` is zero or `window` is not positive.
+    pub fn sliding_log(limit: u64, window: Duration) -> Result<Self> {
+        LimitSpec::SlidingLog(WindowSpec { limit, window }).build()
+    }
+
+    /// A smooth token bucket, full at the start; see [`TokenBucketSpec`] for
+    /// `interval` refill and `initial`.
+    ///
+    /// - `capacity`: the most tokens the bucket holds (the decision's `limit`);
+    /// - `refill`: tokens gained per `interval`;
+    /// - `interval`: the refill period;
+    /// - in a [`TokenBucketSpec`]: `mode` ([`Refill::Smooth`], continuous and
+    ///   exact, or [`Refill::Interval`], whole `refill` amounts at
+    ///   epoch-aligned interval boundaries) and `initial` (tokens of a key
+    ///   with no state; default `capacity`).
+    ///
+    /// No borrowing: a request takes `cost` tokens or is refused, and a
+    /// refused request changes nothing.
+    ///
+    /// **Bound:** over any interval `[a, b]` the admitted cost is at most
+    /// `capacity + refill · (b − a) / interval` (smooth), or
+    /// `capacity + refill · (interval boundaries in (a, b])` (interval).
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero or the rate cannot be computed exactly.
+    pub fn token_bucket(capacity: u64, refill: u64, interval: Duration) -> Result<Self> {
+        LimitSpec::TokenBucket(TokenBucketSpec {
+            capacity,
+            refill,
+            interval,
+            mode: Refill::Smooth,
+            initial: None,
+        })
+        .build()
+    }
+
+    /// A token bucket with reservation (borrowing), storing up to `max_burst` permits.
+    ///
+    /// - `rate` permits per `period`: the steady rate;
+    /// - `max_burst`: permits stored while idle (the decision's `limit` is
+    ///   `max_burst + 1`: with no debt, one more request always fits);
+    /// - in a [`ReservationSpec`]: `initial` stored permits (default `max_burst`).
+    ///
+    /// Borrow now, the next caller waits (Guava's `SmoothBursty`): a request
+    /// is granted at the next free moment — at once when nothing is owed —
+    /// taking stored permits and borrowing what is missing, so the *next*
+    /// caller pays. [`Limiter::reserve`](crate::Limiter::reserve) returns the
+    /// `wait` until the request's moment, or refuses (booking nothing) when
+    /// it would exceed `max_wait`; `check` is `reserve` with `max_wait = 0`.
+    ///
+    /// **Bound:** over any interval `[a, b]`, requests granted without
+    /// waiting carry at most `max_burst + rate · (b − a) / period` units plus
+    /// the cost of the last one. State: one instant.
+    ///
+    /// # Errors
+    ///
+    /// When `rate` or `period` is zero or the rate cannot be computed exactly.
+    pub fn reservation(rate: u64, period: Duration, max_burst: u64) -> Result<Self> {
+        LimitSpec::Reservation(ReservationSpec {
+            rate,
+            period,
+            max_burst,
+            initial: None,
+        })
+        .build()
+    }
+
+    /// A leaky bucket shaping to `rate` per `period`, holding `capacity` units.
+    ///
+    /// - `rate` units per `period`: the outlet's rate;
+    /// - `capacity`: the most units in the bucket, queued or leaving (the
+    ///   decision's `limit`); with `capacity = 1` nothing ever queues.
+    ///
+    /// A shaping queue: each admitted request departs at `max(now, drained)`,
+    /// where `drained` is when the requests ahead of it have left, then
+    /// occupies the outlet for `cost · period / rate`; the decision's `wait`
+    /// is its departure minus now. A request that would overfill the bucket
+    /// is refused.
+    ///
+    /// **Bound:** over any interval `[a, b]` the admitted cost is at most
+    /// `capacity + rate · (b − a) / period`; departures in `[a, b]` carry at
+    /// most `rate · (b − a) / period` units plus one request's cost. State:
+    /// one instant.
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero or the rate cannot be computed exactly.
+    pub fn leaky_bucket(rate: u64, period: Duration, capacity: u64) -> Result<Self> {
+        LimitSpec::LeakyBucket(LeakyBucketSpec { rate, period, capacity }).build()
+    }
+
+    /// GCRA: `rate` per `period`, `burst` at once.
+    ///
+    /// - `rate` cells per `period`: the steady rate (cells are spaced by the
+    ///   emission interval `T = period / rate`, kept exact: 7 per second
+    ///   admits exactly 7 cells per second forever);
+    /// - `burst`: cells admitted at once (the decision's `limit`; the
+    ///   tolerance is `(burst − 1) · T`).
+    ///
+    /// The Generic Cell Rate Algorithm: one theoretical arrival time per key.
+    ///
+    /// **Bound:** over any interval `[a, b]` the admitted cost is at most
+    /// `burst + rate · (b − a) / period`. State: one instant.
+    ///
+    /// # Errors
+    ///
+    /// When a value is zero or the rate cannot be computed exactly.
+    pub fn gcra(rate: u64, period: Duration, burst: u64) -> Result<Self> {
+        LimitSpec::Gcra(GcraSpec { rate, period, burst }).build()
+    }
+
+    /// At most `limit` units in flight; leases end by themselves after `ttl`.
+    ///
+    /// - `limit`: units held at once by live leases;
+    /// - `ttl`: how long a lease lives unless released (so a holder that
+    ///   crashed cannot leak capacity); acquiring with the name of a live
+    ///   lease renews it.
+    ///
+    /// Taken with [`Limiter::acquire`](crate::Limiter::acquire) (a lease
+    /// released when its [`Permit`](crate::Permit) drops), not `check`.
+    /// Acquire, release and renewal cost O(log n) in the leases held.
+    ///
+    /// **Bound:** at every instant, the leases neither released nor expired
+    /// hold at most `limit` units.
+    ///
+    /// # Errors
+    ///
+    /// When `limit` is zero or `ttl` is not positive.
+    pub fn concurrency(limit: u64, ttl: Duration) -> Result<Self> {
+        LimitSpec::Concurrency(ConcurrencySpec { limit, ttl }).build()
+    }
+
+    /// Reads and validates a limit written as JSON:
+    /// `{"algorithm":"gcra","rate":10,"period":"1s","burst":5}`, with the
+    /// constructors' parameter names and durations as text (`us`, `ms`, `s`,
+    /// `m`, `h`, `d`; `"1.5s"` allowed).
+    ///
+    /// # Errors
+    ///
+    /// When the text is not JSON, or the limit is invalid; the message names the field.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|error| Error::invalid_limit(format!("invalid JSON: {error}")))?;
+        LimitSpec::from_value(value)?.build()
+    }
+
+    /// The parameters this limit was built from.
+    pub fn spec(&self) -> &LimitSpec {
+        &self.spec
+    }
+
+    /// The algorithm's name (`"gcra"`, `"fixed_window"`, …).
+    pub fn algorithm(&self) -> &'static str {
+        self.spec.algorithm()
+    }
+
+    /// The most unit-cost requests admitted at once (the decision's `limit`).
+    pub fn capacity(&self) -> u64 {
+        dispatch!(&self.kind, p => p.capacity())
+    }
+
+    /// True for the shaping and borrowing limits (reservation, leaky bucket),
+    /// which grant a request at a later moment (`Decision::wait`) rather
+    /// than refusing it.
+    pub fn is_shaping(&self) -> bool {
+        fn shaping<A: Algorithm>(_: &A) -> bool {
+            A::SHAPING
+        }
+        dispatch!(&self.kind, p => shaping(p))
+    }
+
+    /// The window a count-per-window limit counts over (fixed window,
+    /// sliding window, sliding log); `None` for the others.
+    pub fn window(&self) -> Option<Duration> {
+        dispatch!(&self.kind, p => p.window())
+    }
+
+    /// True for the concurrency limiter, which is taken with leases.
+    pub fn is_concurrency(&self) -> bool {
+        fn leases<A: Algorithm>(_: &A) -> bool {
+            A::LEASES
+        }
+        dispatch!(&self.kind, p => leases(p))
+    }
+
+    /// The parameters of a GCRA limit, whose whole state is one instant (the
+    /// memory store keeps those instants in a table of small slots).
+    pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
+        match &self.kind {
+            Kind::Gcra(gcra) => Some(gcra),
+            _ => None,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    /// Units that would be admitted now (`u64::MAX`: any cost).
+    pub(crate) fn available(&self, state: Option<&State>, now: u64) -> u64 {
+        dispatch!(&self.kind, p => available(p, state, now))
+    }
+
+    /// Whether this limit can run `action` for `cost` units.
+    ///
+    /// # Errors
+    ///
+    /// `reserve` on a limit that neither borrows nor shapes; `check` (or
+    /// `acquire` without a lease) of a positive cost on a concurrency limit.
+    pub(crate) fn supports(&self, action: Action<'_>, cost: u64) -> Result<()> {
+        if matches!(action, Action::Reserve(_)) && !self.is_shaping() {
+            return Err(unsupported_reserve(self.algorithm()));
+        }
+        dispatch!(&self.kind, p => p.supports(action, cost))
+    }
+
+    /// Runs `action` for `cost` units against `state` at `now`.
+    ///
+    /// A state of another algorithm (the limit was redefined) counts as none.
+    /// Limits that do not queue see `release` as a peek; limits that do not
+    /// borrow or shape see `acquire` as `check`.
+    ///
+    /// Callers check [`Limit::supports`] first (a policy does, once per
+    /// request); an unsupported action is decided as the nearest supported one.
+    #[inline]
+    pub(crate) fn decide<'a>(
+        &self,
+        state: Option<&State>,
+        now: u64,
+        action: Action<'a>,
+        cost: u64,
+    ) -> Step<Change<'a>> {
+        dispatch!(&self.kind, p => decide(p, state, now, action, cost))
+    }
+
+    /// The limit as the Redis library reads it: its algorithm's id, then
+    /// the numbers its Lua twin's `params` reads, joined by ':'.
+    #[cfg(feature = "redis")]
+    pub(crate) fn script_params(&self) -> &str {
+        &self.script_params
+    }
+}
+
+/// `A`'s limit in `state` (a state of another algorithm counts as none:
+/// the limit was redefined): units that would be admitted now.
+#[inline]
+fn available<A: Registered>(algorithm: &A, state: Option<&State>, now: u64) -> u64 {
+    algorithm.available(state.and_then(A::held), now)
+}
+
+/// `A`'s limit runs `action` on its state in `state` (a state of another
+/// algorithm counts as none).
+#[inline]
+fn decide<'a, A: Registered>(
+    algorithm: &A,
+    state: Option<&State>,
+    now: u64,
+    action: Action<'a>,
+    cost: u64,
+) -> Step<Change<'a>> {
+    let step = algorithm.decide(state.and_then(A::held), now, action, cost);
+    step.map(|update| match update {
+        Update::Put(new) => Change::Put(A::state(new)),
+        Update::Edit(edit) => A::change(edit),
+    })
+}
+
+/// `id:param:param:…`: the Lua id, then what the Lua twin's `params` reads.
+#[cfg(feature = "redis")]
+fn script_params<A: Algorithm>(algorithm: &A) -> String {
+    use std::fmt::Write as _;
+    let mut text = A::ID.to_string();
+    for param in algorithm.script_params() {
+        let _ = write!(text, ":{param}");
+    }
+    text
+}
+
+/// The refusal of `reserve` on a limit of `algorithm`, which neither
+/// borrows nor shapes.
+fn unsupported_reserve(algorithm: &str) -> Error {
+    let shaping = ALGORITHMS.iter().filter(|entry| entry.shaping).map(|entry| entry.name);
+    Error::invalid_argument(format!(
+        "reserve needs a borrowing or shaping limit ({}), not {algorithm}",
+        listed(shaping, ", ")
+    ))
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let json = serde_json::to_string(&self.spec).map_err(|_| fmt::Error)?;
+        f.write_str(&json)
+    }
+}
+
+impl TryFrom<LimitSpec> for Limit {
+    type Error = Error;
+
+    fn try_from(spec: LimitSpec) -> Result<Self> {
+        spec.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One limit of each algorithm.
+    fn one_of_each() -> Vec<Limit> {
+        let second = Duration::from_secs(1);
+        [
+            Limit::fixed_window(10, second),
+            Limit::sliding_window(10, second, 10),
+            Limit::sliding_log(10, second),
+            Limit::token_bucket(10, 1, second),
+            Limit::reservation(10, second, 5),
+            Limit::leaky_bucket(10, second, 5),
+            Limit::gcra(10, second, 5),
+            Limit::concurrency(10, second),
+        ]
+        .into_iter()
+        .map(|limit| limit.expect("valid limit"))
+        .collect()
+    }
+
+    #[test]
+    fn every_algorithm_in_the_registry_reads_back_by_its_name() {
+        let limits = one_of_each();
+        let names: Vec<&str> = limits.iter().map(Limit::algorithm).collect();
+        let registered: Vec<&str> = ALGORITHMS.iter().map(|entry| entry.name).collect();
+        assert_eq!(names, registered, "one limit of each algorithm, in registry order");
+        for limit in limits {
+            let value = serde_json::to_value(limit.spec()).expect("a spec serializes");
+            assert_eq!(value["algorithm"], limit.algorithm());
+            assert_eq!(LimitSpec::from_value(value).expect("reads back"), *limit.spec());
+        }
+        let unknown = LimitSpec::from_value(serde_json::json!({"algorithm": "leaky"})).unwrap_err();
+        assert_eq!(
+            unknown.to_string(),
+            "unknown algorithm \"leaky\" (expected fixed_window, sliding_window, sliding_log, \
+             token_bucket, reservation, leaky_bucket, gcra or concurrency)"
+        );
+        let gcra = Limit::gcra(1, Duration::from_secs(1), 1).expect("valid limit");
+        assert_eq!(
+            gcra.supports(Action::Reserve(None), 1).unwrap_err().to_string(),
+            "reserve needs a borrowing or shaping limit (reservation, leaky_bucket), not gcra"
+        );
+    }
+}
