@@ -48,6 +48,8 @@ pub struct Args {
     /// With --redis: what a decision is when Redis fails: `error` (answer
     /// UNAVAILABLE / 503), `open` (admit), `closed` (deny), `local` (an
     /// in-process store enforces each limit until Redis answers again).
+    /// With any but `error`, serve also starts while Redis is unreachable
+    /// and moves to it once it answers; with `error` it does not start.
     #[arg(long, value_name = "POLICY", default_value = "error", value_parser = parse_on_store_error)]
     on_store_error: OnStoreError,
     /// With --redis: the deadline of every Redis call (or `REDIS_TIMEOUT`);
