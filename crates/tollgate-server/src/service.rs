@@ -568,9 +568,9 @@ impl Service {
             metadata: None,
             status: DescriptorStatus::unmatched(),
         };
-        if let Some((requests, unit)) = descriptor.limit_override {
-            // As envoyproxy/ratelimit: never in shadow mode, but in the
-            // global quota mode.
+        if let (Some((requests, unit)), Some(_)) = (descriptor.limit_override, domain) {
+            // As envoyproxy/ratelimit: only in a known domain, never in
+            // shadow mode, but in the global quota mode.
             let limit = Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
             let entries = descriptor.entry_list();
             let parts = entries.iter().flat_map(|(key, value)| [key.as_str(), value.as_str()]);
@@ -773,7 +773,12 @@ impl Service {
         let shadows: Vec<usize> = (0..items.len())
             .filter(|&index| items[index].limited().is_some() && items[index].shadow)
             .collect();
-        let outcomes = join_all(shadows.chunks(1).map(|one| self.decide_together(&*items, one))).await;
+        let outcomes = join_all(
+            shadows
+                .chunks(1)
+                .map(|one| self.decide_together(&*items, one, Cost::Hits)),
+        )
+        .await;
         for outcome in outcomes {
             let (decisions, at) = outcome?;
             decided_at = note(decided_at, at);
@@ -790,11 +795,25 @@ impl Service {
             .filter(|item| item.quota && matches!(item.matched, Matched::Blocked) && item.is_over())
             .count();
         let mut batch: Vec<usize> = (0..items.len()).filter(|&index| items[index].is_enforced()).collect();
+        // A blocking rule already refuses the request (one outside quota
+        // mode, or every quota-mode descriptor): the others are only looked
+        // at, so that a refused request consumes nothing.
+        let blocked = items
+            .iter()
+            .any(|item| !item.quota && matches!(item.matched, Matched::Blocked) && item.is_over());
+        if blocked || (total_quota > 0 && failed_quota == total_quota) {
+            if !batch.is_empty() {
+                let (decisions, at) = self.decide_together(&*items, &batch, Cost::Peek).await?;
+                decided_at = note(decided_at, at);
+                set_decisions(items, decisions);
+            }
+            return Ok(decided_at);
+        }
         loop {
             if batch.is_empty() {
                 return Ok(decided_at);
             }
-            let (decisions, at) = self.decide_together(&*items, &batch).await?;
+            let (decisions, at) = self.decide_together(&*items, &batch, Cost::Hits).await?;
             decided_at = note(decided_at, at);
             set_decisions(items, decisions);
             let mut enforced_denied = false;
@@ -825,6 +844,7 @@ impl Service {
         &self,
         items: &[Item<'_>],
         indices: &[usize],
+        cost: Cost,
     ) -> Result<(Vec<(usize, Decision)>, u64), tollgate::Error> {
         // A descriptor sent twice is one limit, weighing the sum of its hits.
         let mut slot_by_key: HashMap<(&Subject, &str), usize> = HashMap::with_capacity(indices.len());
@@ -839,18 +859,25 @@ impl Service {
             let slot = *slot_by_key
                 .entry((&limited.subject, limited.name.as_str()))
                 .or_insert(next);
+            let hits = match cost {
+                Cost::Hits => item.hits,
+                Cost::Peek => 0,
+            };
             if slot == next {
                 subjects.push(limited.subject.clone());
                 limits.push((limited.name.clone(), limited.limit.clone()));
-                costs.push(item.hits);
+                costs.push(hits);
             } else {
-                costs[slot] = costs[slot].saturating_add(item.hits);
+                costs[slot] = costs[slot].saturating_add(hits);
             }
             slot_of.push((index, slot));
         }
         let policy = Policy::spread(limits)?;
-        let cost = costs.iter().copied().max().unwrap_or(1);
-        let request = Request::new(gateway_op(&policy), cost).with_costs(costs);
+        let op = match cost {
+            Cost::Hits => gateway_op(&policy),
+            Cost::Peek => Op::Check,
+        };
+        let request = Request::new(op, costs.iter().copied().max().unwrap_or(0)).with_costs(costs);
         let outcome = self.store.decide_spread(&subjects, &policy, &request).await?;
         self.metrics.path(outcome.path);
         let decisions = slot_of
@@ -859,6 +886,15 @@ impl Service {
             .collect();
         Ok((decisions, outcome.decided_at.as_micros()))
     }
+}
+
+/// What the limits of a request are decided for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cost {
+    /// Each descriptor's hits.
+    Hits,
+    /// Nothing: a look at each limit (the request is refused already).
+    Peek,
 }
 
 /// Puts each decision into the item at its index.

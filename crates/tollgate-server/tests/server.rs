@@ -573,6 +573,36 @@ async fn resets_come_from_the_store_clock(store: Store) {
     server.stop().await;
 }
 
+/// A request that a blocking rule refuses consumes nothing from its other
+/// descriptors, whose statuses still say where they stand.
+async fn a_blocked_request_consumes_nothing(store: Store) {
+    let server = start(store, Options::default()).await;
+    let both = || {
+        request(
+            vec![
+                descriptor(&[("user", "rita")]),
+                descriptor(&[("blocked_ip", "50.0.0.5")]),
+            ],
+            0,
+        )
+    };
+    for _ in 0..2 {
+        let response = server.grpc(both()).await.unwrap();
+        assert_eq!(response.overall_code, OVER_LIMIT);
+        assert_eq!(statuses(&response), vec![(OK, 3, Some(3)), (OVER_LIMIT, 0, Some(0))]);
+    }
+    let response = server
+        .grpc(request(vec![descriptor(&[("user", "rita")])], 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses(&response),
+        vec![(OK, 2, Some(3))],
+        "the refused requests took nothing"
+    );
+    server.stop().await;
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -594,6 +624,7 @@ on_both_stores!(
     bad_requests_are_refused_and_serving_goes_on,
     metrics_config_and_health,
     cost_zero_is_a_peek,
+    a_blocked_request_consumes_nothing,
     descriptors_are_capped,
     resets_come_from_the_store_clock,
 );
