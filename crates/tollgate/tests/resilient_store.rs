@@ -269,6 +269,53 @@ async fn a_flooded_denial_is_answered_without_redis() {
     assert_eq!(outcome.path, Path::Store);
 }
 
+/// A gateway's spread decision whose limits are all of one subject (one
+/// descriptor) is that subject's decision: the deny cache answers it too.
+/// Over several subjects the store decides, and an invalid request is an
+/// error whatever the policy, even while the store is unreachable.
+#[tokio::test]
+async fn a_spread_decision_of_one_subject_meets_the_deny_cache() {
+    let server = RedisServer::start();
+    let counting = Counting::new(redis(&server).await);
+    let store = ResilientStore::builder(counting.clone())
+        .deny_cache(1_000)
+        .on_error(OnStoreError::Open)
+        .build();
+    let subject = Subject::new("spread-flood");
+    let policy = Policy::spread([("rule", Limit::fixed_window(1, Duration::from_secs(86_400)).unwrap())]).unwrap();
+    let subjects = [subject.clone()];
+    assert!(
+        store
+            .decide_spread(&subjects, &policy, &check())
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    let first = store.decide_spread(&subjects, &policy, &check()).await.unwrap();
+    assert_eq!((first.decision.allowed, first.path), (false, Path::Store));
+    for _ in 0..100 {
+        let outcome = store.decide_spread(&subjects, &policy, &check()).await.unwrap();
+        assert_eq!((outcome.decision.allowed, outcome.path), (false, Path::DenyCache));
+    }
+    assert_eq!(counting.calls(), 2, "the flood never reached Redis");
+
+    let two = Policy::spread([
+        ("rule", Limit::fixed_window(1, Duration::from_secs(86_400)).unwrap()),
+        ("rule", Limit::fixed_window(5, Duration::from_secs(86_400)).unwrap()),
+    ])
+    .unwrap();
+    let spread = [Subject::new("a"), Subject::new("b")];
+    assert_eq!(
+        store.decide_spread(&spread, &two, &check()).await.unwrap().path,
+        Path::Store
+    );
+    let reserve = Request::new(Op::Reserve { max_wait: None }, 1);
+    drop(server);
+    let error = store.decide_spread(&spread, &two, &reserve).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
+}
+
 #[tokio::test]
 async fn leases_and_explicit_times_are_never_cached() {
     let server = RedisServer::start();

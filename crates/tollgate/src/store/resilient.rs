@@ -332,12 +332,6 @@ impl<S: Store> ResilientStore<S> {
         self.inner.store.get()
     }
 
-    /// True once the store behind is connected and the breaker is closed:
-    /// the last calls reached it.
-    pub fn is_reachable(&self) -> bool {
-        self.inner.store.get().is_some() && !self.inner.breaker.is_open()
-    }
-
     /// The store behind, or the fault of calling it before it is connected.
     fn connected(&self) -> Result<&S> {
         self.inner.store.get().ok_or_else(|| {
@@ -498,11 +492,18 @@ impl<S: Store> Store for ResilientStore<S> {
     }
 
     /// The inner store's spread decision, behind the same deadline, breaker
-    /// and failure policy (the deny cache answers single-subject decisions
-    /// only).
+    /// and failure policy. Limits all of one subject (a gateway request of
+    /// one descriptor) are that subject's decision, deny cache included.
     async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
+        super::spread::check(subjects, policy)?;
+        if let Some(first) = subjects.first() {
+            if subjects.iter().all(|subject| subject == first) {
+                return self.decide(first, policy, request).await;
+            }
+        }
+        // Refused here, so that no failure policy answers an invalid request.
+        policy.validate(request)?;
         let inner = &self.inner;
-        // An invalid request is refused by the store, not counted as a fault.
         match self.call(|store| store.decide_spread(subjects, policy, request)).await {
             Ok(outcome) => {
                 inner.counts.store.fetch_add(1, Ordering::Relaxed);
