@@ -361,21 +361,22 @@ async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {
         .iter()
         .filter(|status| status.decision.is_some())
         .collect();
-    let decision = Restrictiveness::most(limited.iter().map(|status| restrictiveness(status)))
-        .and_then(|index| limited[index].decision.clone());
+    let chosen =
+        Restrictiveness::most(limited.iter().map(|status| restrictiveness(status))).map(|index| limited[index]);
     let overall = answer.overall;
-    let mut decision = decision.unwrap_or_else(|| {
-        // Only rules without a decision applied: unlimited, or blocking.
-        let mut decision = Decision::unlimited();
-        if overall == Code::OverLimit {
-            // Blocked: never admissible.
-            decision.limit = 0;
-            decision.remaining = 0;
-            decision.retry_after = None;
-        }
-        decision
-    });
+    let mut decision = match chosen {
+        // Refused, but not by a limit with a decision: by a blocking rule,
+        // never admissible.
+        Some(status) if overall == Code::OverLimit && status.code != Code::OverLimit => blocked(),
+        Some(status) => status.decision.clone().unwrap_or_else(Decision::unlimited),
+        None if overall == Code::OverLimit => blocked(),
+        None => Decision::unlimited(),
+    };
     decision.allowed = overall == Code::Ok;
+    if decision.allowed {
+        // Admitted past a limit that does not refuse (shadow or quota mode).
+        decision.retry_after = Some(std::time::Duration::ZERO);
+    }
     let headers = rate_limit_headers(&answer.statuses, overall);
     let status = if decision.allowed {
         StatusCode::OK
@@ -439,6 +440,16 @@ impl CheckBody {
         };
         Ok((request, named))
     }
+}
+
+/// The decision of a request a blocking rule refuses: never admissible.
+fn blocked() -> Decision {
+    let mut decision = Decision::unlimited();
+    decision.allowed = false;
+    decision.limit = 0;
+    decision.remaining = 0;
+    decision.retry_after = None;
+    decision
 }
 
 /// `/v1/check`'s answer: the request's decision, and each descriptor's.

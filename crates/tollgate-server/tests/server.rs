@@ -600,6 +600,16 @@ async fn a_blocked_request_consumes_nothing(store: Store) {
         vec![(OK, 2, Some(3))],
         "the refused requests took nothing"
     );
+    // `/v1/check` says so too: refused, never admissible (retry_after null).
+    let check = json!({"domain": "test", "descriptors": [
+        {"entries": [{"key": "user", "value": "rita"}]},
+        {"entries": [{"key": "blocked_ip", "value": "50.0.0.5"}]},
+    ]});
+    let response = server.post("/v1/check", check.to_string()).await;
+    assert_eq!(response.status(), 429);
+    let decision: Value = response.json().await.unwrap();
+    assert_eq!(decision["allowed"], false, "{decision}");
+    assert_eq!(decision["retry_after_ms"], Value::Null, "{decision}");
     server.stop().await;
 }
 
