@@ -224,11 +224,20 @@ where
 /// one answers on that port.
 #[tokio::test]
 async fn serve_starts_before_redis_and_moves_to_it() {
+    // 5 a minute per address, in a sliding log: no window boundary can pass
+    // during the test and refill it.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("example.yaml");
+    std::fs::write(
+        &config,
+        "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n      algorithm: {algorithm: sliding_log, limit: 5, window: 1m}\n",
+    )
+    .unwrap();
     let mut redis = RedisServer::start();
     let url = redis.url();
     redis.stop();
     let server = common::Serve::start_with(
-        &examples(),
+        &config,
         &[
             "--redis",
             url.as_str(),
@@ -277,7 +286,7 @@ async fn serve_starts_before_redis_and_moves_to_it() {
     })
     .await;
     until("healthy again", || async { get("/healthcheck").await.0 == 200 }).await;
-    // The example's 5 a minute, now enforced in Redis.
+    // The 5 a minute, now enforced in Redis.
     let keys = redis.cli(&["--scan"]);
     assert!(keys.contains("198.51.100.20"), "no key in Redis: {keys}");
     let statuses: Vec<u16> = {
