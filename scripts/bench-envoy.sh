@@ -67,26 +67,38 @@ store=$SERVE_STORE
 
 # start_envoy: a fresh Envoy (its counters at zero); sets ENVOY_PID, ADMIN, URL.
 start_envoy() {
-  local admin_port http_port
+  local kept pid
   if [ -n "${ENVOY_PID:-}" ]; then
     kill "$ENVOY_PID" 2>/dev/null || true
     wait "$ENVOY_PID" 2>/dev/null || true
+    # Gone: the exit trap must not signal its pid, which may be reused.
+    kept=()
+    for pid in "${BENCH_PIDS[@]}"; do [ "$pid" = "$ENVOY_PID" ] || kept+=("$pid"); done
+    BENCH_PIDS=("${kept[@]}")
   fi
-  admin_port=$(free_port)
-  http_port=$(free_port)
-  sed -e "s/\${ADMIN_PORT}/$admin_port/; s/\${HTTP_PORT}/$http_port/; s/\${TCP_PORT}/0/; s/\${GRPC_PORT}/${grpc##*:}/" \
+  # Every port 0, read back from Envoy: no race for a free port.
+  rm -f "$BENCH_TMP/envoy-admin"
+  sed -e "s/\${ADMIN_PORT}/0/; s/\${HTTP_PORT}/0/; s/\${TCP_PORT}/0/; s/\${GRPC_PORT}/${grpc##*:}/" \
     examples/envoy/envoy.yaml >"$BENCH_TMP/envoy.yaml"
-  "$ENVOY" -c "$BENCH_TMP/envoy.yaml" --concurrency 1 --disable-hot-restart --log-level warn 2>"$BENCH_TMP/envoy.log" &
+  "$ENVOY" -c "$BENCH_TMP/envoy.yaml" --concurrency 1 --disable-hot-restart --log-level warn \
+    --admin-address-path "$BENCH_TMP/envoy-admin" 2>"$BENCH_TMP/envoy.log" &
   ENVOY_PID=$!
   BENCH_PIDS+=("$ENVOY_PID")
-  ADMIN="http://127.0.0.1:$admin_port"
-  URL="http://127.0.0.1:$http_port"
+  ADMIN=""
   for _ in $(seq 500); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/ready" || true)" = 200 ] && break
+    kill -0 "$ENVOY_PID" 2>/dev/null || die "envoy exited: $(cat "$BENCH_TMP/envoy.log")"
+    [ -s "$BENCH_TMP/envoy-admin" ] && ADMIN="http://$(cat "$BENCH_TMP/envoy-admin")"
+    [ -n "$ADMIN" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/ready" || true)" = 200 ] && break
     sleep 0.02
   done
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/ready")" = 200 ] ||
+  [ -n "$ADMIN" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/ready")" = 200 ] ||
     die "envoy did not get ready: $(cat "$BENCH_TMP/envoy.log")"
+  URL="http://127.0.0.1:$(curl -s "$ADMIN/listeners?format=json" | python3 -c '
+import json, sys
+for listener in json.load(sys.stdin)["listener_statuses"]:
+    if listener["name"] == "front":
+        print(listener["local_address"]["socket_address"]["port_value"])
+')"
   [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/")" = 200 ] || die "no 200 through envoy"
 }
 start_envoy

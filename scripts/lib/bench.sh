@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by scripts/bench-serve.sh and scripts/bench-redis.sh (sourced, not
+# Shared by scripts/bench-serve.sh, bench-envoy.sh and bench-redis.sh (sourced, not
 # run): errors, required binaries, the release build, a private redis-server,
 # reading `tollgate bench --json` summaries, and stopping by pid on exit.
 #

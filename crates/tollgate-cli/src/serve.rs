@@ -253,13 +253,7 @@ async fn redis_store(
             let (url, prefix) = (url.to_owned(), prefix.to_owned());
             Ok(ResilientStore::connecting(Box::new(move || {
                 let (url, prefix) = (url.clone(), prefix.clone());
-                Box::pin(async move {
-                    tollgate::RedisStore::builder(url)
-                        .prefix(prefix)
-                        .connect_timeout(Duration::from_secs(5))
-                        .connect()
-                        .await
-                })
+                Box::pin(async move { crate::store::redis_builder(&url, &prefix).connect().await })
             })))
         }
     }

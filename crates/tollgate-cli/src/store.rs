@@ -77,8 +77,17 @@ pub fn redact(url: &str) -> String {
 /// An invalid URL or prefix ([`UsageError`]); a server that cannot be
 /// reached or refuses the credentials.
 pub async fn connect_redis(url: &str, prefix: &str) -> anyhow::Result<RedisStore> {
-    connect_redis_with(RedisStore::builder(url).prefix(prefix), url).await
+    connect_redis_with(redis_builder(url, prefix), url).await
 }
+
+/// How the command connects to Redis: the URL, the key prefix and a connect
+/// timeout of 5 s.
+pub fn redis_builder(url: &str, prefix: &str) -> tollgate::RedisStoreBuilder {
+    RedisStore::builder(url).prefix(prefix).connect_timeout(CONNECT_TIMEOUT)
+}
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Like [`connect_redis`], with the options of `builder` (for `url`).
 ///
@@ -87,7 +96,7 @@ pub async fn connect_redis(url: &str, prefix: &str) -> anyhow::Result<RedisStore
 /// As [`connect_redis`].
 pub async fn connect_redis_with(builder: tollgate::RedisStoreBuilder, url: &str) -> anyhow::Result<RedisStore> {
     builder
-        .connect_timeout(Duration::from_secs(5))
+        .connect_timeout(CONNECT_TIMEOUT)
         .connect()
         .await
         .map_err(|error| {

@@ -486,8 +486,9 @@ async fn healthcheck(State(service): State<Arc<Service>>) -> Response {
     }
 }
 
-/// `/healthz`: `ok`, or 503 while unhealthy (the store unreachable with
-/// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, or shutting down).
+/// `/healthz`: `ok`, or 503 while unhealthy: shutting down, no domain
+/// loaded with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, or the store not
+/// answering with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`.
 async fn healthz(State(service): State<Arc<Service>>) -> Response {
     if *service.health().borrow() {
         (StatusCode::OK, "ok\n").into_response()

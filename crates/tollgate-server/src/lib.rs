@@ -152,13 +152,6 @@ impl Server {
             self.service.metrics().initial_config(!self.initial_config_failed);
         }
         let (stop, stopped) = watch::channel(false);
-        let service = Arc::clone(&self.service);
-        tokio::spawn(async move {
-            shutdown.await;
-            // As envoyproxy/ratelimit on SIGTERM: unhealthy, then stop.
-            service.stopping();
-            let _ = stop.send(true);
-        });
         if let Some(path) = &self.config_path {
             let watching = Watching {
                 path: path.clone(),
@@ -172,6 +165,14 @@ impl Server {
                 stopped.clone(),
             )?;
         }
+        // Spawned once the fallible set-up is done.
+        let service = Arc::clone(&self.service);
+        tokio::spawn(async move {
+            shutdown.await;
+            // As envoyproxy/ratelimit on SIGTERM: unhealthy, then stop.
+            service.stopping();
+            let _ = stop.send(true);
+        });
         let (health, health_service) = tonic_health::server::health_reporter();
         tokio::spawn(follow_health(health, self.service.health()));
         if self.service.options().health_checks_store {

@@ -202,7 +202,9 @@ impl Settings {
         if let Some(ratio) = env.text("NEAR_LIMIT_RATIO") {
             let parsed: f32 = ratio
                 .parse()
-                .map_err(|_| format!("NEAR_LIMIT_RATIO={ratio}: not a number"))?;
+                .ok()
+                .filter(|parsed: &f32| *parsed > 0.0 && *parsed <= 1.0)
+                .ok_or_else(|| format!("NEAR_LIMIT_RATIO={ratio}: not a number above 0 and at most 1"))?;
             settings.near_limit_ratio = Some(parsed);
         }
         settings.healthy_with_config_only = env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
@@ -578,6 +580,8 @@ mod tests {
             (&[("GRPC_SERVER_USE_TLS", "true")][..], "GRPC_SERVER_USE_TLS"),
             (&[("GRPC_UDS", "/tmp/rl.sock")][..], "GRPC_UDS"),
             (&[("NEAR_LIMIT_RATIO", "most")][..], "NEAR_LIMIT_RATIO"),
+            (&[("NEAR_LIMIT_RATIO", "1.5")][..], "NEAR_LIMIT_RATIO"),
+            (&[("NEAR_LIMIT_RATIO", "NaN")][..], "NEAR_LIMIT_RATIO"),
             (&[("REDIS_TIMEOUT", "soon")][..], "REDIS_TIMEOUT"),
             (&[("REDIS_TIMEOUT", "0s")][..], "REDIS_TIMEOUT"),
             (
