@@ -1,7 +1,7 @@
 //! Matching a request's descriptor to a rule, as envoyproxy/ratelimit does
 //! (see the module docs of `config`).
 
-use super::{Config, Domain, Found, Level, Node, Rule};
+use super::{Domain, Found, Level, Node, Rule};
 
 impl Level {
     /// The node for an entry whose `key_value` is `composite`, as
@@ -151,13 +151,6 @@ impl Domain {
             })
         }
         search(&self.descriptors, name)
-    }
-}
-
-impl Config {
-    /// The rule named `name` in `domain`, if any.
-    pub fn named_rule(&self, domain: &str, name: &str) -> Option<&Rule> {
-        self.domains.get(domain)?.named_rule(name)
     }
 }
 
