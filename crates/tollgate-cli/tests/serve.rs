@@ -11,6 +11,20 @@ fn examples() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/config")
 }
 
+/// The example's 5 a minute per address, in a sliding log: no minute
+/// boundary can pass during a test and refill it. The directory holds the
+/// file while the test runs.
+fn five_a_minute() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("example.yaml");
+    std::fs::write(
+        &config,
+        "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n      algorithm: {algorithm: sliding_log, limit: 5, window: 1m}\n",
+    )
+    .unwrap();
+    (dir, config)
+}
+
 #[test]
 fn check_config_accepts_the_bundled_example() {
     let output = tollgate(&["serve", "--check-config", "--config"])
@@ -42,7 +56,8 @@ fn check_config_names_file_and_line() {
 
 #[tokio::test]
 async fn serves_and_stops_gracefully_on_sigterm() {
-    let server = common::Serve::start(&examples());
+    let (_dir, config) = five_a_minute();
+    let server = common::Serve::start(&config);
     let http = &server.http;
 
     let body = r#"{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"198.51.100.1"}]}]}"#;
@@ -62,11 +77,12 @@ async fn serves_and_stops_gracefully_on_sigterm() {
     assert!(logs.iter().any(|line| line.contains("stopped")), "{logs:?}");
 }
 
-/// The example's limit of 5 requests, with Redis stopped, under each failure
+/// A limit of 5 requests a minute, with Redis stopped, under each failure
 /// policy: `open` admits all, `closed` denies all, `local` enforces the 5 in
 /// the process, `error` answers 503; `/metrics` counts the path.
 #[tokio::test]
 async fn a_stopped_redis_is_answered_by_the_failure_policy() {
+    let (_dir, config) = five_a_minute();
     let mut redis = RedisServer::start();
     let url = redis.url();
     let servers: Vec<(&str, common::Serve)> = ["open", "closed", "local", "error"]
@@ -80,7 +96,7 @@ async fn a_stopped_redis_is_answered_by_the_failure_policy() {
                 "--store-timeout",
                 "50ms",
             ];
-            (policy, common::Serve::start_with(&examples(), &args))
+            (policy, common::Serve::start_with(&config, &args))
         })
         .collect();
     redis.stop();
@@ -224,15 +240,7 @@ where
 /// one answers on that port.
 #[tokio::test]
 async fn serve_starts_before_redis_and_moves_to_it() {
-    // 5 a minute per address, in a sliding log: no window boundary can pass
-    // during the test and refill it.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("example.yaml");
-    std::fs::write(
-        &config,
-        "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n      algorithm: {algorithm: sliding_log, limit: 5, window: 1m}\n",
-    )
-    .unwrap();
+    let (_dir, config) = five_a_minute();
     let mut redis = RedisServer::start();
     let url = redis.url();
     redis.stop();
