@@ -582,6 +582,7 @@ impl Service {
                 decision: None,
             }));
             item.stat_key = Cow::Owned(override_stat_key(entries));
+            item.status.rule = Some("override".to_owned());
             item.quota = self.options.quota_mode;
             return Ok(item);
         }
@@ -754,10 +755,6 @@ impl Service {
                     None if over => decision.retry_after.unwrap_or(decision.reset_after),
                     _ => decision.reset_after,
                 });
-                status.rule = Some(
-                    item.rule
-                        .map_or_else(|| "override".to_owned(), |rule| rule.path.clone()),
-                );
                 status.decision = Some(decision);
             }
         }
