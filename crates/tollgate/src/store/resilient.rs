@@ -332,6 +332,17 @@ impl<S: Store> ResilientStore<S> {
         self.inner.store.get()
     }
 
+    /// `call`'s answer, or a timeout once the deadline has passed.
+    async fn within_deadline<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let deadline = self.inner.timeout;
+        tokio::time::timeout(deadline, call).await.unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Timeout,
+                format!("store: no answer within the deadline ({deadline:?})"),
+            ))
+        })
+    }
+
     /// The store behind, or the fault of calling it before it is connected.
     fn connected(&self) -> Result<&S> {
         self.inner.store.get().ok_or_else(|| {
@@ -380,13 +391,7 @@ impl<S: Store> ResilientStore<S> {
             ));
         }
         let result = match self.connected() {
-            Ok(store) => match tokio::time::timeout(inner.timeout, decision(store)).await {
-                Ok(result) => result,
-                Err(_) => Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!("store: no answer within the deadline ({:?})", inner.timeout),
-                )),
-            },
+            Ok(store) => self.within_deadline(decision(store)).await,
             Err(fault) => Err(fault),
         };
         match &result {
@@ -457,13 +462,7 @@ impl<S: Store> Store for ResilientStore<S> {
     /// breaker); a store not yet connected fails it.
     async fn ping(&self) -> Result<()> {
         let store = self.connected()?;
-        match tokio::time::timeout(self.inner.timeout, store.ping()).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::new(
-                ErrorKind::Timeout,
-                format!("store: no answer within the deadline ({:?})", self.inner.timeout),
-            )),
-        }
+        self.within_deadline(store.ping()).await
     }
 
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
@@ -523,13 +522,7 @@ impl<S: Store> Store for ResilientStore<S> {
         }
         self.inner.local.reset_now(subject, policy);
         let store = self.connected()?;
-        match tokio::time::timeout(self.inner.timeout, store.reset(subject, policy)).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::new(
-                ErrorKind::Timeout,
-                format!("store: no answer within the deadline ({:?})", self.inner.timeout),
-            )),
-        }
+        self.within_deadline(store.reset(subject, policy)).await
     }
 
     fn sleep(&self, duration: Duration) -> Sleep {
