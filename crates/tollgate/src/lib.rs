@@ -46,6 +46,8 @@ mod algorithm;
 mod clock;
 mod decision;
 pub mod duration;
+#[cfg(feature = "engine")]
+pub mod engine;
 mod error;
 mod limiter;
 mod policy;
@@ -74,5 +76,5 @@ pub use store::{
 pub struct ReadmeDoctests;
 
 #[cfg(feature = "redis")]
-pub use store::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use store::{EngineChoice, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use subject::{Subject, MAX_KEY_LEN};

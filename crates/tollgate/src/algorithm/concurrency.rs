@@ -20,6 +20,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update};
+#[cfg(feature = "engine")]
+use super::core::{Encoded, Loaded, Value};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
@@ -34,6 +36,17 @@ pub struct ConcurrencySpec {
     #[serde(with = "serde_text")]
     pub ttl: Duration,
 }
+
+/// The member scored minus the units held in total.
+#[cfg(feature = "engine")]
+const TOTAL: &[u8] = b"\0n";
+/// The prefix of the member scored minus a lease's units, when other than one.
+#[cfg(feature = "engine")]
+const COST: &[u8] = b"\0c";
+/// Numbers a Lua double holds exactly: units at or above this were not
+/// written by Tollgate.
+#[cfg(feature = "engine")]
+const EXACT: u64 = 1 << 53;
 
 /// Parameters of a concurrency limiter, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +214,7 @@ impl Algorithm for Concurrency {
     type Edit<'a> = LeaseChange<'a>;
 
     const NAME: &'static str = "concurrency";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 8;
     const LEASES: bool = true;
 
@@ -249,9 +262,104 @@ impl Algorithm for Concurrency {
         edit(state, step)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [self.limit, self.ttl]
+    }
+
+    /// `[limit, ttl in µs]`, not yet validated.
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<ConcurrencySpec> {
+        let &[limit, ttl] = params else {
+            return None;
+        };
+        Some(ConcurrencySpec {
+            limit,
+            ttl: Duration::from_micros(ttl),
+        })
+    }
+
+    /// A sorted set: each lease's name scored by when it ends, "\0n" scored
+    /// minus the units held, "\0c<name>" minus a lease's units when other
+    /// than one. As the Lua reads it: the leases are the positive scores;
+    /// those that have ended leave the state and the total; a set without
+    /// "\0n", one whose total is then none left, or a key of another kind is
+    /// none.
+    ///
+    /// The Lua keeps no order of taking: leases that end at one instant are
+    /// in the set's order (their names' bytes), so they are numbered in that
+    /// order, and `taken` goes on after them. Which of them comes first
+    /// changes no decision (a `retry_after` or `reset_after` is the instant
+    /// they share), so leases taken later need no other order. `held` is the
+    /// Lua's total; one below the leases' units (which no engine writes) is
+    /// raised to them, as the Rust bookkeeping needs. A name that is not
+    /// UTF-8 (no caller can give one) makes the set none.
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<Box<ConcurrencyState>> {
+        let Value::Zset(members) = value else {
+            return Loaded::None;
+        };
+        let Some(&(_, total)) = members.iter().find(|(member, _)| member == TOTAL) else {
+            return Loaded::None;
+        };
+        let costs: HashMap<&[u8], i64, foldhash::fast::RandomState> = members
+            .iter()
+            .filter_map(|(member, score)| Some((member.strip_prefix(COST)?, *score)))
+            .collect();
+        let mut total = -i128::from(total);
+        let mut state = ConcurrencyState::default();
+        let mut live: u64 = 0;
+        for (member, score) in members {
+            if *score <= 0 || member == TOTAL {
+                continue;
+            }
+            let cost = match costs.get(member.as_slice()) {
+                Some(&cost) if cost <= 0 => cost.unsigned_abs(),
+                Some(_) => return Loaded::None,
+                None => 1,
+            };
+            let ends = score.unsigned_abs();
+            if ends <= now {
+                total -= i128::from(cost);
+                continue;
+            }
+            let (Ok(name), Some(units)) = (
+                std::str::from_utf8(member),
+                live.checked_add(cost).filter(|&units| units < EXACT),
+            ) else {
+                return Loaded::None;
+            };
+            live = units;
+            let name: Arc<str> = Arc::from(name);
+            let key = (ends, state.taken);
+            state.taken += 1;
+            state.by_expiry.insert(key, (name.clone(), cost));
+            state.by_name.insert(name, key);
+        }
+        match u64::try_from(total) {
+            Ok(total) if total > 0 && total < EXACT => {
+                state.held = total.max(live);
+                Loaded::State(Box::new(state))
+            }
+            _ => Loaded::None,
+        }
+    }
+
+    /// "\0n" scored minus the units held, each lease scored by when it ends,
+    /// and "\0c<name>" for each lease holding other than one unit: what the
+    /// Lua `store` leaves. There is no expiry member: the key's own expiry
+    /// is the writer's, so `expires` is not written.
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &ConcurrencyState, _expires: u64) -> Encoded {
+        let mut members = Vec::with_capacity(2 * state.by_expiry.len() + 1);
+        members.push((TOTAL.to_vec(), 0_i64.saturating_sub_unsigned(state.held)));
+        for (&(ends, _), (name, cost)) in &state.by_expiry {
+            members.push((name.as_bytes().to_vec(), i64::try_from(ends).unwrap_or(i64::MAX)));
+            if *cost != 1 {
+                members.push(([COST, name.as_bytes()].concat(), 0_i64.saturating_sub_unsigned(*cost)));
+            }
+        }
+        Encoded::Zset(members)
     }
 }
 
@@ -402,5 +510,192 @@ mod tests {
         let left = leases(&state);
         assert_eq!(left.len(), live + 1);
         assert!(left.iter().all(|&(_, expires, _)| expires > later));
+    }
+}
+
+#[cfg(all(test, feature = "engine"))]
+mod engine_tests {
+    use super::*;
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    /// The limit of these script parameters, validated as the engine does.
+    fn from_params(params: &[u64]) -> Option<Concurrency> {
+        Concurrency::script_spec(params).and_then(|spec| Concurrency::build(&spec).ok())
+    }
+
+    /// 10 units at once, leases of 1 000 µs.
+    fn limit() -> Concurrency {
+        from_params(&[10, 1_000]).unwrap()
+    }
+
+    /// The set Redis holds once `encoded` is written, lowest score first.
+    fn written(encoded: Encoded) -> Value {
+        let Encoded::Zset(mut members) = encoded else {
+            panic!("not a sorted set: {encoded:?}");
+        };
+        members.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        Value::Zset(members)
+    }
+
+    /// What a load of `value` at `now` gives: a state or none.
+    fn read(value: &Value, now: u64) -> Option<Box<ConcurrencyState>> {
+        match limit().load(value, now) {
+            Loaded::State(state) => Some(state),
+            Loaded::None => None,
+            Loaded::Foreign => panic!("foreign"),
+        }
+    }
+
+    /// An acquire of `lease`, waiting for nothing.
+    fn acquire(lease: &str) -> Action<'_> {
+        Action::Acquire {
+            lease: Some(lease),
+            max_wait: None,
+        }
+    }
+
+    /// Runs `action` and commits it, as a store does.
+    fn run(state: &mut Option<Box<ConcurrencyState>>, now: u64, action: Action<'_>, cost: u64) -> Decision {
+        let step = limit().decide(state.as_deref(), now, action, cost);
+        match step.change {
+            Some(Update::Put(new)) => *state = Some(new),
+            Some(Update::Edit(change)) => state.as_mut().unwrap().apply(change),
+            None => {}
+        }
+        step.decision
+    }
+
+    /// Decisions of every kind at `now`, and the units available.
+    fn probes(state: Option<&ConcurrencyState>, now: u64) -> (Vec<Decision>, u64) {
+        let limit = limit();
+        let mut decisions = Vec::new();
+        for lease in ["a", "b", "c", "new"] {
+            for cost in [1, 2, 5, 10, 11] {
+                decisions.push(limit.decide(state, now, acquire(lease), cost).decision);
+            }
+            decisions.push(limit.decide(state, now, Action::Release(lease), 0).decision);
+        }
+        decisions.push(limit.decide(state, now, Action::Check, 0).decision);
+        (decisions, limit.available(state, now))
+    }
+
+    /// The leases as `(name, ends, units)`, in order of ending, and the total.
+    fn leases(state: &ConcurrencyState) -> (Vec<(String, u64, u64)>, u64) {
+        let leases = state
+            .by_expiry
+            .iter()
+            .map(|(&(ends, _), (name, cost))| (name.to_string(), ends, *cost))
+            .collect();
+        (leases, state.held)
+    }
+
+    #[test]
+    fn a_written_state_reads_back_deciding_the_same() {
+        let mut state = None;
+        let steps = [
+            (T0, acquire("a"), 3),
+            (T0 + 100, acquire("b"), 1),
+            (T0 + 100, acquire("c"), 2),
+            (T0 + 200, acquire("a"), 1),
+            (T0 + 300, Action::Release("b"), 0),
+            (T0 + 1_150, acquire("b"), 4),
+            (
+                T0 + 1_200,
+                Action::Refund {
+                    at: T0,
+                    lease: Some("b"),
+                },
+                4,
+            ),
+        ];
+        for (at, action, cost) in steps {
+            let decision = run(&mut state, at, action, cost);
+            assert!(decision.allowed, "at {at}");
+            let state = state.as_deref().unwrap();
+            let value = written(limit().encode(state, 0));
+            for now in [at, at + 1, at + 799, at + 800, at + 900, at + 1_000] {
+                let loaded = read(&value, now);
+                assert_eq!(
+                    probes(loaded.as_deref(), now),
+                    probes(Some(state), now),
+                    "written at {at}, read at {now}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ties_decide_alike_whatever_their_order() {
+        // Three leases ending at one instant, taken in the reverse of their
+        // names' order: read back, they are in their names' order.
+        let mut state = None;
+        for (lease, cost) in [("c", 1), ("b", 4), ("a", 2)] {
+            run(&mut state, T0, acquire(lease), cost);
+        }
+        let state = state.unwrap();
+        let loaded = read(&written(limit().encode(&state, 0)), T0 + 10).unwrap();
+        assert_eq!(
+            leases(&loaded).0.iter().map(|l| l.0.as_str()).collect::<String>(),
+            "abc"
+        );
+        assert_eq!(probes(Some(&loaded), T0 + 10), probes(Some(&state), T0 + 10));
+    }
+
+    #[test]
+    fn a_set_as_the_lua_leaves_it_reads_as_the_lua_reads_it() {
+        let now = T0 + 600;
+        // "a" ended at T0 + 500: the Lua trims it (and its unit) on load.
+        let value = Value::Zset(vec![
+            (b"\0n".to_vec(), -6),
+            (b"\0cb".to_vec(), -3),
+            (b"\0cc".to_vec(), -2),
+            (b"a".to_vec(), (T0 + 500).cast_signed()),
+            (b"b".to_vec(), (T0 + 900).cast_signed()),
+            (b"c".to_vec(), (T0 + 1_200).cast_signed()),
+        ]);
+        let loaded = read(&value, now).unwrap();
+        assert_eq!(
+            leases(&loaded),
+            (vec![("b".to_owned(), T0 + 900, 3), ("c".to_owned(), T0 + 1_200, 2)], 5)
+        );
+        assert_eq!(limit().available(Some(&loaded), now), 5);
+        // Renewing "c" for one unit: its "\0c" member goes, the total is 4.
+        let mut state = Some(loaded);
+        run(&mut state, now, acquire("c"), 1);
+        assert_eq!(
+            written(limit().encode(state.as_deref().unwrap(), 0)),
+            Value::Zset(vec![
+                (b"\0n".to_vec(), -4),
+                (b"\0cb".to_vec(), -3),
+                (b"b".to_vec(), (T0 + 900).cast_signed()),
+                (b"c".to_vec(), (T0 + 1_600).cast_signed()),
+            ])
+        );
+        // Every lease ended: none.
+        assert_eq!(read(&value, T0 + 1_200), None);
+        // Another algorithm's value: none.
+        let log = Value::Zset(vec![
+            (b"\0x".to_vec(), -(T0 + 1_000).cast_signed()),
+            (b"\0b".to_vec(), 0),
+            (b"1".to_vec(), 1),
+        ]);
+        for other in [
+            log,
+            Value::String(b"f10:2".to_vec()),
+            Value::Hash(Vec::new()),
+            Value::Other,
+        ] {
+            assert_eq!(read(&other, now), None);
+        }
+    }
+
+    #[test]
+    fn params_come_back() {
+        let limit = limit();
+        let params: Vec<u64> = limit.script_params().into_iter().collect();
+        assert_eq!(from_params(&params), Some(limit));
+        assert_eq!(from_params(&[10, 1_000, 1]), None);
+        assert_eq!(from_params(&[10, 0]), None);
     }
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "engine")]
+pub(crate) use super::encoding::{Encoded, Loaded, Value};
 use super::rate::MAX_TICKS;
 use crate::clock::micros;
 use crate::decision::Decision;
@@ -96,7 +98,7 @@ pub(crate) trait Algorithm: Copy {
     /// The algorithm's name, as written in `"algorithm"`.
     const NAME: &'static str;
     /// The id of the Lua twin in the Redis library (`ALGORITHMS[ID]`).
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8;
     /// True for the shaping and borrowing limits, which grant a request at a
     /// later moment rather than refusing it, and take `reserve`.
@@ -144,8 +146,27 @@ pub(crate) trait Algorithm: Copy {
     ) -> Step<Update<Self::Stored, Self::Edit<'a>>>;
 
     /// The numbers the Lua twin's `params` reads, in order (after the id).
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     fn script_params(&self) -> impl IntoIterator<Item = u64>;
+
+    /// The spec whose parameters give these numbers of
+    /// [`script_params`](Self::script_params) (`None`: not as many as this
+    /// algorithm's), for the native engine, which builds and validates it.
+    /// An exact rate comes back reduced (7 per 1 s as 7 per 1 000 000 µs),
+    /// which decides the same.
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<Self::Spec>;
+
+    /// The state held in a key's `value` at `now`, read as the Lua twin's
+    /// `load` reads it: none when it has lapsed or is another algorithm's.
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<Self::Stored>;
+
+    /// The key's value for `state`, which says something until `expires`
+    /// (µs), written as the Lua twin's `store` writes it.
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &Self::State, expires: u64) -> Encoded;
 }
 
 /// What a decision does to one algorithm's state.

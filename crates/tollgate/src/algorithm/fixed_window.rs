@@ -12,6 +12,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update, WindowSpec};
+#[cfg(feature = "engine")]
+use super::encoding::{numbers, other_state, Encoded, Loaded, Value};
 use crate::decision::Decision;
 use crate::error::Result;
 
@@ -97,7 +99,7 @@ impl Algorithm for FixedWindow {
     type Edit<'a> = Infallible;
 
     const NAME: &'static str = "fixed_window";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 1;
 
     fn build(spec: &WindowSpec) -> Result<Self> {
@@ -134,8 +136,42 @@ impl Algorithm for FixedWindow {
         self.check(state, now, action.check_cost(cost)).map(Update::Put)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [self.limit, self.window]
+    }
+
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+        let &[limit, window] = params else {
+            return None;
+        };
+        Some(WindowSpec {
+            limit,
+            window: Duration::from_micros(window),
+        })
+    }
+
+    /// `f<end>:<count>`, which says nothing once its window has ended.
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<FixedWindowState> {
+        let Some(value) = value.as_string() else {
+            return Loaded::None;
+        };
+        match value.strip_prefix(b"f").and_then(numbers::<2>) {
+            Some([end, _]) if end <= now => Loaded::None,
+            Some([end, count]) => Loaded::State(FixedWindowState { end, count }),
+            None => other_state(value),
+        }
+    }
+
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &FixedWindowState, _: u64) -> Encoded {
+        let mut digits = itoa::Buffer::new();
+        let mut out = b"f".to_vec();
+        out.extend_from_slice(digits.format(state.end).as_bytes());
+        out.push(b':');
+        out.extend_from_slice(digits.format(state.count).as_bytes());
+        Encoded::String(out)
     }
 }

@@ -16,11 +16,18 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+use super::core::{Encoded, Loaded, Value};
+#[cfg(feature = "engine")]
+use super::encoding::TatEncoding;
 use super::rate::{Rate, Tat};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
 
+/// How the state is kept in Redis, as the Lua twin keeps it.
+#[cfg(feature = "engine")]
+const TAT: TatEncoding = TatEncoding { tag: b"", packed: true };
 /// `rate` cells per `period`, `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -96,7 +103,7 @@ impl Algorithm for Gcra {
     type Edit<'a> = Infallible;
 
     const NAME: &'static str = "gcra";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 7;
 
     fn build(spec: &GcraSpec) -> Result<Self> {
@@ -135,8 +142,31 @@ impl Algorithm for Gcra {
         self.check(state, now, action.check_cost(cost)).map(Update::Put)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [self.burst, self.ticks.unit, self.ticks.per_micro]
+    }
+
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+        let &[burst, unit, per_micro] = params else {
+            return None;
+        };
+        // The rate comes back reduced: `per_micro` per `unit` µs.
+        Some(GcraSpec {
+            burst,
+            rate: per_micro,
+            period: Duration::from_micros(unit),
+        })
+    }
+
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<GcraState> {
+        TAT.load(value, now)
+    }
+
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &GcraState, _: u64) -> Encoded {
+        TAT.encode(*state, self.ticks.per_micro)
     }
 }

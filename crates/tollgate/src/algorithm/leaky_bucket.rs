@@ -19,11 +19,21 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, positive, refund_whole, report, Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+use super::core::{Encoded, Loaded, Value};
+#[cfg(feature = "engine")]
+use super::encoding::TatEncoding;
 use super::rate::{Rate, Tat};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
 
+/// How the state is kept in Redis, as the Lua twin keeps it.
+#[cfg(feature = "engine")]
+const TAT: TatEncoding = TatEncoding {
+    tag: b"l",
+    packed: false,
+};
 /// Draining `rate` units per `period`, holding at most `capacity` units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,7 +117,7 @@ impl Algorithm for LeakyBucket {
     type Edit<'a> = Infallible;
 
     const NAME: &'static str = "leaky_bucket";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 6;
     const SHAPING: bool = true;
 
@@ -153,8 +163,31 @@ impl Algorithm for LeakyBucket {
         step.map(Update::Put)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [self.capacity, self.ticks.unit, self.ticks.per_micro]
+    }
+
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+        let &[capacity, unit, per_micro] = params else {
+            return None;
+        };
+        // The rate comes back reduced: `per_micro` per `unit` µs.
+        Some(LeakyBucketSpec {
+            capacity,
+            rate: per_micro,
+            period: Duration::from_micros(unit),
+        })
+    }
+
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<LeakyBucketState> {
+        TAT.load(value, now)
+    }
+
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &LeakyBucketState, _: u64) -> Encoded {
+        TAT.encode(*state, self.ticks.per_micro)
     }
 }

@@ -5,6 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::core::{Action, Algorithm, Step, Update, WindowSpec};
+#[cfg(feature = "engine")]
+use super::encoding::{Encoded, Loaded, Value};
 use super::gcra::Gcra;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, Refill, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
@@ -382,6 +384,19 @@ impl Limit {
         dispatch!(&self.kind, p => decide(p, state, now, action, cost))
     }
 
+    /// The state in a key's `value` at `now`, as this limit's Lua twin reads it.
+    #[cfg(feature = "engine")]
+    pub(crate) fn load(&self, value: &Value, now: u64) -> Loaded<State> {
+        dispatch!(&self.kind, p => load(p, value, now))
+    }
+
+    /// The key's value for `state` (`None`: another algorithm's state), which
+    /// says something until `expires` (µs).
+    #[cfg(feature = "engine")]
+    pub(crate) fn encode(&self, state: &State, expires: u64) -> Option<Encoded> {
+        dispatch!(&self.kind, p => encode(p, state, expires))
+    }
+
     /// The limit as the Redis library reads it: its algorithm's id, then
     /// the numbers its Lua twin's `params` reads, joined by ':'.
     #[cfg(feature = "redis")]
@@ -412,6 +427,18 @@ fn decide<'a, A: Registered>(
         Update::Put(new) => Change::Put(A::state(new)),
         Update::Edit(edit) => A::change(edit),
     })
+}
+
+/// `A`'s state in `value`.
+#[cfg(feature = "engine")]
+fn load<A: Registered>(algorithm: &A, value: &Value, now: u64) -> Loaded<State> {
+    algorithm.load(value, now).map(A::state)
+}
+
+/// `A`'s encoding of `state`, if it is a state of `A`.
+#[cfg(feature = "engine")]
+fn encode<A: Registered>(algorithm: &A, state: &State, expires: u64) -> Option<Encoded> {
+    A::held(state).map(|state| algorithm.encode(state, expires))
 }
 
 /// `id:param:param:…`: the Lua id, then what the Lua twin's `params` reads.

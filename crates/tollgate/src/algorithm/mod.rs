@@ -44,6 +44,8 @@
 // use, hence first); the limits. Arrows run one way: the algorithm files
 // import `core` only.
 pub(crate) mod core;
+#[cfg(feature = "engine")]
+pub(crate) mod encoding;
 #[macro_use]
 pub(crate) mod registry;
 mod limit;
@@ -64,6 +66,10 @@ mod properties;
 pub use self::concurrency::ConcurrencySpec;
 pub use self::core::WindowSpec;
 pub(crate) use self::core::{Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+pub use self::encoding::Value;
+#[cfg(feature = "engine")]
+pub(crate) use self::encoding::{number, Encoded, Loaded};
 pub use self::gcra::GcraSpec;
 pub use self::leaky_bucket::LeakyBucketSpec;
 pub use self::limit::Limit;

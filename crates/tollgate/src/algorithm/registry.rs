@@ -110,6 +110,20 @@ macro_rules! registry {
             }
         }
 
+        #[cfg(feature = "engine")]
+        impl LimitSpec {
+            /// The spec of the algorithm whose Lua id is `id`, from the
+            /// numbers its `script_params` gives (not yet validated).
+            pub(crate) fn from_script(id: u64, params: &[u64]) -> Option<LimitSpec> {
+                $(
+                    if id == u64::from(<$module::$algorithm as Algorithm>::ID) {
+                        return <$module::$algorithm as Algorithm>::script_spec(params).map(LimitSpec::$variant);
+                    }
+                )*
+                None
+            }
+        }
+
         /// Every algorithm, in registry order.
         pub(crate) const ALGORITHMS: &[Entry] = &[
             $(

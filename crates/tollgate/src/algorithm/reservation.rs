@@ -26,11 +26,21 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, at_most, positive, refund_whole, report, Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+use super::core::{Encoded, Loaded, Value};
+#[cfg(feature = "engine")]
+use super::encoding::TatEncoding;
 use super::rate::{Rate, Tat, MAX_TICKS};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
 
+/// How the state is kept in Redis, as the Lua twin keeps it.
+#[cfg(feature = "engine")]
+const TAT: TatEncoding = TatEncoding {
+    tag: b"r",
+    packed: false,
+};
 /// `rate` permits per `period`, storing up to `max_burst`; `initial` defaults to `max_burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -130,7 +140,7 @@ impl Algorithm for Reservation {
     type Edit<'a> = Infallible;
 
     const NAME: &'static str = "reservation";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 5;
     const SHAPING: bool = true;
 
@@ -183,8 +193,32 @@ impl Algorithm for Reservation {
         step.map(Update::Put)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [self.max_burst, self.initial, self.ticks.unit, self.ticks.per_micro]
+    }
+
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+        let &[max_burst, initial, unit, per_micro] = params else {
+            return None;
+        };
+        // The rate comes back reduced: `per_micro` per `unit` µs.
+        Some(ReservationSpec {
+            max_burst,
+            initial: Some(initial),
+            rate: per_micro,
+            period: Duration::from_micros(unit),
+        })
+    }
+
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<ReservationState> {
+        TAT.load(value, now)
+    }
+
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &ReservationState, _: u64) -> Encoded {
+        TAT.encode(*state, self.ticks.per_micro)
     }
 }

@@ -20,8 +20,23 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec};
+#[cfg(feature = "engine")]
+use super::core::{Encoded, Loaded, Value};
+#[cfg(feature = "engine")]
+use super::encoding::{number, text};
 use crate::decision::Decision;
 use crate::error::Result;
+
+/// The member scored minus the instant the log says nothing more (first).
+#[cfg(feature = "engine")]
+const EXPIRES: &[u8] = b"\0x";
+/// The member scored with the base (second).
+#[cfg(feature = "engine")]
+const BASE: &[u8] = b"\0b";
+/// Numbers a Lua double holds exactly: an instant, or the units of the live
+/// entries, at or above this was not written by Tollgate.
+#[cfg(feature = "engine")]
+const EXACT: u64 = 1 << 53;
 
 /// Parameters of a sliding log, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,7 +225,7 @@ impl Algorithm for SlidingLog {
     type Edit<'a> = LogChange;
 
     const NAME: &'static str = "sliding_log";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 3;
 
     fn build(spec: &WindowSpec) -> Result<Self> {
@@ -248,9 +263,83 @@ impl Algorithm for SlidingLog {
         edit(state, step)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [self.limit, self.window]
+    }
+
+    /// `[limit, window in µs]`, not yet validated.
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<WindowSpec> {
+        let &[limit, window] = params else {
+            return None;
+        };
+        Some(WindowSpec {
+            limit,
+            window: Duration::from_micros(window),
+        })
+    }
+
+    /// A sorted set: "\0x" scored minus the instant the log says nothing
+    /// more, "\0b" scored with the base, then one member per instant (µs as
+    /// text) scored with the running total. As the Lua reads it, the entries
+    /// that have left the window leave the state, the base becoming their
+    /// total (the next write trims them); a log whose "\0x" has passed, with
+    /// no live entry, or a set or key of another kind is none. Scores are
+    /// the totals as they are, read as `u64` two's complement, so that a log
+    /// begun by either engine keeps its numbers (only differences count). A
+    /// log out of order (instants or totals not rising, which no engine
+    /// writes) is none.
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<Box<SlidingLogState>> {
+        let Value::Zset(members) = value else {
+            return Loaded::None;
+        };
+        let [(expiry, until), (base, base_total), logged @ ..] = members.as_slice() else {
+            return Loaded::None;
+        };
+        if expiry != EXPIRES || base != BASE || -i128::from(*until) <= i128::from(now) {
+            return Loaded::None;
+        }
+        let mut base = base_total.cast_unsigned();
+        let mut entries = VecDeque::new();
+        let mut newest = None;
+        for (member, total) in logged {
+            let Some(at) = number(member).filter(|&at| at < EXACT && newest < Some(at)) else {
+                return Loaded::None;
+            };
+            newest = Some(at);
+            if entries.is_empty() && at + self.window <= now {
+                base = total.cast_unsigned();
+            } else {
+                entries.push_back((at, total.cast_unsigned()));
+            }
+        }
+        // Units through each live entry: rising from the base, none empty.
+        let mut through = 0;
+        for &(_, total) in &entries {
+            let next = total.wrapping_sub(base);
+            if next <= through || next >= EXACT {
+                return Loaded::None;
+            }
+            through = next;
+        }
+        if entries.is_empty() {
+            return Loaded::None;
+        }
+        Loaded::State(Box::new(SlidingLogState { entries, base }))
+    }
+
+    /// "\0x" scored minus `expires`, "\0b" the base, and every entry: what
+    /// the Lua `store` leaves once it has trimmed what left the window (or,
+    /// after a refund, what it leaves untrimmed, which it reads the same).
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &SlidingLogState, expires: u64) -> Encoded {
+        let mut members = Vec::with_capacity(state.entries.len() + 2);
+        members.push((EXPIRES.to_vec(), 0_i64.saturating_sub_unsigned(expires)));
+        members.push((BASE.to_vec(), state.base.cast_signed()));
+        members.extend(state.entries.iter().map(|&(at, total)| (text(at), total.cast_signed())));
+        Encoded::Zset(members)
     }
 }
 
@@ -418,5 +507,178 @@ mod tests {
         assert_eq!(decision.retry_after.unwrap().as_micros(), 1_000 - 30);
         // More than the limit: never.
         assert_eq!(log.check(Some(&state), T0 + 30, 11).decision.retry_after, None);
+    }
+}
+
+#[cfg(all(test, feature = "engine"))]
+mod engine_tests {
+    use super::*;
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    /// The limit of these script parameters, validated as the engine does.
+    fn from_params(params: &[u64]) -> Option<SlidingLog> {
+        SlidingLog::script_spec(params).and_then(|spec| SlidingLog::build(&spec).ok())
+    }
+
+    /// 10 per 1 000 µs.
+    fn limit() -> SlidingLog {
+        from_params(&[10, 1_000]).unwrap()
+    }
+
+    /// The set Redis holds once `encoded` is written, lowest score first.
+    fn written(encoded: Encoded) -> Value {
+        let Encoded::Zset(mut members) = encoded else {
+            panic!("not a sorted set: {encoded:?}");
+        };
+        members.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        Value::Zset(members)
+    }
+
+    /// What a load of `value` at `now` gives: a state or none.
+    fn read(value: &Value, now: u64) -> Option<Box<SlidingLogState>> {
+        match limit().load(value, now) {
+            Loaded::State(state) => Some(state),
+            Loaded::None => None,
+            Loaded::Foreign => panic!("foreign"),
+        }
+    }
+
+    /// Runs `action` and commits it, as a store does.
+    fn run(state: &mut Option<Box<SlidingLogState>>, now: u64, action: Action<'_>, cost: u64) -> Decision {
+        let step = limit().decide(state.as_deref(), now, action, cost);
+        match step.change {
+            Some(Update::Put(new)) => *state = Some(new),
+            Some(Update::Edit(change)) => state.as_mut().unwrap().apply(change),
+            None => {}
+        }
+        step.decision
+    }
+
+    /// Decisions of every kind at `now`, and the units available.
+    fn probes(state: Option<&SlidingLogState>, now: u64) -> (Vec<Decision>, u64) {
+        let limit = limit();
+        let mut decisions: Vec<Decision> = [0, 1, 3, 10, 11]
+            .into_iter()
+            .map(|cost| limit.decide(state, now, Action::Check, cost).decision)
+            .collect();
+        decisions.push(
+            limit
+                .decide(
+                    state,
+                    now,
+                    Action::Refund {
+                        at: T0 + 300,
+                        lease: None,
+                    },
+                    1,
+                )
+                .decision,
+        );
+        (decisions, limit.available(state, now))
+    }
+
+    #[test]
+    fn a_written_state_reads_back_deciding_the_same() {
+        let mut state = None;
+        let steps = [
+            (T0, Action::Check, 2),
+            (T0 + 300, Action::Check, 3),
+            (T0 + 300, Action::Check, 1),
+            (T0 + 700, Action::Check, 2),
+            (
+                T0 + 800,
+                Action::Refund {
+                    at: T0 + 300,
+                    lease: None,
+                },
+                2,
+            ),
+            (T0 + 1_100, Action::Check, 4),
+            (
+                T0 + 1_200,
+                Action::Refund {
+                    at: T0 + 700,
+                    lease: None,
+                },
+                2,
+            ),
+        ];
+        for (at, action, cost) in steps {
+            let decision = run(&mut state, at, action, cost);
+            assert!(decision.allowed, "at {at}");
+            let state = state.as_deref().unwrap();
+            let expires = at + decision.reset_after.as_micros() as u64;
+            let value = written(limit().encode(state, expires));
+            for now in [at, at + 1, at + 299, at + 300, expires - 1] {
+                let loaded = read(&value, now);
+                assert_eq!(
+                    probes(loaded.as_deref(), now),
+                    probes(Some(state), now),
+                    "written at {at}, read at {now}"
+                );
+            }
+            assert_eq!(read(&value, expires), None);
+        }
+    }
+
+    #[test]
+    fn a_set_as_the_lua_leaves_it_reads_as_the_lua_reads_it() {
+        let now = T0 + 600;
+        // The entry at T0 - 500 left at T0 + 500: the Lua trims it on its
+        // next write; the base becomes its total.
+        let value = Value::Zset(vec![
+            (b"\0x".to_vec(), -(T0 + 1_300).cast_signed()),
+            (b"\0b".to_vec(), 5),
+            (text(T0 - 500), 7),
+            (text(T0 + 100), 9),
+            (text(T0 + 300), 12),
+        ]);
+        let loaded = read(&value, now).unwrap();
+        assert_eq!(loaded.base, 7);
+        assert_eq!(loaded.entries, [(T0 + 100, 9), (T0 + 300, 12)]);
+        assert_eq!(limit().available(Some(&loaded), now), 5);
+        // An admission's write: the trimmed entry gone, the base its total.
+        let mut state = Some(loaded);
+        run(&mut state, now, Action::Check, 2);
+        assert_eq!(
+            limit().encode(state.as_deref().unwrap(), T0 + 1_600),
+            Encoded::Zset(vec![
+                (b"\0x".to_vec(), -(T0 + 1_600).cast_signed()),
+                (b"\0b".to_vec(), 7),
+                (text(T0 + 100), 9),
+                (text(T0 + 300), 12),
+                (text(T0 + 600), 14),
+            ])
+        );
+        // "\0x" passed, or every entry gone: none.
+        let Value::Zset(members) = &value else { unreachable!() };
+        let mut lapsed = members.clone();
+        lapsed[0].1 = -now.cast_signed();
+        assert_eq!(read(&Value::Zset(lapsed), now), None);
+        assert_eq!(read(&value, T0 + 1_300 - 1).map(|state| state.entries.len()), Some(1));
+        let gone = Value::Zset(members[..3].to_vec());
+        assert_eq!(read(&gone, now), None);
+        // Another algorithm's value: none.
+        let leases = Value::Zset(vec![(b"\0n".to_vec(), -1), (b"a".to_vec(), (T0 + 900).cast_signed())]);
+        let window = Value::Hash(vec![(text(T0), b"1".to_vec()), (b"x".to_vec(), text(T0 + 900))]);
+        for other in [
+            leases,
+            window,
+            Value::String(b"f10:2".to_vec()),
+            Value::Other,
+            Value::Missing,
+        ] {
+            assert_eq!(read(&other, now), None);
+        }
+    }
+
+    #[test]
+    fn params_come_back() {
+        let limit = limit();
+        let params: Vec<u64> = limit.script_params().into_iter().collect();
+        assert_eq!(from_params(&params), Some(limit));
+        assert_eq!(from_params(&[10]), None);
+        assert_eq!(from_params(&[0, 1_000]), None);
     }
 }

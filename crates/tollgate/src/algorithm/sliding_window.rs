@@ -16,6 +16,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+use super::core::{Encoded, Loaded, Value};
+#[cfg(feature = "engine")]
+use super::encoding::{number, text};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
@@ -39,6 +43,17 @@ pub struct SlidingWindowSpec {
 
 fn default_buckets() -> u64 {
     10
+}
+
+/// Numbers a Lua double holds exactly: a start, count or total at or above
+/// this was not written by Tollgate.
+#[cfg(feature = "engine")]
+const EXACT: u64 = 1 << 53;
+
+/// The number in `text` when Lua holds it exactly.
+#[cfg(feature = "engine")]
+fn exact(text: &[u8]) -> Option<u64> {
+    number(text).filter(|&n| n < EXACT)
 }
 
 /// Parameters of a sliding window counter, validated (`window` is a multiple
@@ -173,7 +188,7 @@ impl Algorithm for SlidingWindow {
     type Edit<'a> = Infallible;
 
     const NAME: &'static str = "sliding_window";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 2;
 
     fn build(spec: &SlidingWindowSpec) -> Result<Self> {
@@ -217,8 +232,231 @@ impl Algorithm for SlidingWindow {
         self.check(state, now, action.check_cost(cost)).map(Update::Put)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [self.limit, self.window, self.buckets]
+    }
+
+    /// `[limit, window in µs, buckets]`, not yet validated.
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<SlidingWindowSpec> {
+        let &[limit, window, buckets] = params else {
+            return None;
+        };
+        Some(SlidingWindowSpec {
+            limit,
+            window: Duration::from_micros(window),
+            buckets,
+        })
+    }
+
+    /// A hash of sub-interval start → count, and "x": the instant the state
+    /// says nothing more. Counts that have left the window for these
+    /// parameters are skipped (the next write drops them); a hash whose "x"
+    /// is missing or has passed, or with no live count, is none, and so is a
+    /// hash of other fields or a key of another type. Starts written twice
+    /// ("7" and "07") are one sub-interval, their counts summed, as the Lua
+    /// sums them; a zero count (never written) is kept, as the Lua keeps it.
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<SlidingWindowState> {
+        let Value::Hash(fields) = value else {
+            return Loaded::None;
+        };
+        let mut expires = None;
+        let mut counts = Vec::with_capacity(fields.len());
+        for (field, value) in fields {
+            if field == b"x" {
+                expires = number(value);
+                continue;
+            }
+            let (Some(start), Some(count)) = (exact(field), exact(value)) else {
+                return Loaded::None;
+            };
+            if self.leaves(start) > now {
+                counts.push((start, count));
+            }
+        }
+        if counts.is_empty() || expires.is_none_or(|expires| expires <= now) {
+            return Loaded::None;
+        }
+        counts.sort_unstable();
+        counts.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 += later.1;
+            }
+            same
+        });
+        let total = counts.iter().try_fold(0, |total: u64, &(_, count)| {
+            total.checked_add(count).filter(|&n| n < EXACT)
+        });
+        match total {
+            Some(_) => Loaded::State(SlidingWindowState { counts }),
+            None => Loaded::None,
+        }
+    }
+
+    /// Every count, and "x" = `expires`: what the Lua `store` leaves once it
+    /// has dropped the counts that left the window.
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &SlidingWindowState, expires: u64) -> Encoded {
+        let mut fields = Vec::with_capacity(state.counts.len() + 1);
+        fields.extend(state.counts.iter().map(|&(start, count)| (text(start), text(count))));
+        fields.push((b"x".to_vec(), text(expires)));
+        Encoded::Hash(fields)
+    }
+}
+
+#[cfg(all(test, feature = "engine"))]
+mod engine_tests {
+    use super::*;
+    use crate::decision::Decision;
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    /// The limit of these script parameters, validated as the engine does.
+    fn from_params(params: &[u64]) -> Option<SlidingWindow> {
+        SlidingWindow::script_spec(params).and_then(|spec| SlidingWindow::build(&spec).ok())
+    }
+
+    /// 10 per 1 000 µs in sub-intervals of 100 µs: a count leaves 1 100 µs
+    /// after its sub-interval starts.
+    fn limit() -> SlidingWindow {
+        from_params(&[10, 1_000, 10]).unwrap()
+    }
+
+    /// The hash Redis holds once `encoded` is written.
+    fn written(encoded: Encoded) -> Value {
+        match encoded {
+            Encoded::Hash(fields) => Value::Hash(fields),
+            other => panic!("not a hash: {other:?}"),
+        }
+    }
+
+    /// A hash of `(start, count)` fields and "x" = `expires`.
+    fn hash(fields: &[(u64, u64)], expires: u64) -> Value {
+        let mut fields: Vec<_> = fields
+            .iter()
+            .map(|&(start, count)| (text(start), text(count)))
+            .collect();
+        fields.push((b"x".to_vec(), text(expires)));
+        Value::Hash(fields)
+    }
+
+    /// What a load of `value` at `now` gives: a state or none.
+    fn read(value: &Value, now: u64) -> Option<SlidingWindowState> {
+        match limit().load(value, now) {
+            Loaded::State(state) => Some(state),
+            Loaded::None => None,
+            Loaded::Foreign => panic!("foreign"),
+        }
+    }
+
+    /// Decisions of every kind at `now`.
+    fn probes(state: Option<&SlidingWindowState>, now: u64) -> Vec<Decision> {
+        let limit = limit();
+        let mut decisions: Vec<Decision> = [0, 1, 3, 10, 11]
+            .into_iter()
+            .map(|cost| limit.decide(state, now, Action::Check, cost).decision)
+            .collect();
+        decisions.push(
+            limit
+                .decide(
+                    state,
+                    now,
+                    Action::Refund {
+                        at: T0 + 250,
+                        lease: None,
+                    },
+                    2,
+                )
+                .decision,
+        );
+        decisions
+    }
+
+    #[test]
+    fn a_written_state_reads_back_deciding_the_same() {
+        let limit = limit();
+        let mut state = None;
+        for (at, cost) in [
+            (T0, 2),
+            (T0 + 250, 3),
+            (T0 + 260, 1),
+            (T0 + 900, 2),
+            (T0 + 1_150, 1),
+            (T0 + 1_300, 4),
+        ] {
+            let step = limit.decide(state.as_ref(), at, Action::Check, cost);
+            assert!(step.decision.allowed, "at {at}");
+            let Some(Update::Put(new)) = step.change else {
+                panic!("no change at {at}");
+            };
+            let expires = at + step.decision.reset_after.as_micros() as u64;
+            let value = written(limit.encode(&new, expires));
+            for now in [at, at + 99, at + 100, at + 700, expires - 1] {
+                let loaded = read(&value, now);
+                assert_eq!(
+                    probes(loaded.as_ref(), now),
+                    probes(Some(&new), now),
+                    "written at {at}, read at {now}"
+                );
+            }
+            assert_eq!(limit.load(&value, expires), Loaded::None);
+            state = Some(new);
+        }
+    }
+
+    #[test]
+    fn a_hash_as_the_lua_leaves_it_reads_as_the_lua_reads_it() {
+        let now = T0 + 1_050;
+        // The count of T0 - 100 left at T0 + 1_000; the Lua leaves it until
+        // the next write.
+        let value = hash(&[(T0 + 500, 4), (T0 - 100, 2), (T0, 3)], T0 + 1_600);
+        let loaded = read(&value, now).unwrap();
+        assert_eq!(loaded.counts, [(T0, 3), (T0 + 500, 4)]);
+        assert_eq!(limit().available(Some(&loaded), now), 3);
+        // A write after an admission leaves the live counts, the new one and "x".
+        let step = limit().decide(Some(&loaded), now, Action::Check, 1);
+        let Some(Update::Put(new)) = step.change else {
+            panic!("denied");
+        };
+        assert_eq!(
+            limit().encode(&new, T0 + 2_100),
+            Encoded::Hash(vec![
+                (text(T0), text(3u64)),
+                (text(T0 + 500), text(4u64)),
+                (text(T0 + 1_000), text(1u64)),
+                (b"x".to_vec(), text(T0 + 2_100)),
+            ])
+        );
+        // "x" passed or missing, no live count: none.
+        assert_eq!(read(&hash(&[(T0, 3)], now), now), None);
+        assert_eq!(read(&Value::Hash(vec![(text(T0), text(3u64))]), now), None);
+        assert_eq!(read(&hash(&[(T0 - 100, 2)], T0 + 1_600), now), None);
+        // Another algorithm's value, or a hash of other fields: none.
+        let log = Value::Zset(vec![(b"\0x".to_vec(), -1), (b"\0b".to_vec(), 0), (text(T0), 1)]);
+        for other in [
+            Value::String(b"f10:2".to_vec()),
+            Value::String(b"hello".to_vec()),
+            log,
+            Value::Other,
+        ] {
+            assert_eq!(read(&other, now), None);
+        }
+        let mut odd = hash(&[(T0, 3)], T0 + 1_600);
+        if let Value::Hash(fields) = &mut odd {
+            fields.push((b"name".to_vec(), b"bob".to_vec()));
+        }
+        assert_eq!(read(&odd, now), None);
+    }
+
+    #[test]
+    fn params_come_back() {
+        let limit = limit();
+        let params: Vec<u64> = limit.script_params().into_iter().collect();
+        assert_eq!(from_params(&params), Some(limit));
+        assert_eq!(from_params(&[10, 1_000]), None);
+        assert_eq!(from_params(&[10, 1_001, 10]), None);
     }
 }

@@ -22,11 +22,19 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, at_most, positive, refund_whole, Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+use super::encoding::{numbers, other_state, Encoded, Loaded, TatEncoding, Value};
 use super::rate::{Rate, Tat};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
 
+/// How a smooth bucket's instant is kept in Redis, as the Lua twin keeps it.
+#[cfg(feature = "engine")]
+const TAT: TatEncoding = TatEncoding {
+    tag: b"s",
+    packed: false,
+};
 /// How a token bucket refills.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -226,7 +234,7 @@ impl Algorithm for TokenBucket {
     type Edit<'a> = Infallible;
 
     const NAME: &'static str = "token_bucket";
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     const ID: u8 = 4;
 
     fn build(spec: &TokenBucketSpec) -> Result<Self> {
@@ -273,7 +281,7 @@ impl Algorithm for TokenBucket {
     }
 
     /// The mode is 1 for interval refill, 0 for smooth.
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
         [
             self.capacity,
@@ -284,5 +292,62 @@ impl Algorithm for TokenBucket {
             self.rate.unit,
             self.rate.per_micro,
         ]
+    }
+
+    #[cfg(feature = "engine")]
+    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+        let &[capacity, refill, interval, interval_mode, initial, _, _] = params else {
+            return None;
+        };
+        Some(TokenBucketSpec {
+            capacity,
+            refill,
+            interval: Duration::from_micros(interval),
+            mode: if interval_mode == 1 {
+                Refill::Interval
+            } else {
+                Refill::Smooth
+            },
+            initial: Some(initial),
+        })
+    }
+
+    /// Smooth mode keeps `s<at>[:<frac>]`, interval mode
+    /// `i<tokens>:<boundary>:<expires>`; a live state of the other mode (the
+    /// limit was redefined) is read as it is, as the memory store holds it.
+    #[cfg(feature = "engine")]
+    fn load(&self, value: &Value, now: u64) -> Loaded<TokenBucketState> {
+        let Some(text) = value.as_string() else {
+            return Loaded::None;
+        };
+        if let Some(level) = text.strip_prefix(b"i") {
+            return match numbers::<3>(level) {
+                Some([tokens, boundary, expires]) if expires > now => {
+                    Loaded::State(TokenBucketState::Interval { tokens, boundary })
+                }
+                Some(_) => Loaded::None,
+                None if self.mode == Refill::Smooth => Loaded::None,
+                None => other_state(text),
+            };
+        }
+        TAT.load(value, now).map(TokenBucketState::Smooth)
+    }
+
+    #[cfg(feature = "engine")]
+    fn encode(&self, state: &TokenBucketState, expires: u64) -> Encoded {
+        match *state {
+            TokenBucketState::Smooth(full_at) => TAT.encode(full_at, self.rate.per_micro),
+            TokenBucketState::Interval { tokens, boundary } => {
+                let mut digits = itoa::Buffer::new();
+                let mut out = b"i".to_vec();
+                for (at, n) in [tokens, boundary, expires].into_iter().enumerate() {
+                    if at > 0 {
+                        out.push(b':');
+                    }
+                    out.extend_from_slice(digits.format(n).as_bytes());
+                }
+                Encoded::String(out)
+            }
+        }
     }
 }

@@ -1,0 +1,458 @@
+//! The native engine: the Redis library's decisions made by the Rust
+//! algorithms, over any [`Keyspace`], for the Redis module
+//! (`tollgate-redis-module`), which runs it inside the server.
+//!
+//! [`Engine::run`] takes the library's calling convention (the keys, and the
+//! arguments the Redis store sends the functions library: a batch of
+//! decisions, each with its head, lease and limits) and answers the
+//! library's reply, integer for integer. Each limit's state is read from its
+//! key and written back in the encoding of its Lua twin, so that module and
+//! Lua clients can share a server (a rolling upgrade, a server without the
+//! module for a while). The decision itself is [`Policy::decide`], the code
+//! the memory store runs.
+//!
+//! Writes go through the [`Keyspace`], which replicates them as they are: a
+//! replica applies the effects, never re-runs the decision at another time.
+
+use std::collections::HashMap;
+
+use smallvec::SmallVec;
+
+pub use crate::algorithm::Value;
+use crate::algorithm::{Encoded, Limit, LimitSpec, Loaded, State};
+use crate::clock::Timestamp;
+use crate::decision::Decision;
+use crate::policy::{Op, Policy, Request};
+
+/// Where the engine reads and writes keys: the server's keyspace, inside
+/// the command being run (so a decision is atomic).
+pub trait Keyspace {
+    /// The server's time, µs since the Unix epoch.
+    fn now(&mut self) -> u64;
+    /// The whole value at `key`.
+    fn read(&mut self, key: &[u8]) -> Value;
+    /// `SET key value PX expire_ms`.
+    fn set(&mut self, key: &[u8], value: &[u8], expire_ms: u64);
+    /// Any other write: `DEL`, `HSET`, `HDEL`, `ZADD`, `ZREM`, `PEXPIRE`.
+    fn command(&mut self, args: &[&[u8]]);
+}
+
+/// A decision's list of one entry per limit: inline for a few limits.
+type Inline<T> = SmallVec<[T; 4]>;
+
+/// The op codes of the calling convention (`prelude.lua`).
+const CHECK: u64 = 1;
+const CHECK_AT_MOST: u64 = 2;
+const RESERVE: u64 = 3;
+const ACQUIRE: u64 = 4;
+const RELEASE: u64 = 5;
+const RESET: u64 = 6;
+const REFUND: u64 = 7;
+
+/// With a caller's `now`, a key is kept at least this long (ms), as the Lua
+/// library keeps it: real time and the caller's differ, and each state says
+/// when it lapses in the caller's time.
+const EXPLICIT_NOW_TTL_MS: u64 = 3_600_000;
+
+/// Parsed limits kept at most (a server sees few distinct limits).
+const MAX_KNOWN: usize = 1000;
+
+/// The engine, with the limits it has parsed.
+#[derive(Debug, Default)]
+pub struct Engine {
+    /// Policies of one limit by its text (without the cost).
+    known: HashMap<Vec<u8>, Policy, foldhash::fast::RandomState>,
+}
+
+/// A call the engine refuses: arguments not in the calling convention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallError(pub String);
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CallError {}
+
+fn invalid(message: impl Into<String>) -> CallError {
+    CallError(message.into())
+}
+
+/// A decision's head: `<op>:<cost>:<n>:<max_wait>:<now>`.
+struct Head {
+    op: u64,
+    cost: u64,
+    limits: usize,
+    /// µs (`None`: -1); for a refund, the instant the units were taken.
+    max_wait: Option<u64>,
+    /// µs (`None`: the server's time).
+    now: Option<u64>,
+}
+
+fn unsigned(text: &[u8], field: &str) -> Result<u64, CallError> {
+    crate::algorithm::number(text).ok_or_else(|| invalid(format!("{field} is not an unsigned integer")))
+}
+
+impl Head {
+    fn parse(text: &[u8]) -> Result<Self, CallError> {
+        let malformed = || invalid("a decision's head is <op>:<cost>:<n>:<max_wait>:<now>");
+        let mut fields = text.split(|&byte| byte == b':');
+        let mut field = || fields.next().ok_or_else(malformed);
+        let (op, cost, limits, max_wait, now) = (field()?, field()?, field()?, field()?, field()?);
+        if fields.next().is_some() {
+            return Err(malformed());
+        }
+        Ok(Self {
+            op: unsigned(op, "op")?,
+            cost: unsigned(cost, "cost")?,
+            limits: usize::try_from(unsigned(limits, "the number of limits")?)
+                .map_err(|_| invalid("too many limits"))?,
+            max_wait: if max_wait == b"-1" {
+                None
+            } else {
+                Some(unsigned(max_wait, "max_wait")?)
+            },
+            now: if now.is_empty() {
+                None
+            } else {
+                Some(unsigned(now, "now")?)
+            },
+        })
+    }
+
+    /// The request it asks, with `lease` and the per-limit `costs`.
+    fn request(&self, lease: Option<&[u8]>, costs: Vec<u64>, now: u64) -> Result<Request, CallError> {
+        let lease = lease
+            .map(|lease| String::from_utf8(lease.to_vec()).map_err(|_| invalid("a lease name is not UTF-8")))
+            .transpose()?;
+        let max_wait = self.max_wait.map(std::time::Duration::from_micros);
+        let op = match self.op {
+            CHECK => Op::Check,
+            CHECK_AT_MOST => Op::CheckAtMost,
+            RESERVE => Op::Reserve { max_wait },
+            ACQUIRE => Op::Acquire {
+                lease: lease.unwrap_or_default(),
+                max_wait,
+            },
+            RELEASE => Op::Release {
+                lease: lease.unwrap_or_default(),
+            },
+            REFUND => Op::Refund {
+                at: Timestamp::from_micros(self.max_wait.unwrap_or(0)),
+                lease,
+            },
+            other => return Err(invalid(format!("unknown op {other}"))),
+        };
+        let mut request = Request::new(op, self.cost).at(Timestamp::from_micros(now));
+        if !costs.is_empty() && costs.iter().any(|&cost| cost != self.cost) {
+            request = request.with_costs(costs);
+        }
+        Ok(request)
+    }
+}
+
+/// A limit's text, `<id>:<params…>:<cost it sees>`, split at its cost.
+fn split_cost(text: &[u8]) -> Result<(&[u8], u64), CallError> {
+    let colon = text
+        .iter()
+        .rposition(|&byte| byte == b':')
+        .ok_or_else(|| invalid("a limit is <id>:<params>:<cost>"))?;
+    Ok((&text[..colon], unsigned(&text[colon + 1..], "a limit's cost")?))
+}
+
+/// The limit a text (without its cost) describes.
+fn parse_limit(text: &[u8]) -> Result<Limit, CallError> {
+    let mut numbers = Vec::with_capacity(8);
+    for part in text.split(|&byte| byte == b':') {
+        numbers.push(unsigned(part, "a limit's parameter")?);
+    }
+    let (&id, params) = numbers.split_first().ok_or_else(|| invalid("a limit has no id"))?;
+    let spec = LimitSpec::from_script(id, params)
+        .ok_or_else(|| invalid(format!("no algorithm {id} with {} parameters", params.len())))?;
+    spec.build().map_err(|error| invalid(error.to_string()))
+}
+
+/// The expiry, in ms, of a state that says something for `ttl` µs.
+fn expire_ms(ttl: u64, explicit_now: bool) -> u64 {
+    let ms = ttl.div_ceil(1000);
+    if explicit_now {
+        ms.max(EXPLICIT_NOW_TTL_MS)
+    } else {
+        ms
+    }
+}
+
+impl Engine {
+    /// A new engine.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The policy of one limit (text without its cost), parsed once.
+    fn single(&mut self, text: &[u8]) -> Result<&Policy, CallError> {
+        if !self.known.contains_key(text) {
+            let policy = Policy::single(parse_limit(text)?);
+            if self.known.len() >= MAX_KNOWN {
+                self.known.clear();
+            }
+            self.known.insert(text.to_vec(), policy);
+        }
+        self.known.get(text).ok_or_else(|| invalid("no limit"))
+    }
+
+    /// Runs one call: `keys` and `args` as the functions library takes them.
+    /// Returns the library's reply.
+    ///
+    /// # Errors
+    ///
+    /// Arguments not in the calling convention (nothing is written then for
+    /// the decision at fault; earlier decisions of the batch are made).
+    pub fn run(&mut self, keyspace: &mut impl Keyspace, keys: &[&[u8]], args: &[&[u8]]) -> Result<Vec<i64>, CallError> {
+        let (&count, mut rest) = args.split_first().ok_or_else(|| invalid("no arguments"))?;
+        let count = unsigned(count, "the number of decisions")?;
+        let mut reply = Vec::with_capacity(9 * usize::try_from(count).unwrap_or(1).min(64));
+        let mut keys = keys;
+        let mut server_now = None;
+        for _ in 0..count {
+            let (&head, tail) = rest.split_first().ok_or_else(|| invalid("a decision is missing"))?;
+            let head = Head::parse(head)?;
+            rest = tail;
+            let lease = if matches!(head.op, ACQUIRE | RELEASE | REFUND) {
+                let (&lease, tail) = rest.split_first().ok_or_else(|| invalid("a lease is missing"))?;
+                rest = tail;
+                (!lease.is_empty()).then_some(lease)
+            } else {
+                None
+            };
+            if rest.len() < head.limits || keys.len() < head.limits {
+                return Err(invalid("fewer limits or keys than the head says"));
+            }
+            let (limits, tail) = rest.split_at(head.limits);
+            rest = tail;
+            let (decision_keys, tail) = keys.split_at(head.limits);
+            keys = tail;
+            let now = match head.now {
+                Some(now) => now,
+                None => *server_now.get_or_insert_with(|| keyspace.now()),
+            };
+            self.decide(keyspace, decision_keys, &head, lease, limits, now, &mut reply)?;
+        }
+        Ok(reply)
+    }
+
+    /// One decision of a call, appended to `reply`.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &mut self,
+        keyspace: &mut impl Keyspace,
+        keys: &[&[u8]],
+        head: &Head,
+        lease: Option<&[u8]>,
+        limits: &[&[u8]],
+        now: u64,
+        reply: &mut Vec<i64>,
+    ) -> Result<(), CallError> {
+        let now_reply = i64::try_from(now).unwrap_or(i64::MAX);
+        if head.op == RESET {
+            for key in keys {
+                keyspace.command(&[b"DEL", key]);
+            }
+            reply.extend([1, 0, now_reply]);
+            return Ok(());
+        }
+        if let [text] = limits {
+            let (text, cost) = split_cost(text)?;
+            let costs = if cost == head.cost { Vec::new() } else { vec![cost] };
+            let request = head.request(lease, costs, now)?;
+            let policy = self.single(text)?;
+            return decide_policy(keyspace, keys, head, policy, &request, now, reply);
+        }
+        let mut costs = Vec::with_capacity(limits.len());
+        let mut named = Vec::with_capacity(limits.len());
+        for (index, text) in limits.iter().enumerate() {
+            let (text, cost) = split_cost(text)?;
+            costs.push(cost);
+            let limit = self.single(text)?.limits().next().map(|(_, limit)| limit.clone());
+            named.push((index.to_string(), limit.ok_or_else(|| invalid("no limit"))?));
+        }
+        let policy = Policy::spread(named).map_err(|error| invalid(error.to_string()))?;
+        let request = head.request(lease, costs, now)?;
+        decide_policy(keyspace, keys, head, &policy, &request, now, reply)
+    }
+}
+
+/// Decides `request` over `policy`, whose limit `i` is kept at `keys[i]`,
+/// and appends the reply.
+fn decide_policy(
+    keyspace: &mut impl Keyspace,
+    keys: &[&[u8]],
+    head: &Head,
+    policy: &Policy,
+    request: &Request,
+    now: u64,
+    reply: &mut Vec<i64>,
+) -> Result<(), CallError> {
+    let now_reply = i64::try_from(now).unwrap_or(i64::MAX);
+    let values: Inline<Value> = keys.iter().map(|key| keyspace.read(key)).collect();
+    let mut states: Inline<Option<State>> = SmallVec::with_capacity(values.len());
+    for ((_, limit), value) in policy.limits().zip(&values) {
+        match limit.load(value, now) {
+            Loaded::None => states.push(None),
+            Loaded::State(state) => states.push(Some(state)),
+            Loaded::Foreign => {
+                reply.extend([-1, 0, now_reply]);
+                return Ok(());
+            }
+        }
+    }
+    let held: Inline<Option<&State>> = states.iter().map(Option::as_ref).collect();
+    let mut writes: Inline<_> = SmallVec::new();
+    let outcome = policy
+        .decide(&held, now, request, |index, change, ttl| {
+            writes.push((index, change, ttl));
+        })
+        .map_err(|error| invalid(error.to_string()))?;
+    drop(held);
+    let explicit_now = head.now.is_some();
+    for (index, change, ttl) in writes {
+        let key = keys[index];
+        if ttl == 0 {
+            keyspace.command(&[b"DEL", key]);
+            continue;
+        }
+        let state = match states[index].take() {
+            Some(mut state) => {
+                change.apply(&mut state);
+                Some(state)
+            }
+            None => change.into_state(),
+        };
+        let limit = policy.limits().nth(index).map(|(_, limit)| limit);
+        let Some(encoded) = state
+            .zip(limit)
+            .and_then(|(state, limit)| limit.encode(&state, now + ttl))
+        else {
+            continue;
+        };
+        write(keyspace, key, &values[index], encoded, expire_ms(ttl, explicit_now));
+    }
+    let decisions: Inline<&Decision> = if outcome.limits.is_empty() {
+        smallvec::smallvec![&outcome.decision]
+    } else {
+        outcome.limits.iter().map(|(_, decision)| decision).collect()
+    };
+    // A refund is never refused: it gives back what it was asked to.
+    let (allowed, granted) = if head.op == REFUND {
+        (true, head.cost)
+    } else {
+        (decisions.iter().all(|decision| decision.allowed), outcome.granted)
+    };
+    reply.extend([
+        i64::from(allowed),
+        i64::try_from(granted).unwrap_or(i64::MAX),
+        now_reply,
+    ]);
+    for decision in decisions {
+        answer(reply, decision);
+    }
+    Ok(())
+}
+
+/// Appends one limit's six integers.
+fn answer(reply: &mut Vec<i64>, decision: &Decision) {
+    let micros = |duration: std::time::Duration| i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
+    reply.extend([
+        i64::from(decision.allowed),
+        i64::try_from(decision.limit).unwrap_or(i64::MAX),
+        i64::try_from(decision.remaining).unwrap_or(i64::MAX),
+        decision.retry_after.map_or(-1, micros),
+        micros(decision.reset_after),
+        micros(decision.wait),
+    ]);
+}
+
+/// Writes `encoded` over `old`, the value it replaces: a string whole, a
+/// hash or sorted set only where it differs (the whole of it over a value of
+/// another type), then its expiry.
+fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded, expire_ms: u64) {
+    let ms = itoa::Buffer::new().format(expire_ms).as_bytes().to_vec();
+    match encoded {
+        Encoded::String(value) => keyspace.set(key, &value, expire_ms),
+        Encoded::Hash(fields) => {
+            let old = match old {
+                Value::Hash(old) => old.as_slice(),
+                Value::Missing => &[],
+                _ => {
+                    keyspace.command(&[b"DEL", key]);
+                    &[]
+                }
+            };
+            let new: HashMap<&[u8], &[u8]> = fields.iter().map(|(f, v)| (f.as_slice(), v.as_slice())).collect();
+            let gone: Vec<&[u8]> = old
+                .iter()
+                .filter(|(field, _)| !new.contains_key(field.as_slice()))
+                .map(|(field, _)| field.as_slice())
+                .collect();
+            if !gone.is_empty() {
+                let mut args: Vec<&[u8]> = vec![b"HDEL", key];
+                args.extend(gone);
+                keyspace.command(&args);
+            }
+            let kept: HashMap<&[u8], &[u8]> = old.iter().map(|(f, v)| (f.as_slice(), v.as_slice())).collect();
+            let mut args: Vec<&[u8]> = vec![b"HSET", key];
+            for (field, value) in &fields {
+                if kept.get(field.as_slice()) != Some(&value.as_slice()) {
+                    args.push(field);
+                    args.push(value);
+                }
+            }
+            if args.len() > 2 {
+                keyspace.command(&args);
+            }
+            keyspace.command(&[b"PEXPIRE", key, &ms]);
+        }
+        Encoded::Zset(members) => {
+            let old = match old {
+                Value::Zset(old) => old.as_slice(),
+                Value::Missing => &[],
+                _ => {
+                    keyspace.command(&[b"DEL", key]);
+                    &[]
+                }
+            };
+            let new: HashMap<&[u8], i64> = members.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+            let gone: Vec<&[u8]> = old
+                .iter()
+                .filter(|(member, _)| !new.contains_key(member.as_slice()))
+                .map(|(member, _)| member.as_slice())
+                .collect();
+            if !gone.is_empty() {
+                let mut args: Vec<&[u8]> = vec![b"ZREM", key];
+                args.extend(gone);
+                keyspace.command(&args);
+            }
+            let kept: HashMap<&[u8], i64> = old.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+            let scores: Vec<(Vec<u8>, &[u8])> = members
+                .iter()
+                .filter(|(member, score)| kept.get(member.as_slice()) != Some(score))
+                .map(|(member, score)| {
+                    (
+                        itoa::Buffer::new().format(*score).as_bytes().to_vec(),
+                        member.as_slice(),
+                    )
+                })
+                .collect();
+            if !scores.is_empty() {
+                let mut args: Vec<&[u8]> = vec![b"ZADD", key];
+                for (score, member) in &scores {
+                    args.push(score);
+                    args.push(member);
+                }
+                keyspace.command(&args);
+            }
+            keyspace.command(&[b"PEXPIRE", key, &ms]);
+        }
+    }
+}
