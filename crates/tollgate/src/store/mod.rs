@@ -17,7 +17,7 @@ use std::time::Duration;
 pub use self::any::AnyStore;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use self::redis::{EngineChoice, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder, StoreConnector};
 use crate::clock::Sleep;
 use crate::decision::Outcome;

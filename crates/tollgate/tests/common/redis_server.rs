@@ -38,6 +38,41 @@ fn redis_server_binary() -> PathBuf {
     })
 }
 
+/// Tollgate's Redis module (`libtollgate_redis_module.so`):
+/// `TOLLGATE_REDIS_MODULE` when set (scripts/test builds it and sets it),
+/// else built here once, into this test target's own directory (the
+/// outer `cargo test` holds the workspace's), which needs libclang (Debian:
+/// `apt-get install -y libclang-dev`).
+pub fn module_path() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("TOLLGATE_REDIS_MODULE") {
+                return PathBuf::from(path);
+            }
+            let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("module-build");
+            let status = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+                .args(["build", "--locked", "-p", "tollgate-redis-module", "--target-dir"])
+                .arg(&target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("run cargo build for the Redis module");
+            assert!(
+                status.success(),
+                "building the Redis module failed (it needs libclang: `apt-get install -y libclang-dev` \
+                 on Debian; scripts/test installs it); or set TOLLGATE_REDIS_MODULE to a built .so"
+            );
+            target.join("debug").join("libtollgate_redis_module.so")
+        })
+        .clone()
+}
+
+/// True when every server a test starts loads the module
+/// (`TOLLGATE_LOAD_MODULE=1`: scripts/test's second run of the suites).
+fn module_everywhere() -> bool {
+    std::env::var_os("TOLLGATE_LOAD_MODULE").is_some_and(|value| value == "1")
+}
+
 /// A port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
@@ -54,6 +89,13 @@ impl RedisServer {
     /// listens with TLS only (see [`RedisServer::start_tls`]).
     pub fn start_with(extra: &[String]) -> Self {
         Self::start_full(extra, None, false)
+    }
+
+    /// Starts a server with Tollgate's module loaded.
+    pub fn start_with_module(extra: &[String]) -> Self {
+        let mut args = vec!["--loadmodule".to_owned(), module_path().display().to_string()];
+        args.extend_from_slice(extra);
+        Self::start_full(&args, None, false)
     }
 
     /// Starts a Sentinel watching the master `name` at `master_port` on
@@ -111,6 +153,8 @@ impl RedisServer {
         }
         if self.sentinel {
             command.arg("--sentinel");
+        } else if module_everywhere() && !self.extra.iter().any(|arg| arg == "--loadmodule") {
+            command.arg("--loadmodule").arg(module_path());
         }
         let mut child = command
             .args(if tls {

@@ -23,13 +23,35 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::SentinelClient;
 
 use super::{function_source, library_name, script_source, store_error};
 use crate::error::Result;
 
-/// How the library is called on this server.
+/// Which engine decides, as `?engine=` in the store URL says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineChoice {
+    /// The module when the server has it, the Lua library otherwise.
+    #[default]
+    Auto,
+    /// The module; a server without it is an error.
+    Module,
+    /// The Lua library, even on a server with the module.
+    Lua,
+}
+
+/// The calling convention's version the module must answer to
+/// `TOLLGATE.VERSION`.
+const MODULE_PROTOCOL: i64 = 1;
+
+/// How decisions are made on this server.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Engine {
+    /// `TOLLGATE.DECIDE` of the Redis module (the Rust algorithms).
+    Module,
     /// `FCALL` of the function library (Redis 7+, Valkey).
     Function,
     /// `EVALSHA` of the script, by its SHA-1.
@@ -37,21 +59,84 @@ pub(super) enum Engine {
 }
 
 impl Engine {
-    /// The command that calls the library, before its keys and arguments.
+    /// The command that calls the engine, before its keys and arguments.
     pub(super) fn command(&self) -> redis::Cmd {
         match self {
+            Self::Module => redis::cmd("TOLLGATE.DECIDE"),
             Self::Function => redis::cmd("FCALL").arg(library_name()).to_owned(),
             Self::Script(sha) => redis::cmd("EVALSHA").arg(sha).to_owned(),
         }
     }
 
-    /// True when the server no longer has the library (flushed, or restarted).
-    fn is_lost(&self, error: &redis::RedisError) -> bool {
+    /// `module` or `lua`, for logs, metrics and `tollgate bench`.
+    pub(super) fn name(&self) -> &'static str {
         match self {
+            Self::Module => "module",
+            Self::Function | Self::Script(_) => "lua",
+        }
+    }
+
+    /// True when the server no longer has the engine (flushed, restarted,
+    /// or a new master without the module).
+    pub(super) fn is_lost(&self, error: &redis::RedisError) -> bool {
+        match self {
+            Self::Module => is_unknown_command(error),
             Self::Function => error.to_string().contains("Function not found"),
             Self::Script(_) => error.code() == Some("NOSCRIPT") || error.to_string().contains("NOSCRIPT"),
         }
     }
+}
+
+/// The module's calling convention version on one server (`None`: it has
+/// no module).
+async fn module_protocol<C: ConnectionLike + Send>(connection: &mut C) -> redis::RedisResult<Option<i64>> {
+    match redis::cmd("TOLLGATE.VERSION").query_async(connection).await {
+        Ok(version) => Ok(Some(version)),
+        Err(error) if is_unknown_command(&error) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// [`module_protocol`] on every master of a Cluster: `None` unless every
+/// master has the module (decisions land on all of them).
+async fn cluster_module_protocol(connection: &mut ClusterConnection) -> redis::RedisResult<Option<i64>> {
+    let every_master =
+        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(ResponsePolicy::AllSucceeded)));
+    match connection
+        .route_command(redis::cmd("TOLLGATE.VERSION"), every_master)
+        .await
+    {
+        Ok(redis::Value::Int(version)) => Ok(Some(version)),
+        Ok(_) => Ok(None),
+        Err(error) if is_unknown_command(&error) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// The engine `choice` allows, given the module's `protocol` on the server
+/// (`None`: no module); the library is loaded when it is Lua.
+async fn load_engine<C: ConnectionLike + Send>(
+    connection: &mut C,
+    choice: EngineChoice,
+    protocol: Option<i64>,
+) -> redis::RedisResult<Engine> {
+    match (choice, protocol) {
+        (EngineChoice::Lua, _) | (EngineChoice::Auto, None) => load_library(connection).await,
+        (_, Some(MODULE_PROTOCOL)) => Ok(Engine::Module),
+        (EngineChoice::Module, None) => Err(no_module(
+            "the server has no tollgate module loaded (the store URL says engine=module)",
+        )),
+        (EngineChoice::Module, Some(other)) => Err(no_module(&format!(
+            "the server's tollgate module speaks protocol {other}, this client {MODULE_PROTOCOL} \
+             (the store URL says engine=module)"
+        ))),
+        // A module of another version: the library decides.
+        (EngineChoice::Auto, Some(_)) => load_library(connection).await,
+    }
+}
+
+fn no_module(message: &str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Client, "redis", message.to_owned()))
 }
 
 /// Loads the function library, or on a server without functions the script.
@@ -83,15 +168,16 @@ fn is_unknown_command(error: &redis::RedisError) -> bool {
     text.contains("unknown command") || text.contains("unknown subcommand")
 }
 
-/// Runs the library's call on `connection`; when the server lost the
-/// library, loads it again and repeats the call.
+/// Runs the engine's call on `connection`; when the server lost the Lua
+/// library, loads it again and repeats the call (a lost module is the
+/// caller's to handle: the engine changes).
 async fn run<C: ConnectionLike + Send>(
     connection: &mut C,
     command: &redis::Cmd,
     engine: &Engine,
 ) -> redis::RedisResult<Vec<i64>> {
     match command.query_async(connection).await {
-        Err(error) if engine.is_lost(&error) => {
+        Err(error) if *engine != Engine::Module && engine.is_lost(&error) => {
             load_library(connection).await?;
             command.query_async(connection).await
         }
@@ -116,12 +202,38 @@ impl Connection {
         matches!(self, Self::Cluster(_))
     }
 
-    /// Loads the library (on every master of a Cluster).
-    pub(super) async fn load_library(&self) -> Result<Engine> {
+    /// Picks the engine `choice` allows on the server (on every master of
+    /// a Cluster), loading the library when it is Lua.
+    pub(super) async fn load_engine(&self, choice: EngineChoice) -> Result<Engine> {
+        let skip = choice == EngineChoice::Lua;
         match self {
-            Self::Single(connection) => load_library(&mut connection.clone()).await,
-            Self::Cluster(connection) => load_library(&mut connection.clone()).await,
-            Self::Sentinel(followed) => load_library(&mut followed.current().0).await,
+            Self::Single(connection) => {
+                let connection = &mut connection.clone();
+                let protocol = if skip {
+                    None
+                } else {
+                    module_protocol(connection).await.map_err(store_error)?
+                };
+                load_engine(connection, choice, protocol).await
+            }
+            Self::Cluster(connection) => {
+                let connection = &mut connection.clone();
+                let protocol = if skip {
+                    None
+                } else {
+                    cluster_module_protocol(connection).await.map_err(store_error)?
+                };
+                load_engine(connection, choice, protocol).await
+            }
+            Self::Sentinel(followed) => {
+                let connection = &mut followed.current().0;
+                let protocol = if skip {
+                    None
+                } else {
+                    module_protocol(connection).await.map_err(store_error)?
+                };
+                load_engine(connection, choice, protocol).await
+            }
         }
         .map_err(store_error)
     }
@@ -139,14 +251,32 @@ impl Connection {
         Ok(seconds.saturating_mul(1_000_000).saturating_add(micros))
     }
 
-    /// Runs the library's call `command`.
-    pub(super) async fn run(&self, command: &redis::Cmd, engine: &Engine) -> Result<Vec<i64>> {
+    /// Runs the engine's call `command`, whose keys start with `first_key`.
+    pub(super) async fn run(
+        &self,
+        command: &redis::Cmd,
+        engine: &Engine,
+        first_key: &str,
+    ) -> redis::RedisResult<Vec<i64>> {
         match self {
             Self::Single(connection) => run(&mut connection.clone(), command, engine).await,
+            // redis-rs routes FCALL and EVALSHA by their keys, not the
+            // module's command: it goes to the master of its keys' slot.
+            Self::Cluster(connection) if *engine == Engine::Module => {
+                let slot = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                    first_key,
+                    SlotAddr::Master,
+                )));
+                let reply = connection
+                    .clone()
+                    .route_command(command.clone(), slot)
+                    .await?
+                    .extract_error()?;
+                Ok(redis::FromRedisValue::from_redis_value(reply)?)
+            }
             Self::Cluster(connection) => run(&mut connection.clone(), command, engine).await,
             Self::Sentinel(followed) => followed.run(command, engine).await,
         }
-        .map_err(store_error)
     }
 }
 

@@ -68,6 +68,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use parking_lot::RwLock;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_routing::Slot;
@@ -75,6 +76,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
+pub use self::connection::EngineChoice;
 use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
 use super::{spread, Store};
@@ -171,7 +173,10 @@ struct Inner {
 #[derive(Clone)]
 struct Client {
     connection: Connection,
-    engine: Arc<Engine>,
+    /// The engine deciding now; changed when the server loses the module.
+    engine: Arc<RwLock<Arc<Engine>>>,
+    /// What the store URL allows (`?engine=`).
+    choice: EngineChoice,
 }
 
 /// One decision, encoded for the library.
@@ -280,15 +285,17 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        let connection = tokio::time::timeout(self.connect_timeout, self.open())
+        let (url, choice) = url::take_engine(&self.url)?;
+        let connection = tokio::time::timeout(self.connect_timeout, self.open(&url))
             .await
             .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no connection within the connect timeout"))??;
-        let engine = tokio::time::timeout(self.connect_timeout, connection.load_library())
+        let engine = tokio::time::timeout(self.connect_timeout, connection.load_engine(choice))
             .await
             .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no answer while loading the library"))??;
         let client = Client {
             connection,
-            engine: Arc::new(engine),
+            engine: Arc::new(RwLock::new(Arc::new(engine))),
+            choice,
         };
         let batcher = (self.max_batch > 1).then(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
@@ -310,7 +317,7 @@ impl RedisStoreBuilder {
 
 impl RedisStoreBuilder {
     /// Opens the connection the URL names.
-    async fn open(&self) -> Result<Connection> {
+    async fn open(&self, url: &str) -> Result<Connection> {
         let tls = || {
             self.root_certificate.clone().map(|root_cert| redis::TlsCertificates {
                 client_tls: None,
@@ -325,7 +332,7 @@ impl RedisStoreBuilder {
             .set_response_timeout(Some(self.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        match url::parse(&self.url)? {
+        match url::parse(url)? {
             Target::Single(url) => {
                 let client = match tls() {
                     Some(certificates) => redis::Client::build_with_tls(url.as_str(), certificates),
@@ -378,8 +385,35 @@ impl Client {
     /// Runs `decisions` in one call; the library's reply, all integers.
     /// On a Cluster, the keys of all `decisions` must share a slot.
     async fn call(&self, decisions: &[&Encoded]) -> Result<Vec<i64>> {
-        let command = fill(self.engine.command(), decisions);
-        self.connection.run(&command, &self.engine).await
+        let engine = self.engine.read().clone();
+        let first_key = decisions
+            .iter()
+            .find_map(|decision| decision.keys.first())
+            .map_or("", String::as_str);
+        let command = fill(engine.command(), decisions);
+        match self.connection.run(&command, &engine, first_key).await {
+            // The server lost the module (a restart without it, a failover
+            // to a master without it): nothing was decided; pick again.
+            Err(error) if *engine == Engine::Module && engine.is_lost(&error) => {
+                let found = Arc::new(self.connection.load_engine(self.choice).await?);
+                tracing::warn!(
+                    engine = found.name(),
+                    "redis: the server no longer has the tollgate module"
+                );
+                *self.engine.write() = Arc::clone(&found);
+                let command = fill(found.command(), decisions);
+                self.connection
+                    .run(&command, &found, first_key)
+                    .await
+                    .map_err(store_error)
+            }
+            result => result.map_err(store_error),
+        }
+    }
+
+    /// The engine deciding now.
+    fn engine(&self) -> &'static str {
+        self.engine.read().name()
     }
 }
 
@@ -586,6 +620,15 @@ impl RedisStore {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.inner.prefix
+    }
+
+    /// The engine deciding now: `"module"` (the Redis module's
+    /// `TOLLGATE.DECIDE`, the Rust algorithms inside the server) or `"lua"`
+    /// (the functions library, or its script on Redis 6.2). Chosen on
+    /// connect by `?engine=` in the URL (`auto`, the default, prefers the
+    /// module); a server that loses the module is decided by Lua from then on.
+    pub fn engine(&self) -> &'static str {
+        self.inner.client.engine()
     }
 
     /// The server's clock (`TIME`): the instant a decision made now without

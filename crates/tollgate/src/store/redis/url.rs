@@ -7,6 +7,7 @@
 //! they are split here into one URL per node; credentials stay in those URLs
 //! and redis-rs decodes them.
 
+use super::EngineChoice;
 use crate::error::{Error, Result};
 
 /// Where a store connects.
@@ -35,6 +36,35 @@ pub(super) struct SentinelTarget {
 
 fn invalid(message: impl std::fmt::Display) -> Error {
     Error::invalid_argument(format!("invalid redis url: {message}"))
+}
+
+/// Takes `engine=auto|module|lua` out of a store URL's query: the URL
+/// without it, and the choice (`auto` when absent).
+pub(super) fn take_engine(url: &str) -> Result<(String, EngineChoice)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), EngineChoice::Auto));
+    };
+    let mut choice = EngineChoice::Auto;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("engine", value)) => {
+                choice = match value {
+                    "auto" => EngineChoice::Auto,
+                    "module" => EngineChoice::Module,
+                    "lua" => EngineChoice::Lua,
+                    _ => return Err(invalid(format!("engine \"{value}\" is not one of auto, module, lua"))),
+                };
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, choice))
 }
 
 /// Reads a store URL.
@@ -167,6 +197,24 @@ fn sentinel(rest: &str) -> Result<Target> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_engine_is_taken_out_of_any_url() {
+        assert_eq!(
+            take_engine("redis://h:1").unwrap(),
+            ("redis://h:1".to_owned(), EngineChoice::Auto)
+        );
+        assert_eq!(
+            take_engine("redis://h:1/2?engine=module").unwrap(),
+            ("redis://h:1/2".to_owned(), EngineChoice::Module)
+        );
+        assert_eq!(
+            take_engine("redis+sentinel://h:1/m?db=2&engine=lua").unwrap(),
+            ("redis+sentinel://h:1/m?db=2".to_owned(), EngineChoice::Lua)
+        );
+        let error = take_engine("redis://h?engine=fast").unwrap_err().to_string();
+        assert!(error.contains("engine \"fast\""), "{error}");
+    }
 
     #[test]
     fn one_server_urls_pass_through() {

@@ -1,0 +1,275 @@
+//! The Redis module (`crates/tollgate-redis-module`) against real
+//! `redis-server` processes: it decides exactly as the memory store, reads
+//! and writes the Lua library's keys both ways, replicates its effects to a
+//! real replica and survives an RDB save and reload; the store picks it
+//! when present, falls back to Lua, and refuses `engine=module` without it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use proptest::prelude::*;
+use tollgate::{Limit, Outcome, Policy, RedisStore, Request, Result, Store, Subject};
+
+use common::differential::{any_policies_sharing_names, any_policy, memory_and_store_agree};
+use common::redis_server::RedisServer;
+
+static PREFIXES: AtomicUsize = AtomicUsize::new(0);
+
+/// A store on `server`'s `?engine=` with a prefix (`None`: a fresh one).
+async fn store(server: &RedisServer, engine: &str, prefix: Option<&str>) -> Result<RedisStore> {
+    let prefix = prefix.map_or_else(
+        || format!("m{}", PREFIXES.fetch_add(1, Ordering::Relaxed)),
+        str::to_owned,
+    );
+    RedisStore::builder(format!("{}?engine={engine}", server.url()))
+        .prefix(prefix)
+        .connect()
+        .await
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+// --- Which engine decides. -------------------------------------------------
+
+#[tokio::test]
+async fn the_store_prefers_the_module_and_falls_back_to_lua() {
+    let with = RedisServer::start_with_module(&[]);
+    assert_eq!(store(&with, "auto", None).await.unwrap().engine(), "module");
+    assert_eq!(store(&with, "module", None).await.unwrap().engine(), "module");
+    assert_eq!(store(&with, "lua", None).await.unwrap().engine(), "lua");
+
+    let without = RedisServer::start_with(&[]);
+    // (Under TOLLGATE_LOAD_MODULE=1 every server has it: skip that half then.)
+    if without.cli(&["MODULE", "LIST"]).contains("tollgate") {
+        return;
+    }
+    assert_eq!(store(&without, "auto", None).await.unwrap().engine(), "lua");
+    let error = store(&without, "module", None).await.unwrap_err().to_string();
+    assert!(
+        error.contains("no tollgate module") && error.contains("engine=module"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_loses_the_module_is_decided_by_lua() {
+    let server = RedisServer::start_with_module(&["--enable-module-command".to_owned(), "yes".to_owned()]);
+    let redis = store(&server, "auto", None).await.unwrap();
+    let policy = Policy::single(Limit::fixed_window(3, std::time::Duration::from_secs(60)).unwrap());
+    let subject = Subject::new("lost");
+    let check = Request::new(tollgate::Op::Check, 1);
+    assert!(redis.decide(&subject, &policy, &check).await.unwrap().decision.allowed);
+    assert_eq!(server.cli(&["MODULE", "UNLOAD", "tollgate"]).trim(), "OK");
+    // The same key, now read and written by the library.
+    let outcome = redis.decide(&subject, &policy, &check).await.unwrap();
+    assert_eq!(outcome.decision.remaining, 1, "{outcome:?}");
+    assert_eq!(redis.engine(), "lua");
+}
+
+#[tokio::test]
+async fn bad_calls_are_errors_not_crashes() {
+    let server = RedisServer::start_with_module(&[]);
+    for args in [
+        &["TOLLGATE.DECIDE", "5", "k"][..],
+        &["TOLLGATE.DECIDE", "1", "k", "1", "9:1:1:-1:"],
+        &["TOLLGATE.DECIDE", "1", "k", "1", "1:1:1:-1:", "99:1:1"],
+        &["TOLLGATE.DECIDE", "1", "k", "1", "1:1:1:-1:", "7:0:1:1:1"],
+        &["TOLLGATE.DECIDE", "0", "x"],
+    ] {
+        let answer = server.cli(args);
+        assert!(answer.contains("ERR"), "{args:?}: {answer}");
+    }
+    assert_eq!(server.cli(&["PING"]).trim(), "PONG");
+    assert_eq!(server.cli(&["TOLLGATE.VERSION"]).trim(), "1");
+}
+
+// --- The differential tests. -------------------------------------------------
+
+/// Replays traces through the memory store and through `redis`.
+fn agree(redis: &RedisStore, runtime: &tokio::runtime::Runtime, cases: u32, shared: bool, label: &str) {
+    let regressions = "tests/redis_module.proptest-regressions";
+    if shared {
+        memory_and_store_agree(
+            runtime,
+            redis,
+            cases,
+            any_policies_sharing_names().prop_map(Vec::from),
+            label,
+            regressions,
+        );
+    } else {
+        memory_and_store_agree(
+            runtime,
+            redis,
+            cases,
+            any_policy().prop_map(|policy| vec![policy]),
+            label,
+            regressions,
+        );
+    }
+}
+
+#[test]
+fn the_module_decides_exactly_as_memory() {
+    let server = RedisServer::start_with_module(&[]);
+    let runtime = runtime();
+    let redis = runtime.block_on(store(&server, "module", None)).unwrap();
+    agree(&redis, &runtime, 300, false, "one");
+    agree(&redis, &runtime, 150, true, "shared");
+}
+
+/// Decides by the module and by Lua in turn (a pattern drawn per call) on
+/// the same keys: a fleet mid-upgrade. Each engine reads what the other
+/// wrote, so the answers are the memory store's.
+#[derive(Clone)]
+struct Mixed {
+    module: RedisStore,
+    lua: RedisStore,
+    calls: std::sync::Arc<AtomicUsize>,
+    pattern: u64,
+}
+
+impl Mixed {
+    fn pick(&self) -> &RedisStore {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed) % 64;
+        if self.pattern >> call & 1 == 1 {
+            &self.module
+        } else {
+            &self.lua
+        }
+    }
+}
+
+impl Store for Mixed {
+    async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
+        self.pick().decide(subject, policy, request).await
+    }
+
+    async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
+        self.pick().reset(subject, policy).await
+    }
+}
+
+#[test]
+fn module_and_lua_read_each_others_keys() {
+    let server = RedisServer::start_with_module(&[]);
+    let runtime = runtime();
+    for (round, pattern) in [0x5555_5555_5555_5555_u64, 0x3333_3333_3333_3333, 0x9e37_79b9_7f4a_7c15]
+        .into_iter()
+        .enumerate()
+    {
+        let prefix = format!("mixed{round}");
+        let mixed = Mixed {
+            module: runtime.block_on(store(&server, "module", Some(&prefix))).unwrap(),
+            lua: runtime.block_on(store(&server, "lua", Some(&prefix))).unwrap(),
+            calls: std::sync::Arc::default(),
+            pattern,
+        };
+        let regressions = "tests/redis_module.proptest-regressions";
+        memory_and_store_agree(
+            &runtime,
+            &mixed,
+            120,
+            any_policy().prop_map(|policy| vec![policy]),
+            &prefix,
+            regressions,
+        );
+        memory_and_store_agree(
+            &runtime,
+            &mixed,
+            60,
+            any_policies_sharing_names().prop_map(Vec::from),
+            &format!("{prefix}s"),
+            regressions,
+        );
+    }
+}
+
+// --- Replication and persistence. ------------------------------------------
+
+/// Every key of `server`: its type, its value as `redis-cli` prints it
+/// (fields and members sorted), and when it expires (ms since the epoch).
+fn snapshot(server: &RedisServer) -> BTreeMap<String, (String, String, i64)> {
+    let mut keys = BTreeMap::new();
+    for key in server.cli(&["--scan"]).lines().filter(|key| !key.is_empty()) {
+        let kind = server.cli(&["TYPE", key]).trim().to_owned();
+        let value = match kind.as_str() {
+            "string" => server.cli(&["GET", key]),
+            "hash" => {
+                let mut lines: Vec<String> = server
+                    .cli(&["HGETALL", key])
+                    .lines()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+                    .chunks(2)
+                    .map(|pair| pair.join("="))
+                    .collect();
+                lines.sort();
+                lines.join(",")
+            }
+            "zset" => server.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"]),
+            other => panic!("key {key} of type {other}"),
+        };
+        let expires = server.cli(&["PEXPIRETIME", key]).trim().parse().unwrap_or(-3);
+        keys.insert(key.to_owned(), (kind, value, expires));
+    }
+    keys
+}
+
+/// Same keys and values; expiries within `slack` ms (a replica gets the
+/// master's expiry as an instant the module computed from its own clock
+/// reading, a millisecond apart at most from the one the master set).
+fn assert_same(
+    master: &BTreeMap<String, (String, String, i64)>,
+    other: &BTreeMap<String, (String, String, i64)>,
+    slack: i64,
+) {
+    assert_eq!(master.keys().collect::<Vec<_>>(), other.keys().collect::<Vec<_>>());
+    for (key, (kind, value, expires)) in master {
+        let (other_kind, other_value, other_expires) = &other[key];
+        assert_eq!((kind, value), (other_kind, other_value), "key {key}");
+        assert!(
+            (expires - other_expires).abs() <= slack,
+            "key {key}: expires {expires} and {other_expires}"
+        );
+    }
+}
+
+#[test]
+fn a_replica_holds_what_the_module_wrote_and_an_rdb_keeps_it() {
+    let mut master = RedisServer::start_with_module(&[]);
+    let replica = RedisServer::start_with_module(&[
+        "--replicaof".to_owned(),
+        "127.0.0.1".to_owned(),
+        master.port().to_string(),
+    ]);
+    common::redis_cluster::wait_until("the replica is in sync", || {
+        replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
+    });
+    let runtime = runtime();
+    let redis = runtime.block_on(store(&master, "module", None)).unwrap();
+    // Random traces of every algorithm and of policies, decided on the master.
+    agree(&redis, &runtime, 60, false, "replicated");
+    agree(&redis, &runtime, 30, true, "replicated-shared");
+    assert_eq!(master.cli(&["WAIT", "1", "5000"]).trim(), "1");
+    let written = snapshot(&master);
+    assert!(written.len() > 50, "the traces wrote {} keys", written.len());
+    assert_same(&written, &snapshot(&replica), 2);
+    // What the replica was sent: effects, never the command.
+    let commands = replica.cli(&["INFO", "commandstats"]);
+    assert!(!commands.contains("tollgate"), "{commands}");
+
+    // An RDB save and a restart keep every state (expiries exactly).
+    assert_eq!(master.cli(&["SAVE"]).trim(), "OK");
+    let saved = snapshot(&master);
+    master.stop();
+    master.restart();
+    assert_same(&saved, &snapshot(&master), 0);
+}
