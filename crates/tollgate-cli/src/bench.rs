@@ -448,6 +448,7 @@ impl StoreClock {
 }
 
 async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
+    let mut engine = None;
     let store = match &plan.store {
         StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
         StoreUrl::Redis(url) => {
@@ -456,6 +457,7 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
                 builder = builder.max_batch(batch as usize);
             }
             let redis = store::connect_redis_with(builder, url).await?;
+            engine = Some(redis.engine());
             match plan.on_store_error {
                 None => AnyStore::Redis(redis),
                 Some(on_error) => {
@@ -477,6 +479,7 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
     show_progress(progress, plan.until);
 
     let server_time_start_us = clock.now().await?;
+    let cpu_at_start = report::process_cpu();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for task in 0..plan.tasks {
@@ -495,19 +498,16 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
     }
     let tallies = join_workers(tasks, progress, &shared, plan.until, started).await?;
     let elapsed = started.elapsed();
+    let cpu = report::process_cpu()
+        .zip(cpu_at_start)
+        .map(|(end, start)| end.saturating_sub(start));
     // Redis may be down at the end of a run that tests its failures.
     let server_time_end_us = clock.now().await.unwrap_or(0);
 
     if let Some(message) = shared.invalid.lock().expect("no panic while holding the lock").take() {
         return Err(UsageError(message).into());
     }
-    Ok(Report::store(
-        plan,
-        tallies,
-        elapsed,
-        server_time_start_us,
-        server_time_end_us,
-    ))
+    Ok(Report::store(plan, tallies, elapsed, server_time_start_us, server_time_end_us).with_process(engine, cpu))
 }
 
 fn show_progress(progress: &ProgressBar, until: Until) {

@@ -242,7 +242,10 @@ async fn redis_store(
     on_error: OnStoreError,
 ) -> anyhow::Result<tollgate::ResilientStoreBuilder<tollgate::RedisStore>> {
     match connect_redis(url, prefix).await {
-        Ok(store) => Ok(ResilientStore::builder(store)),
+        Ok(store) => {
+            tracing::info!(engine = store.engine(), "redis: connected");
+            Ok(ResilientStore::builder(store))
+        }
         Err(error) if on_error == OnStoreError::Error || error.is::<UsageError>() => Err(error),
         Err(error) => {
             tracing::warn!(
@@ -253,7 +256,11 @@ async fn redis_store(
             let (url, prefix) = (url.to_owned(), prefix.to_owned());
             Ok(ResilientStore::connecting(Box::new(move || {
                 let (url, prefix) = (url.clone(), prefix.clone());
-                Box::pin(async move { crate::store::redis_builder(&url, &prefix).connect().await })
+                Box::pin(async move {
+                    let store = crate::store::redis_builder(&url, &prefix).connect().await?;
+                    tracing::info!(engine = store.engine(), "redis: connected");
+                    Ok(store)
+                })
             })))
         }
     }

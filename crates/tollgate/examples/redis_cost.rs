@@ -13,6 +13,7 @@
 //!    a name as long holding a timestamp with a PX expiry.
 //!
 //! Usage: `cargo run --release -p tollgate --example redis_cost -- redis://127.0.0.1:6379 [decisions]`
+//! (`redis://…?engine=module` on a server with the module measures the module).
 //! (a server of its own: it resets the server's statistics).
 
 use std::fmt::Write as _;
@@ -100,9 +101,15 @@ async fn reset_stats(connection: &mut MultiplexedConnection) {
         .unwrap();
 }
 
-/// Redis CPU per call of the library since the last reset (FCALL, or EVALSHA on Redis 6).
+/// Redis CPU per call of the engine since the last reset (the module's
+/// TOLLGATE.DECIDE, FCALL, or EVALSHA on Redis 6).
 async fn library_usec_per_call(connection: &mut MultiplexedConnection) -> f64 {
-    let (usec, calls) = command_stats(connection, "fcall").await;
+    let (usec, calls) = command_stats(connection, "tollgate.decide").await;
+    let (usec, calls) = if calls > 0.0 {
+        (usec, calls)
+    } else {
+        command_stats(connection, "fcall").await
+    };
     let (usec, calls) = if calls > 0.0 {
         (usec, calls)
     } else {
@@ -163,7 +170,8 @@ async fn main() {
     let decisions: u64 = args
         .next()
         .map_or(20_000, |n| n.parse().expect("DECISIONS must be a number"));
-    let client = redis::Client::open(url.as_str()).unwrap();
+    // `?engine=` is Tollgate's, not redis-rs's.
+    let client = redis::Client::open(url.split('?').next().unwrap_or(&url)).unwrap();
     let mut raw = client.get_multiplexed_async_connection().await.unwrap();
     let store = RedisStore::builder(url.as_str()).max_batch(1).connect().await.unwrap();
     let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();

@@ -55,6 +55,10 @@ pub struct Report {
     /// after a fault (ms since the Unix epoch; the earliest of the tasks'
     /// last recoveries).
     resilience: Option<Resilience>,
+    /// Against Redis: the engine that decided (`module` or `lua`).
+    engine: Option<&'static str>,
+    /// The process's CPU time over the run (user and system).
+    cpu: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -88,7 +92,36 @@ pub(super) struct TargetRun {
     pub domain: String,
 }
 
+/// This process's CPU time so far (user and system, from `/proc/self/stat`,
+/// in the kernel's 10 ms ticks); `None` where there is no `/proc`.
+pub(super) fn process_cpu() -> Option<Duration> {
+    /// `USER_HZ`, fixed at 100 by the Linux ABI.
+    const TICKS_PER_SECOND: u64 = 100;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is the
+    // first, utime the 12th, stime the 13th.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((user + system) * 1000 / TICKS_PER_SECOND))
+}
+
 impl Report {
+    /// Adds the engine that decided and the process's CPU time over the run.
+    pub(super) fn with_process(mut self, engine: Option<&'static str>, cpu: Option<Duration>) -> Self {
+        self.engine = engine;
+        self.cpu = cpu;
+        self
+    }
+
+    /// The process's CPU per decision, µs.
+    fn cpu_us_per_decision(&self) -> Option<f64> {
+        let decisions = self.allowed + self.denied;
+        self.cpu
+            .filter(|_| decisions > 0)
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / decisions as f64)
+    }
+
     /// Adds up the tasks' tallies of a run against a store.
     pub(super) fn store(
         plan: &Plan,
@@ -157,6 +190,8 @@ impl Report {
             p999_ns: 0,
             max_ns: 0,
             resilience: None,
+            engine: None,
+            cpu: None,
         };
         for tally in tallies {
             report.allowed += tally.allowed;
@@ -267,6 +302,12 @@ impl Report {
                 put("limit_applied", (*limit_applied).into());
             }
         }
+        if let Some(engine) = self.engine {
+            put("engine", engine.into());
+        }
+        if let Some(cpu) = self.cpu_us_per_decision() {
+            put("cpu_us_per_decision", ((cpu * 100.0).round() / 100.0).into());
+        }
         if let Some(resilience) = &self.resilience {
             for (path, count) in Path::ALL.iter().zip(resilience.paths) {
                 object.insert(format!("path_{}", path.as_str()), count.into());
@@ -323,6 +364,12 @@ impl Report {
             micros(self.p999_ns),
             micros(self.max_ns)
         );
+        if let Some(engine) = self.engine {
+            let _ = writeln!(out, "engine       {engine}");
+        }
+        if let Some(cpu) = self.cpu_us_per_decision() {
+            let _ = writeln!(out, "cpu          {cpu:.2} us per decision (this process)");
+        }
         if let Some(resilience) = &self.resilience {
             let paths: Vec<String> = Path::ALL
                 .iter()

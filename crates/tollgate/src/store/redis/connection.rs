@@ -50,8 +50,12 @@ const MODULE_PROTOCOL: i64 = 1;
 /// How decisions are made on this server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Engine {
-    /// `TOLLGATE.DECIDE` of the Redis module (the Rust algorithms).
-    Module,
+    /// `TOLLGATE.DECIDE` of the Redis module (the Rust algorithms). Under
+    /// `engine=auto`, with the Lua library beside it for decisions on a
+    /// sliding log or a concurrency limit: the module reads a sorted set
+    /// whole, where the library reads only what it needs (both keep the
+    /// same keys). Under `engine=module`, the module decides everything.
+    Module(Option<Box<Engine>>),
     /// `FCALL` of the function library (Redis 7+, Valkey).
     Function,
     /// `EVALSHA` of the script, by its SHA-1.
@@ -62,16 +66,29 @@ impl Engine {
     /// The command that calls the engine, before its keys and arguments.
     pub(super) fn command(&self) -> redis::Cmd {
         match self {
-            Self::Module => redis::cmd("TOLLGATE.DECIDE"),
+            Self::Module(_) => redis::cmd("TOLLGATE.DECIDE"),
             Self::Function => redis::cmd("FCALL").arg(library_name()).to_owned(),
             Self::Script(sha) => redis::cmd("EVALSHA").arg(sha).to_owned(),
+        }
+    }
+
+    /// True for the module.
+    pub(super) fn is_module(&self) -> bool {
+        matches!(self, Self::Module(_))
+    }
+
+    /// The engine for a call: the library beside the module when `lua`.
+    pub(super) fn for_call(&self, lua: bool) -> &Engine {
+        match self {
+            Self::Module(Some(library)) if lua => library,
+            engine => engine,
         }
     }
 
     /// `module` or `lua`, for logs, metrics and `tollgate bench`.
     pub(super) fn name(&self) -> &'static str {
         match self {
-            Self::Module => "module",
+            Self::Module(_) => "module",
             Self::Function | Self::Script(_) => "lua",
         }
     }
@@ -80,7 +97,7 @@ impl Engine {
     /// or a new master without the module).
     pub(super) fn is_lost(&self, error: &redis::RedisError) -> bool {
         match self {
-            Self::Module => is_unknown_command(error),
+            Self::Module(_) => is_unknown_command(error),
             Self::Function => error.to_string().contains("Function not found"),
             Self::Script(_) => error.code() == Some("NOSCRIPT") || error.to_string().contains("NOSCRIPT"),
         }
@@ -122,7 +139,8 @@ async fn load_engine<C: ConnectionLike + Send>(
 ) -> redis::RedisResult<Engine> {
     match (choice, protocol) {
         (EngineChoice::Lua, _) | (EngineChoice::Auto, None) => load_library(connection).await,
-        (_, Some(MODULE_PROTOCOL)) => Ok(Engine::Module),
+        (EngineChoice::Module, Some(MODULE_PROTOCOL)) => Ok(Engine::Module(None)),
+        (_, Some(MODULE_PROTOCOL)) => Ok(Engine::Module(Some(Box::new(load_library(connection).await?)))),
         (EngineChoice::Module, None) => Err(no_module(
             "the server has no tollgate module loaded (the store URL says engine=module)",
         )),
@@ -177,7 +195,7 @@ async fn run<C: ConnectionLike + Send>(
     engine: &Engine,
 ) -> redis::RedisResult<Vec<i64>> {
     match command.query_async(connection).await {
-        Err(error) if *engine != Engine::Module && engine.is_lost(&error) => {
+        Err(error) if !engine.is_module() && engine.is_lost(&error) => {
             load_library(connection).await?;
             command.query_async(connection).await
         }
@@ -262,7 +280,7 @@ impl Connection {
             Self::Single(connection) => run(&mut connection.clone(), command, engine).await,
             // redis-rs routes FCALL and EVALSHA by their keys, not the
             // module's command: it goes to the master of its keys' slot.
-            Self::Cluster(connection) if *engine == Engine::Module => {
+            Self::Cluster(connection) if engine.is_module() => {
                 let slot = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
                     first_key,
                     SlotAddr::Master,

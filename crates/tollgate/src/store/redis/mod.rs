@@ -185,6 +185,9 @@ struct Encoded {
     args: Vec<String>,
     /// How many integers its reply holds.
     reply_len: usize,
+    /// Decided by the Lua library even where the module is (a sliding log
+    /// or a concurrency limit among its limits).
+    lua: bool,
 }
 
 /// A decision waiting for the batcher, and where its reply goes.
@@ -385,16 +388,17 @@ impl Client {
     /// Runs `decisions` in one call; the library's reply, all integers.
     /// On a Cluster, the keys of all `decisions` must share a slot.
     async fn call(&self, decisions: &[&Encoded]) -> Result<Vec<i64>> {
-        let engine = self.engine.read().clone();
+        let current = self.engine.read().clone();
+        let engine = current.for_call(decisions.iter().any(|decision| decision.lua));
         let first_key = decisions
             .iter()
             .find_map(|decision| decision.keys.first())
             .map_or("", String::as_str);
         let command = fill(engine.command(), decisions);
-        match self.connection.run(&command, &engine, first_key).await {
+        match self.connection.run(&command, engine, first_key).await {
             // The server lost the module (a restart without it, a failover
             // to a master without it): nothing was decided; pick again.
-            Err(error) if *engine == Engine::Module && engine.is_lost(&error) => {
+            Err(error) if engine.is_module() && engine.is_lost(&error) => {
                 let found = Arc::new(self.connection.load_engine(self.choice).await?);
                 tracing::warn!(
                     engine = found.name(),
@@ -403,7 +407,7 @@ impl Client {
                 *self.engine.write() = Arc::clone(&found);
                 let command = fill(found.command(), decisions);
                 self.connection
-                    .run(&command, &found, first_key)
+                    .run(&command, found.for_call(false), first_key)
                     .await
                     .map_err(store_error)
             }
@@ -713,7 +717,16 @@ impl RedisStore {
         } else {
             REPLY_HEAD + 6 * policy.len()
         };
-        Encoded { keys, args, reply_len }
+        // The module reads a sorted set whole: the library decides these.
+        let lua = policy
+            .limits()
+            .any(|(_, limit)| matches!(limit.algorithm(), "sliding_log" | "concurrency"));
+        Encoded {
+            keys,
+            args,
+            reply_len,
+            lua,
+        }
     }
 }
 
@@ -870,6 +883,7 @@ mod tests {
             decision: Encoded {
                 keys: keys.iter().map(ToString::to_string).collect(),
                 args: Vec::new(),
+                lua: false,
                 reply_len: 2,
             },
             reply,
