@@ -117,8 +117,9 @@ start_redis() {
     dir="$BENCH_TMP/redis-$attempt"
     log="$dir/redis.log"
     mkdir -p "$dir"
+    # REDIS_EXTRA_ARGS (an array, optional): more arguments, e.g. --loadmodule.
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-      --dir "$dir" --logfile "$log" --daemonize no --protected-mode yes >/dev/null 2>&1 &
+      --dir "$dir" --logfile "$log" --daemonize no --protected-mode yes ${REDIS_EXTRA_ARGS[@]+"${REDIS_EXTRA_ARGS[@]}"} >/dev/null 2>&1 &
     pid=$!
     BENCH_PIDS+=("$pid")
     for _ in $(seq 100); do

@@ -8,7 +8,7 @@
 //! library's reply, integer for integer. Each limit's state is read from its
 //! key and written back in the encoding of its Lua twin, so that module and
 //! Lua clients can share a server (a rolling upgrade, a server without the
-//! module for a while). The decision itself is [`Policy::decide`], the code
+//! module for a while). The decision itself is `Policy::decide`, the code
 //! the memory store runs.
 //!
 //! Writes go through the [`Keyspace`], which replicates them as they are: a
