@@ -40,14 +40,15 @@ pub trait Keyspace {
 /// A decision's list of one entry per limit: inline for a few limits.
 type Inline<T> = SmallVec<[T; 4]>;
 
-/// The op codes of the calling convention (`prelude.lua`).
-const CHECK: u64 = 1;
-const CHECK_AT_MOST: u64 = 2;
-const RESERVE: u64 = 3;
-const ACQUIRE: u64 = 4;
-const RELEASE: u64 = 5;
-const RESET: u64 = 6;
-const REFUND: u64 = 7;
+/// The op codes of the calling convention (`prelude.lua`), which the Redis
+/// store sends.
+pub(crate) const CHECK: u64 = 1;
+pub(crate) const CHECK_AT_MOST: u64 = 2;
+pub(crate) const RESERVE: u64 = 3;
+pub(crate) const ACQUIRE: u64 = 4;
+pub(crate) const RELEASE: u64 = 5;
+pub(crate) const RESET: u64 = 6;
+pub(crate) const REFUND: u64 = 7;
 
 /// With a caller's `now`, a key is kept at least this long (ms), as the Lua
 /// library keeps it: real time and the caller's differ, and each state says

@@ -82,6 +82,7 @@ use self::url::Target;
 use super::{spread, Store};
 use crate::clock::{micros, Clock, Sleep, Timestamp};
 use crate::decision::{Decision, Outcome};
+use crate::engine::{ACQUIRE, CHECK, CHECK_AT_MOST, REFUND, RELEASE, RESERVE, RESET};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
@@ -107,21 +108,15 @@ const DEFAULT_MAX_BATCH: usize = 64;
 /// Cluster): one being decided while the next is on the wire.
 const CALLS_IN_FLIGHT: usize = 2;
 
-/// The op codes of `prelude.lua`.
-const ACQUIRE: i64 = 4;
-const RELEASE: i64 = 5;
-const RESET: i64 = 6;
-const REFUND: i64 = 7;
-
 /// The integers of a decision's reply before its limits': status, granted,
 /// the instant decided at. A refused decision's reply is only these.
 const REPLY_HEAD: usize = 3;
 
-fn op_code(op: &Op) -> i64 {
+fn op_code(op: &Op) -> u64 {
     match op {
-        Op::Check => 1,
-        Op::CheckAtMost => 2,
-        Op::Reserve { .. } => 3,
+        Op::Check => CHECK,
+        Op::CheckAtMost => CHECK_AT_MOST,
+        Op::Reserve { .. } => RESERVE,
         Op::Acquire { .. } => ACQUIRE,
         Op::Release { .. } => RELEASE,
         Op::Refund { .. } => REFUND,
@@ -688,7 +683,7 @@ impl RedisStore {
     }
 
     /// Encodes one decision in the library's calling convention.
-    fn encode(&self, keys: Vec<String>, policy: &Policy, request: &Request, op: i64) -> Encoded {
+    fn encode(&self, keys: Vec<String>, policy: &Policy, request: &Request, op: u64) -> Encoded {
         let (max_wait, lease) = match &request.op {
             Op::Reserve { max_wait } => (max_wait.map(micros), ""),
             Op::Acquire { lease, max_wait } => (max_wait.map(micros), lease.as_str()),
