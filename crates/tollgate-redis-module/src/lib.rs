@@ -9,7 +9,8 @@
 //!
 //! which takes the keys and arguments Tollgate's functions library takes
 //! (`FCALL <library> numkeys key… arg…`: a batch of decisions) and answers
-//! the same reply, decided by the same Rust code as Tollgate's memory store
+//! the same reply (its integers packed as 8-byte little-endian words in one
+//! bulk string), decided by the same Rust code as Tollgate's memory store
 //! ([`tollgate::engine`]). Keys keep the Lua library's encodings, so module
 //! and Lua clients can share a server. `RedisStore` uses the command when
 //! the server has it and the library otherwise.
@@ -24,18 +25,18 @@
 //! the one Valkey keeps: the same `.so` loads into both.
 
 use std::cell::RefCell;
-use std::os::raw::c_long;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::os::raw::c_longlong;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_module::{
-    key::KeyFlags, raw::KeyType, redis_module, CallOptionsBuilder, CallResult, Context, NextArg, RedisError,
-    RedisResult, RedisString, RedisValue,
+    raw::{self, KeyType, ModuleOptions},
+    redis_module, CallOptionsBuilder, CallResult, Context, NextArg, RedisError, RedisResult, RedisString, RedisValue,
 };
 use tollgate::engine::{Engine, Keyspace, Value};
 
 /// The calling convention's version, answered by `TOLLGATE.VERSION`: a
 /// client checks it before using the module.
-const PROTOCOL: i64 = 1;
+const PROTOCOL: i64 = 2;
 
 thread_local! {
     /// The engine, with the limits it has parsed; commands run on the
@@ -43,36 +44,144 @@ thread_local! {
     static ENGINE: RefCell<Engine> = RefCell::new(Engine::new());
 }
 
+/// A key opened for reading and writing; closed when dropped.
+struct OpenKey(*mut raw::RedisModuleKey);
+
+impl OpenKey {
+    fn open(ctx: &Context, name: &RedisString) -> Self {
+        Self(raw::open_key(
+            ctx.get_raw(),
+            name.inner,
+            raw::KeyMode::READ | raw::KeyMode::WRITE,
+        ))
+    }
+
+    fn key_type(&self) -> KeyType {
+        // SAFETY: the module API's function (set on load), on a key this
+        // handle holds open.
+        unsafe { raw::RedisModule_KeyType.map_or(KeyType::Empty, |key_type| key_type(self.0).into()) }
+    }
+
+    /// The bytes of a string value.
+    fn bytes(&self) -> Option<&[u8]> {
+        let mut len = 0;
+        let at = raw::string_dma(self.0, &mut len, raw::KeyMode::READ);
+        // SAFETY: the server lends `len` bytes at `at` until the key is
+        // closed or written, and `self` is borrowed meanwhile.
+        (!at.is_null()).then(|| unsafe { std::slice::from_raw_parts(at.cast::<u8>(), len) })
+    }
+
+    /// Makes the key a string holding `value` that expires in `expire_ms`.
+    fn write(&self, value: &[u8], expire_ms: u64) -> bool {
+        if raw::string_truncate(self.0, value.len()) != raw::Status::Ok {
+            return false;
+        }
+        let mut len = 0;
+        let at = raw::string_dma(self.0, &mut len, raw::KeyMode::WRITE);
+        if at.is_null() || len != value.len() {
+            return false;
+        }
+        // SAFETY: the server lends `len` writable bytes at `at`, the
+        // string truncated to `value`'s length just above.
+        unsafe { std::slice::from_raw_parts_mut(at.cast::<u8>(), len) }.copy_from_slice(value);
+        raw::set_expire(self.0, c_longlong::try_from(expire_ms).unwrap_or(c_longlong::MAX)) == raw::Status::Ok
+    }
+}
+
+impl Drop for OpenKey {
+    fn drop(&mut self) {
+        raw::close_key(self.0);
+    }
+}
+
 /// The server's keyspace, seen from inside one command.
 struct Server<'a> {
     ctx: &'a Context,
     /// The command's keys, as the server passed them.
     keys: &'a [RedisString],
+    /// Their bytes, in the same order.
+    key_bytes: &'a [&'a [u8]],
     /// The time read for this call (µs), once read.
     now: Option<u64>,
+    /// String (or missing) keys that `read` opened, by their place among
+    /// the command's keys: `set` writes them without looking them up
+    /// again. Closed before a command runs through the server, which may
+    /// replace the value a handle points at.
+    open: Vec<(usize, OpenKey)>,
 }
 
 impl Server<'_> {
-    /// The key named `bytes`: one of the command's own (the engine only
-    /// names those), found by address, without copying it.
+    /// The place of the key named `bytes` among the command's own keys
+    /// (the engine only names those), found by address.
+    fn position(&self, bytes: &[u8]) -> Option<usize> {
+        self.key_bytes.iter().position(|key| key.as_ptr() == bytes.as_ptr())
+    }
+
+    /// The key named `bytes`, without copying it when it is the command's.
     fn name(&self, bytes: &[u8]) -> RedisString {
-        match self.keys.iter().find(|key| key.as_slice().as_ptr() == bytes.as_ptr()) {
-            Some(key) => key.clone(),
+        match self.position(bytes) {
+            Some(at) => self.keys[at].clone(),
             None => self.ctx.create_string(bytes),
         }
     }
 
+    /// The key named `bytes`, opened by `read` or now.
+    fn opened(&mut self, bytes: &[u8]) -> (OpenKey, RedisString) {
+        let name = self.name(bytes);
+        let position = self.position(bytes);
+        match self.open.iter().position(|(at, _)| Some(*at) == position) {
+            Some(index) => (self.open.swap_remove(index).1, name),
+            None => (OpenKey::open(self.ctx, &name), name),
+        }
+    }
+
     /// Runs a write command, replicated as it is.
-    fn write(&self, command: &str, args: &[&[u8]]) {
+    fn write(&mut self, command: &str, args: &[&[u8]]) {
+        self.open.clear();
         let options = CallOptionsBuilder::new().replicate().build();
         let _: CallResult<'_> = self.ctx.call_ext(command, &options, args);
     }
 
     /// Runs a read command and returns its reply.
-    fn read_command(&self, command: &str, args: &[&[u8]]) -> Option<Vec<RedisValue>> {
+    fn read_command(&mut self, command: &str, args: &[&[u8]]) -> Option<Vec<RedisValue>> {
+        self.open.clear();
         match self.ctx.call(command, args) {
             Ok(RedisValue::Array(items)) => Some(items),
             _ => None,
+        }
+    }
+
+    /// Tells the server that `name` changed to the string `value` expiring
+    /// at `at_ms` (Unix ms): watchers and client caches, keyspace events,
+    /// and the effect for replicas and the AOF, with the expiry as an
+    /// instant (a replica applies it as it is, however late it reads it).
+    fn written(&self, name: &RedisString, value: &[u8], at_ms: u64) {
+        let ctx = self.ctx.get_raw();
+        let mut digits = itoa::Buffer::new();
+        let at = digits.format(at_ms).as_bytes();
+        // SAFETY: the module API's functions, given live strings; `b`
+        // takes a pointer and a length, `s` a module string, `c` a C string.
+        unsafe {
+            if let Some(signal) = raw::RedisModule_SignalModifiedKey {
+                signal(ctx, name.inner);
+            }
+            if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+                notify(ctx, raw::REDISMODULE_NOTIFY_STRING, c"set".as_ptr(), name.inner);
+                notify(ctx, raw::REDISMODULE_NOTIFY_GENERIC, c"expire".as_ptr(), name.inner);
+            }
+            if let Some(replicate) = raw::RedisModule_Replicate {
+                replicate(
+                    ctx,
+                    c"SET".as_ptr(),
+                    c"sbcb".as_ptr(),
+                    name.inner,
+                    value.as_ptr(),
+                    value.len(),
+                    c"PXAT".as_ptr(),
+                    at.as_ptr(),
+                    at.len(),
+                );
+            }
         }
     }
 }
@@ -110,14 +219,15 @@ impl Keyspace for Server<'_> {
 
     fn read(&mut self, key: &[u8]) -> Value {
         let name = self.name(key);
-        let opened = self.ctx.open_key_with_flags(&name, KeyFlags::NOTOUCH);
-        match opened.key_type() {
+        let opened = OpenKey::open(self.ctx, &name);
+        let value = match opened.key_type() {
             KeyType::Empty => Value::Missing,
-            KeyType::String => match opened.read() {
-                Ok(Some(value)) => Value::String(value.to_vec()),
-                _ => Value::Missing,
+            KeyType::String => match opened.bytes() {
+                Some(bytes) => Value::String(bytes.to_vec()),
+                None => Value::Other,
             },
             KeyType::Hash => {
+                drop(opened);
                 let Some(items) = self.read_command("HGETALL", &[key]) else {
                     return Value::Other;
                 };
@@ -128,9 +238,10 @@ impl Keyspace for Server<'_> {
                         fields.push((field, value));
                     }
                 }
-                Value::Hash(fields)
+                return Value::Hash(fields);
             }
             KeyType::ZSet => {
+                drop(opened);
                 let Some(items) = self.read_command("ZRANGE", &[key, b"0", b"-1", b"WITHSCORES"]) else {
                     return Value::Other;
                 };
@@ -141,28 +252,23 @@ impl Keyspace for Server<'_> {
                         members.push((member, value));
                     }
                 }
-                Value::Zset(members)
+                return Value::Zset(members);
             }
-            _ => Value::Other,
+            _ => return Value::Other,
+        };
+        if let Some(position) = self.position(key) {
+            self.open.push((position, opened));
         }
+        value
     }
 
     fn set(&mut self, key: &[u8], value: &[u8], expire_ms: u64) {
-        let name = self.name(key);
-        let opened = self.ctx.open_key_writable(&name);
-        let written = matches!(opened.key_type(), KeyType::Empty | KeyType::String)
-            && opened
-                .as_string_dma()
-                .and_then(|mut dma| dma.write(value).map(|_| ()))
-                .is_ok()
-            && opened.set_expire(Duration::from_millis(expire_ms)).is_ok();
+        let (opened, name) = self.opened(key);
+        let written = matches!(opened.key_type(), KeyType::Empty | KeyType::String) && opened.write(value, expire_ms);
+        drop(opened);
         if written {
-            // The effect, with the expiry as an instant: a replica applies
-            // it as it is, however late it reads it.
             let at = (self.now() / 1000).saturating_add(expire_ms);
-            let mut digits = itoa::Buffer::new();
-            self.ctx
-                .replicate("SET", &[key, value, b"PXAT", digits.format(at).as_bytes()]);
+            self.written(&name, value, at);
         } else {
             // A key of another type: replaced by a plain SET.
             let mut digits = itoa::Buffer::new();
@@ -202,23 +308,33 @@ fn decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut server = Server {
         ctx,
         keys: names,
+        key_bytes: &keys,
         now: None,
+        open: Vec::new(),
     };
     let reply = ENGINE
         .with(|engine| engine.borrow_mut().run(&mut server, &keys, &args))
         .map_err(|error| RedisError::String(format!("ERR tollgate: {error}")))?;
-    // Written straight to the client: no array of values built first.
-    let raw = ctx.get_raw();
-    redis_module::raw::reply_with_array(raw, c_long::try_from(reply.len()).unwrap_or(c_long::MAX));
+    // One bulk string of 8-byte little-endian words, as the Lua library
+    // packs its reply: the client reads it without parsing each integer.
+    let mut packed = Vec::with_capacity(8 * reply.len());
     for integer in reply {
-        redis_module::raw::reply_with_long_long(raw, integer);
+        packed.extend_from_slice(&integer.to_le_bytes());
     }
+    redis_module::raw::reply_with_string_buffer(ctx.get_raw(), packed.as_ptr().cast(), packed.len());
     Ok(RedisValue::NoReply)
 }
 
 /// `TOLLGATE.VERSION`: the calling convention's version.
 fn version(_: &Context, _: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::Integer(PROTOCOL))
+}
+
+/// On load: a key the module opens for writing counts as changed only when
+/// it writes it (a denial changes nothing a `WATCH` or a client cache sees).
+fn init(ctx: &Context, _: &[RedisString]) -> redis_module::Status {
+    ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+    redis_module::Status::Ok
 }
 
 redis_module! {
@@ -230,6 +346,7 @@ redis_module! {
     // allocation that RedisAlloc costs (12 % of the server's CPU, measured).
     allocator: (std::alloc::System, std::alloc::System),
     data_types: [],
+    init: init,
     commands: [
         ["tollgate.decide", decide, "write deny-oom getkeys-api", 0, 0, 0, ""],
         ["tollgate.version", version, "readonly fast", 0, 0, 0, ""],

@@ -87,7 +87,50 @@ async fn bad_calls_are_errors_not_crashes() {
         assert!(answer.contains("ERR"), "{args:?}: {answer}");
     }
     assert_eq!(server.cli(&["PING"]).trim(), "PONG");
-    assert_eq!(server.cli(&["TOLLGATE.VERSION"]).trim(), "1");
+    assert_eq!(server.cli(&["TOLLGATE.VERSION"]).trim(), "2");
+}
+
+/// A `WATCH`ed key counts as changed when a decision writes it, never when
+/// one is denied (a denial changes nothing).
+#[tokio::test]
+async fn a_watched_key_changes_only_when_a_decision_writes_it() {
+    let server = RedisServer::start_with_module(&[]);
+    let redis = store(&server, "module", None).await.unwrap();
+    let policy = Policy::single(Limit::gcra(1, std::time::Duration::from_secs(3_600), 1).unwrap());
+    let check = Request::new(tollgate::Op::Check, 1);
+    let client = redis::Client::open(server.url()).unwrap();
+    // True when a transaction begun after WATCH on `subject`'s key ran,
+    // with `decide` made between the WATCH and the EXEC.
+    let transaction_runs = |subject: Subject, allowed: bool| {
+        let (redis, policy, check, client) = (redis.clone(), policy.clone(), check.clone(), client.clone());
+        async move {
+            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+            let key = redis.key(&subject, policy.limits().next().unwrap().0);
+            let () = redis::cmd("WATCH")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            let outcome = redis.decide(&subject, &policy, &check).await.unwrap();
+            assert_eq!(outcome.decision.allowed, allowed, "{outcome:?}");
+            let ran: Option<(i64,)> = redis::pipe()
+                .atomic()
+                .cmd("INCR")
+                .arg("transactions")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            ran.is_some()
+        }
+    };
+    assert!(
+        !transaction_runs(Subject::new("watched"), true).await,
+        "an admission wrote the key"
+    );
+    assert!(
+        transaction_runs(Subject::new("watched"), false).await,
+        "a denial wrote the key"
+    );
 }
 
 // --- The differential tests. -------------------------------------------------

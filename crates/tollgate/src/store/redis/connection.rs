@@ -45,7 +45,7 @@ pub enum EngineChoice {
 
 /// The calling convention's version the module must answer to
 /// `TOLLGATE.VERSION`.
-const MODULE_PROTOCOL: i64 = 1;
+const MODULE_PROTOCOL: i64 = 2;
 
 /// How decisions are made on this server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,6 +186,29 @@ fn is_unknown_command(error: &redis::RedisError) -> bool {
     text.contains("unknown command") || text.contains("unknown subcommand")
 }
 
+/// An engine's reply: its integers as one bulk string of 8-byte
+/// little-endian signed words (both engines pack them so: a client parses
+/// one string instead of a RESP integer per value).
+struct Packed(Vec<i64>);
+
+impl redis::FromRedisValue for Packed {
+    fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
+        match value {
+            redis::Value::BulkString(bytes) if bytes.len() % 8 == 0 => Ok(Self(
+                bytes
+                    .chunks_exact(8)
+                    .map(|word| {
+                        let mut le = [0; 8];
+                        le.copy_from_slice(word);
+                        i64::from_le_bytes(le)
+                    })
+                    .collect(),
+            )),
+            other => Err(format!("the engine's reply is not packed integers: {other:?}").into()),
+        }
+    }
+}
+
 /// Runs the engine's call on `connection`; when the server lost the Lua
 /// library, loads it again and repeats the call (a lost module is the
 /// caller's to handle: the engine changes).
@@ -194,13 +217,14 @@ async fn run<C: ConnectionLike + Send>(
     command: &redis::Cmd,
     engine: &Engine,
 ) -> redis::RedisResult<Vec<i64>> {
-    match command.query_async(connection).await {
+    let reply: Packed = match command.query_async(connection).await {
         Err(error) if !engine.is_module() && engine.is_lost(&error) => {
             load_library(connection).await?;
-            command.query_async(connection).await
+            command.query_async(connection).await?
         }
-        result => result,
-    }
+        result => result?,
+    };
+    Ok(reply.0)
 }
 
 /// The connection of a store; cheap to clone.
@@ -290,7 +314,8 @@ impl Connection {
                     .route_command(command.clone(), slot)
                     .await?
                     .extract_error()?;
-                Ok(redis::FromRedisValue::from_redis_value(reply)?)
+                let reply: Packed = redis::FromRedisValue::from_redis_value(reply)?;
+                Ok(reply.0)
             }
             Self::Cluster(connection) => run(&mut connection.clone(), command, engine).await,
             Self::Sentinel(followed) => followed.run(command, engine).await,

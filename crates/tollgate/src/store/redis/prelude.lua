@@ -19,12 +19,14 @@ local MAX_TICKS = 4503599627370496 -- 2^52
 -- of its own, so they are bound once, by the entry point's first call.
 local tonumber, type, unpack, ipairs, floor, min, max, huge
 local format, match, find, gmatch, substring, sort, rcall, rpcall
+local pack, concat, rep
 
 local function bind_standard_functions()
   tonumber, type, unpack, ipairs = _G.tonumber, _G.type, _G.unpack, _G.ipairs
   floor, min, max, huge = _G.math.floor, _G.math.min, _G.math.max, _G.math.huge
   format, match, find, gmatch = _G.string.format, _G.string.match, _G.string.find, _G.string.gmatch
   substring, sort, rcall, rpcall = _G.string.sub, _G.table.sort, _G.redis.call, _G.redis.pcall
+  pack, concat, rep = _G.struct.pack, _G.table.concat, _G.string.rep
 end
 
 -- Integer arithmetic on doubles, exact below 2^53.

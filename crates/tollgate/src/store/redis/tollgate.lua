@@ -14,12 +14,14 @@
 -- Returns integers, per decision: status (1 allowed, 0 denied, -1 a key
 -- holds a value Tollgate did not write), granted, the instant decided at,
 -- then per limit (none for a reset or a refusal): allowed, limit,
--- remaining, retry_after (-1: never), reset_after, wait.
+-- remaining, retry_after (-1: never), reset_after, wait. They come as one
+-- string of 8-byte little-endian signed integers (struct.pack, in C): a
+-- client reads it whole, where an array costs it one RESP integer to parse
+-- per value.
 
 -- Tables reused from call to call (cleared by overwriting the first n
 -- entries), so that a decision allocates nothing it can avoid. The reply
--- too: Redis reads a returned table up to its first nil, so a call ends its
--- reply with one, past the REPLIED integers it wrote.
+-- too: a call packs its first REPLIED integers.
 local LIMITS, COSTS, STATES, STALE, CHANGES = {}, {}, {}, {}, {}
 local REPLY, REPLIED = {}, 0
 
@@ -200,6 +202,32 @@ local function decide_one(key, now, op, cost, max_wait, lease)
   answer(d[1], d[1] == 1 and cost or 0, now, 1)
 end
 
+-- struct.pack formats of 1 … PACK_CHUNK integers, made once each; longer
+-- replies are packed in chunks (unpack puts every value on Lua's stack).
+local PACK_FORMATS, PACK_CHUNK = {}, 240
+
+local function pack_format(count)
+  local f = PACK_FORMATS[count]
+  if not f then
+    f = "<" .. rep("i8", count)
+    PACK_FORMATS[count] = f
+  end
+  return f
+end
+
+-- The first `count` integers of `reply`, packed.
+local function packed(reply, count)
+  if count <= PACK_CHUNK then
+    return pack(pack_format(count), unpack(reply, 1, count))
+  end
+  local parts = {}
+  for from = 1, count, PACK_CHUNK do
+    local to = min(from + PACK_CHUNK - 1, count)
+    parts[#parts + 1] = pack(pack_format(to - from + 1), unpack(reply, from, to))
+  end
+  return concat(parts)
+end
+
 local function run(keys, args)
   if not rcall then
     bind_standard_functions()
@@ -244,6 +272,5 @@ local function run(keys, args)
     end
     first = first + n
   end
-  REPLY[REPLIED + 1] = nil
-  return REPLY
+  return packed(REPLY, REPLIED)
 end
