@@ -22,6 +22,11 @@
 //!
 //! The tests also require at least half of the bound, so a limiter that
 //! admitted nothing would fail too. The counts are printed (`--nocapture`).
+//!
+//! With `TOLLGATE_LOAD_MODULE=1` every server loads Tollgate's module and the
+//! processes demand it (`?engine=module`), so the module decides every
+//! algorithm; otherwise the Lua library does. Each process reports the
+//! engine that decided, and the tests check it.
 
 mod common;
 
@@ -30,7 +35,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use common::redis_cluster::RedisCluster;
-use common::redis_server::RedisServer;
+use common::redis_server::{module_everywhere, RedisServer};
 use common::tollgate;
 use serde_json::Value;
 
@@ -63,6 +68,24 @@ impl Bound {
             Self::Concurrency { limit, hold } => limit * (span / hold + 1),
         }
     }
+}
+
+/// The engine the processes must report, which the store URL's `?engine=`
+/// demands: the module when the harness loads it into every server
+/// (`TOLLGATE_LOAD_MODULE=1`), the Lua library otherwise. `auto` would not
+/// do: beside the module, the library still decides sliding logs and
+/// concurrency limits.
+fn engine() -> &'static str {
+    if module_everywhere() {
+        "module"
+    } else {
+        "lua"
+    }
+}
+
+/// `url` with the query that demands [`engine`].
+fn with_engine(url: &str) -> String {
+    format!("{url}?engine={}", engine())
 }
 
 /// What the processes of one scenario reported.
@@ -109,6 +132,7 @@ fn run(url: &str, prefix: &str, limit: &str, extra: &[&str]) -> Run {
         let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
         let field = |name: &str| summary[name].as_u64().unwrap_or_else(|| panic!("{name} in {summary}"));
         assert_eq!(field("errors"), 0, "{summary}");
+        assert_eq!(summary["engine"], engine(), "{summary}");
         run.allowed.push(field("allowed"));
         run.requests += field("requests");
         run.start = run.start.min(field("server_time_start_us"));
@@ -155,7 +179,7 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
     let _serial = one_at_a_time();
     let began = Instant::now();
     let redis = RedisServer::start();
-    let server = &redis.url();
+    let server = &with_engine(&redis.url());
     scenario(
         server,
         "fixed_window",
@@ -210,7 +234,7 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
         },
         &["--op", "acquire", "--hold-ms", "200"],
     );
-    println!("all scenarios in {:.1} s", began.elapsed().as_secs_f64());
+    println!("all scenarios ({}) in {:.1} s", engine(), began.elapsed().as_secs_f64());
 }
 
 /// The same on a Redis Cluster (3 masters, 3 replicas): one subject lives
@@ -220,7 +244,7 @@ fn processes_sharing_a_limit_on_a_cluster_never_exceed_its_bound() {
     let _serial = one_at_a_time();
     let began = Instant::now();
     let nodes = RedisCluster::start();
-    let cluster = &nodes.url();
+    let cluster = &with_engine(&nodes.url());
     scenario(
         cluster,
         "cluster_sliding_log",

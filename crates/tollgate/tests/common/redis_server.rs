@@ -69,7 +69,7 @@ pub fn module_path() -> PathBuf {
 
 /// True when every server a test starts loads the module
 /// (`TOLLGATE_LOAD_MODULE=1`: scripts/test's second run of the suites).
-fn module_everywhere() -> bool {
+pub fn module_everywhere() -> bool {
     std::env::var_os("TOLLGATE_LOAD_MODULE").is_some_and(|value| value == "1")
 }
 
