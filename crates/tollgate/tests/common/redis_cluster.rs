@@ -57,7 +57,15 @@ impl RedisCluster {
     /// --cluster-replicas 1`, and returns once every node reports
     /// `cluster_state:ok` and every replica is in sync.
     pub fn start() -> Self {
-        Self::start_with(None)
+        Self::start_full(None, |_| Vec::new())
+    }
+
+    /// The same, giving node `index` the extra arguments `node_args(index)`
+    /// (a module on some nodes only, say). `redis-cli --cluster create`
+    /// makes the first three nodes masters (all run on one host, so it
+    /// takes them in the order given), and the last three their replicas.
+    pub fn start_with(node_args: impl Fn(usize) -> Vec<String>) -> Self {
+        Self::start_full(None, node_args)
     }
 
     /// The same, speaking only TLS (clients, replication and the cluster
@@ -65,17 +73,17 @@ impl RedisCluster {
     pub fn start_tls() -> (Self, Vec<u8>) {
         let ca = TestCa::new();
         let pem = ca.pem();
-        (Self::start_with(Some(ca)), pem)
+        (Self::start_full(Some(ca), |_| Vec::new()), pem)
     }
 
-    fn start_with(ca: Option<TestCa>) -> Self {
+    fn start_full(ca: Option<TestCa>, node_args: impl Fn(usize) -> Vec<String>) -> Self {
         let tls_args: Vec<String> = ca.as_ref().map_or_else(Vec::new, |ca| {
             let mut args = ca.server_args();
             args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
             args
         });
         let nodes: Vec<RedisServer> = (0..6)
-            .map(|_| {
+            .map(|index| {
                 let mut args: Vec<String> = vec![
                     "--cluster-enabled".into(),
                     "yes".into(),
@@ -88,6 +96,7 @@ impl RedisCluster {
                     free_port().to_string(),
                 ];
                 args.extend(tls_args.iter().cloned());
+                args.extend(node_args(index));
                 RedisServer::start_with(&args)
             })
             .collect();
