@@ -177,8 +177,6 @@ fn the_library_is_on_every_master_and_reloaded_when_lost() {
 /// one too), and `engine=module` refuses to connect, saying why. Once that
 /// master loads the module, a new store picks it.
 #[test]
-#[ignore = "fails until cluster_module_protocol (store/redis/connection.rs) reads every master's \
-            answer: under AllSucceeded redis-rs returns one master's reply"]
 fn a_cluster_store_takes_the_module_only_when_every_master_has_it() {
     let _serial = one_at_a_time();
     let module = module_path().display().to_string();

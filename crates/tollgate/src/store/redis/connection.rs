@@ -23,9 +23,7 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::SentinelClient;
 
 use super::{function_source, library_name, script_source, store_error};
@@ -115,19 +113,33 @@ async fn module_protocol<C: ConnectionLike + Send>(connection: &mut C) -> redis:
 }
 
 /// [`module_protocol`] on every master of a Cluster: `None` unless every
-/// master has the module (decisions land on all of them).
+/// master has the module (decisions land on all of them). Each master's
+/// answer is read: under `ResponsePolicy::AllSucceeded` redis-rs answers
+/// with one master's reply, and a master's error reply ("unknown command")
+/// comes back as a value, not as a failure.
 async fn cluster_module_protocol(connection: &mut ClusterConnection) -> redis::RedisResult<Option<i64>> {
-    let every_master =
-        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(ResponsePolicy::AllSucceeded)));
-    match connection
+    let every_master = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+    let answers = connection
         .route_command(redis::cmd("TOLLGATE.VERSION"), every_master)
-        .await
-    {
-        Ok(redis::Value::Int(version)) => Ok(Some(version)),
-        Ok(_) => Ok(None),
-        Err(error) if is_unknown_command(&error) => Ok(None),
-        Err(error) => Err(error),
+        .await?;
+    let redis::Value::Map(answers) = answers else {
+        return Ok(None);
+    };
+    let mut protocol = None;
+    for (_, answer) in answers {
+        let version = match answer.extract_error() {
+            Ok(redis::Value::Int(version)) => version,
+            Ok(_) => return Ok(None),
+            Err(error) if is_unknown_command(&error) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        // Masters speaking different protocols: none is assumed.
+        if protocol.is_some_and(|agreed| agreed != version) {
+            return Ok(None);
+        }
+        protocol = Some(version);
     }
+    Ok(protocol)
 }
 
 /// The engine `choice` allows, given the module's `protocol` on the server
@@ -142,7 +154,7 @@ async fn load_engine<C: ConnectionLike + Send>(
         (EngineChoice::Module, Some(MODULE_PROTOCOL)) => Ok(Engine::Module(None)),
         (_, Some(MODULE_PROTOCOL)) => Ok(Engine::Module(Some(Box::new(load_library(connection).await?)))),
         (EngineChoice::Module, None) => Err(no_module(
-            "the server has no tollgate module loaded (the store URL says engine=module)",
+            "the server (on a Cluster, a master) has no tollgate module loaded (the store URL says engine=module)",
         )),
         (EngineChoice::Module, Some(other)) => Err(no_module(&format!(
             "the server's tollgate module speaks protocol {other}, this client {MODULE_PROTOCOL} \
