@@ -18,7 +18,9 @@
 # descriptor values); SERVE_CPUS and BENCH_CPUS (e.g. 0 and 1) pin the server
 # and the load generator to CPUs with taskset, so they do not share one;
 # BENCH_THREADS sets the load generator's threads (default: one per core; 1
-# suits a load generator pinned to one CPU).
+# suits a load generator pinned to one CPU); MODULE=1 (with --redis) loads
+# the Redis module (crates/tollgate-redis-module, built here) into that
+# redis-server, so that the server decides with it rather than with Lua.
 #
 # The limit (a fixed window of 10^9 per second per value) never refuses, so
 # every request is one full decision. Everything this script starts is
@@ -52,6 +54,13 @@ descriptors:
 EOF
 
 if $redis; then
+  if [ "${MODULE:-0}" = 1 ]; then
+    note "building the Redis module"
+    cargo build --release --locked --quiet -p tollgate-redis-module
+    target="${CARGO_TARGET_DIR:-target}"
+    [[ "$target" = /* ]] || target="$PWD/$target"
+    REDIS_EXTRA_ARGS=(--loadmodule "$target/release/libtollgate_redis_module.so")
+  fi
   start_redis
 fi
 start_serve "$BENCH_TMP/config.yaml" "${serve_pin[@]}"
@@ -153,19 +162,20 @@ if $redis; then
     END {
       printf "| %-12s | %-32s | %10s | %11s |\n", "command", "sent by", "calls", "per request"
       printf "|--------------|----------------------------------|-----------:|------------:|\n"
-      # The library call: FCALL on Redis 7+ and Valkey, EVALSHA before.
-      library = calls["fcall"] + calls["evalsha"]
-      name = calls["fcall"] > 0 ? "fcall" : "evalsha"
+      # The engine call: the module'"'"'s TOLLGATE.DECIDE, or the library'"'"'s
+      # FCALL on Redis 7+ and Valkey, EVALSHA before.
+      library = calls["fcall"] + calls["evalsha"] + calls["tollgate.decide"]
+      name = calls["tollgate.decide"] > 0 ? "tollgate.decide" : calls["fcall"] > 0 ? "fcall" : "evalsha"
       printf "| %-12s | %-32s | %10d | %11.3f |\n", name, "tollgate serve", library, library / sent
       other = 0
       for (c in calls) {
-        if (c == "evalsha" || c == "fcall" || c == "info" || calls[c] == 0 || index(inside, " " c " ")) continue
+        if (c == "evalsha" || c == "fcall" || c == "tollgate.decide" || c == "info" || calls[c] == 0 || index(inside, " " c " ")) continue
         other += calls[c]
         printf "| %-12s | %-32s | %10d | %11.3f |\n", c, "tollgate serve", calls[c], calls[c] / sent
       }
       for (c in calls) {
         if (calls[c] == 0 || !index(inside, " " c " ")) continue
-        printf "| %-12s | %-32s | %10d | %11.3f |\n", c, "tollgate.lua, inside the call", calls[c], calls[c] / sent
+        printf "| %-12s | %-32s | %10d | %11.3f |\n", c, "the engine, inside the call", calls[c], calls[c] / sent
       }
       printf "\nround trips per request: %.3f: %s (target: at most one library call per request, batched, and no other command)\n",
         (library + other) / sent, (library > 0 && library <= sent && other == 0) ? "met" : "NOT met"
