@@ -378,7 +378,7 @@ struct Tally {
     /// Latency of each request, in ns.
     latency: Histogram<u64>,
     /// Decisions by the path that decided them, in the order of `Path::ALL`.
-    paths: [u64; 4],
+    paths: [u64; Path::ALL.len()],
     /// Latency of the requests not decided by the store (a fault answered
     /// by the failure policy, or the error itself), in ns.
     fallback_latency: Histogram<u64>,
@@ -401,7 +401,7 @@ impl Tally {
             errors: 0,
             first_error: None,
             latency: histogram(),
-            paths: [0; 4],
+            paths: [0; Path::ALL.len()],
             fallback_latency: histogram(),
             recovered_at_ms: None,
         }

@@ -40,7 +40,7 @@ struct PathLabels {
 }
 
 /// Registers `decisions_by_path` and returns its counters, in the order of [`Path::ALL`].
-fn register_paths(registry: &mut Registry) -> [Counter; 4] {
+fn register_paths(registry: &mut Registry) -> [Counter; Path::ALL.len()] {
     let paths = Family::<PathLabels, Counter>::default();
     let counters = Path::ALL.map(|path| {
         paths
@@ -148,7 +148,7 @@ pub struct Metrics {
     shadow_mode: Family<RuleLabels, Counter>,
     store_errors: Family<DomainLabels, Counter>,
     /// Decisions by path, in the order of [`Path::ALL`].
-    paths: [Counter; 4],
+    paths: [Counter; Path::ALL.len()],
     latency: HistogramFamily,
     config_reloads: Counter,
     config_errors: Counter,

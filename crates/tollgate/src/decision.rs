@@ -156,11 +156,14 @@ pub enum Path {
     /// A denial remembered from the store and answered again until its
     /// `retry_after` has passed.
     DenyCache,
+    /// A [`LeasedStore`](crate::LeasedStore)'s block: units this process
+    /// took from the store earlier, or a denial it remembers.
+    Leased,
 }
 
 impl Path {
     /// Every path, in the order of [`Path::index`]: for counting by path.
-    pub const ALL: [Self; 4] = [Self::Store, Self::Local, Self::Policy, Self::DenyCache];
+    pub const ALL: [Self; 5] = [Self::Store, Self::Local, Self::Policy, Self::DenyCache, Self::Leased];
 
     /// The position of this path in [`Path::ALL`].
     pub fn index(self) -> usize {
@@ -169,16 +172,19 @@ impl Path {
             Self::Local => 1,
             Self::Policy => 2,
             Self::DenyCache => 3,
+            Self::Leased => 4,
         }
     }
 
-    /// The name used in metrics and JSON: `store`, `local`, `policy`, `deny_cache`.
+    /// The name used in metrics and JSON: `store`, `local`, `policy`,
+    /// `deny_cache`, `leased`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Store => "store",
             Self::Local => "local",
             Self::Policy => "policy",
             Self::DenyCache => "deny_cache",
+            Self::Leased => "leased",
         }
     }
 }

@@ -67,8 +67,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Limiter, Permit};
 pub use policy::{Op, Policy, Request};
 pub use store::{
-    AnyStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder,
-    Store, StoreConnector,
+    AnyStore, LeaseStats, LeasedStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore,
+    ResilientStoreBuilder, Store, StoreConnector,
 };
 /// The README's Rust blocks, compiled and run as doc tests.
 #[cfg(all(doctest, feature = "redis"))]

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{Action, Change, Limit, LimitSpec, State, Step};
+use crate::algorithm::{Action, Change, Limit, State, Step};
 use crate::clock::{micros, Timestamp};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, Result};
@@ -195,6 +195,22 @@ impl Policy {
                 return Err(Error::invalid_limit(format!("limit name \"{name}\" is used twice")));
             }
         }
+        // Leased together or not at all: a block is taken from every limit.
+        let leased: Vec<&str> = limits
+            .iter()
+            .filter(|(_, limit)| limit.lease().is_some())
+            .map(|(name, _)| name.as_str())
+            .collect();
+        if !leased.is_empty() && leased.len() < limits.len() {
+            let bare = limits
+                .iter()
+                .find(|(_, limit)| limit.lease().is_none())
+                .map_or("", |(name, _)| name.as_str());
+            return Err(Error::invalid_limit(format!(
+                "{bare}.lease: every limit of a policy needs a lease when one has it ({} has one)",
+                leased[0]
+            )));
+        }
         Ok(Self { limits, named: true })
     }
 
@@ -229,17 +245,21 @@ impl Policy {
             return Err(Error::invalid_limit("a limit or policy must be a JSON object"));
         };
         if fields.contains_key("algorithm") {
-            let limit = LimitSpec::from_value(serde_json::Value::Object(fields))?.build()?;
+            let limit = Limit::from_value(serde_json::Value::Object(fields))?;
             return Ok(Self::single(limit));
         }
         let mut limits = Vec::with_capacity(fields.len());
         for (name, value) in fields {
-            let limit = LimitSpec::from_value(value)
-                .and_then(LimitSpec::build)
-                .map_err(|error| error.context(&name))?;
+            let limit = Limit::from_value(value).map_err(|error| error.context(&name))?;
             limits.push((name, limit));
         }
         Self::new(limits)
+    }
+
+    /// The lease its limits are taken in ([`Limit::with_lease`]): the
+    /// shortest of theirs; `None` when they carry none.
+    pub fn lease(&self) -> Option<Duration> {
+        self.limits.iter().map(|(_, limit)| limit.lease()).min().flatten()
     }
 
     /// The limits, in order.

@@ -63,7 +63,7 @@ pub struct Report {
 
 #[derive(Debug)]
 struct Resilience {
-    paths: [u64; 4],
+    paths: [u64; Path::ALL.len()],
     fallback_p99_ns: u64,
     recovered_at_ms: Option<u64>,
 }
@@ -139,7 +139,7 @@ impl Report {
         };
         let resilience = plan.on_store_error.map(|_| {
             let mut fallback = histogram();
-            let mut paths = [0; 4];
+            let mut paths = [0; Path::ALL.len()];
             for tally in &tallies {
                 let _ = fallback.add(&tally.fallback_latency);
                 for (sum, count) in paths.iter_mut().zip(tally.paths) {

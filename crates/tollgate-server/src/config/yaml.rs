@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use tollgate::{Limit, LimitSpec};
+use tollgate::Limit;
 
 use super::{ConfigError, Domain, Level, Node, Quota, Rule, Unit};
 
@@ -775,9 +775,7 @@ impl<'de> DeserializeSeed<'de> for AlgorithmSeed {
         // Read as YAML first: its mappings refuse a key given twice.
         let value = serde_yaml_ng::Value::deserialize(deserializer)?;
         let value = yaml_to_json(&value).map_err(|error| de::Error::custom(format!("algorithm: {error}")))?;
-        LimitSpec::from_value(value)
-            .and_then(LimitSpec::build)
-            .map_err(|error| de::Error::custom(format!("algorithm: {error}")))
+        Limit::from_value(value).map_err(|error| de::Error::custom(format!("algorithm: {error}")))
     }
 }
 

@@ -21,6 +21,8 @@ use crate::error::{Error, Result};
 pub struct Limit {
     spec: LimitSpec,
     kind: Kind,
+    /// [`Limit::with_lease`]: blocks of units a process takes at once.
+    lease: Option<Duration>,
     /// The limit as the Redis library reads it, written once.
     #[cfg(feature = "redis")]
     script_params: std::sync::Arc<str>,
@@ -40,6 +42,7 @@ impl LimitSpec {
             script_params: dispatch!(&kind, p => script_params(p)).into(),
             spec: self,
             kind,
+            lease: None,
         })
     }
 
@@ -291,7 +294,97 @@ impl Limit {
     pub fn from_json(text: &str) -> Result<Self> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|error| Error::invalid_limit(format!("invalid JSON: {error}")))?;
-        LimitSpec::from_value(value)?.build()
+        Self::from_value(value)
+    }
+
+    /// Like [`Limit::from_json`], from a parsed value: the algorithm's fields
+    /// and, optionally, `"lease": "<duration>"` ([`Limit::with_lease`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::from_json`].
+    pub fn from_value(mut value: serde_json::Value) -> Result<Self> {
+        let lease = match value.as_object_mut().and_then(|fields| fields.remove("lease")) {
+            None => None,
+            Some(serde_json::Value::String(text)) => Some(
+                crate::duration::parse_duration(&text)
+                    .map_err(|error| Error::invalid_limit(format!("lease: {error}")))?,
+            ),
+            Some(_) => {
+                return Err(Error::invalid_limit(
+                    "lease: expected a duration as text, such as \"50ms\"",
+                ))
+            }
+        };
+        let limit = LimitSpec::from_value(value)?.build()?;
+        match lease {
+            Some(lease) => limit.with_lease(lease),
+            None => Ok(limit),
+        }
+    }
+
+    /// This limit, taken in leases of `lease`: a process takes a block of
+    /// units from the shared limit in one atomic call, hands them out to its
+    /// own requests, and gives back what it did not use when the lease ends
+    /// (see [`LeasedStore`](crate::LeasedStore)). The shared limit is never
+    /// over-admitted; a unit may be used up to `lease` after the store
+    /// counted it, so every bound stated for the algorithm holds over any
+    /// interval stretched by `lease`.
+    ///
+    /// Leasable: fixed window, sliding window, sliding log, token bucket and
+    /// GCRA (the limits [`Op::CheckAtMost`](crate::Op::CheckAtMost) takes
+    /// from).
+    ///
+    /// # Errors
+    ///
+    /// When the algorithm cannot be leased, or `lease` is not a positive
+    /// whole number of microseconds; the message names `lease`.
+    pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
+        if self.is_shaping() || self.is_concurrency() {
+            return Err(Error::invalid_limit(format!(
+                "lease: a {} limit cannot be leased (leasable: fixed_window, sliding_window, sliding_log, \
+                 token_bucket, gcra)",
+                self.algorithm()
+            )));
+        }
+        if lease.is_zero() || !lease.subsec_nanos().is_multiple_of(1_000) {
+            return Err(Error::invalid_limit(
+                "lease: must be a positive whole number of microseconds",
+            ));
+        }
+        self.lease = Some(lease);
+        Ok(self)
+    }
+
+    /// The lease of [`Limit::with_lease`], if any.
+    pub fn lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    /// The most of `units` taken `elapsed` ago whose effect may have lapsed
+    /// since: what a bucket or a TAT may have refilled meanwhile, which a
+    /// refund must not give back again (windows give back only what still
+    /// counts by themselves: none).
+    pub(crate) fn lapsed(&self, units: u64, elapsed: Duration) -> u64 {
+        let elapsed = elapsed.as_micros();
+        let refilled = |per: u64, every: Duration| -> u64 {
+            let every = every.as_micros().max(1);
+            u64::try_from((elapsed * u128::from(per)).div_ceil(every)).unwrap_or(u64::MAX)
+        };
+        let lapsed = match &self.spec {
+            LimitSpec::Gcra(spec) => refilled(spec.rate, spec.period),
+            LimitSpec::TokenBucket(spec) if spec.mode == Refill::Interval => {
+                // Whole refills at interval boundaries: one more than the
+                // intervals elapsed may have been crossed.
+                let crossed = elapsed / spec.interval.as_micros().max(1) + 1;
+                u64::try_from(crossed * u128::from(spec.refill)).unwrap_or(u64::MAX)
+            }
+            LimitSpec::TokenBucket(spec) => refilled(spec.refill, spec.interval),
+            LimitSpec::FixedWindow(_) | LimitSpec::SlidingWindow(_) | LimitSpec::SlidingLog(_) => 0,
+            // Not leasable: nothing to give back.
+            _ => units,
+        };
+        lapsed.min(units)
     }
 
     /// The parameters this limit was built from.
@@ -464,8 +557,11 @@ fn unsupported_reserve(algorithm: &str) -> Error {
 
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let json = serde_json::to_string(&self.spec).map_err(|_| fmt::Error)?;
-        f.write_str(&json)
+        let mut json = serde_json::to_value(&self.spec).map_err(|_| fmt::Error)?;
+        if let (Some(lease), Some(fields)) = (self.lease, json.as_object_mut()) {
+            fields.insert("lease".to_owned(), crate::duration::format_duration(lease).into());
+        }
+        f.write_str(&json.to_string())
     }
 }
 

@@ -5,6 +5,7 @@
 //! Redis. There is never a read-compare-write from the caller.
 
 mod any;
+mod lease;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -15,6 +16,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use self::any::AnyStore;
+pub use self::lease::{LeaseStats, LeasedStore};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{EngineChoice, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};

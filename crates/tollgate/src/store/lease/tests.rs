@@ -1,0 +1,441 @@
+//! Leases over a memory store, on explicit instants: several processes
+//! (one `LeasedStore` each) share one limit.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::LeasedStore;
+use crate::{Limit, LimitSpec, MemoryStore, Op, Outcome, Path, Policy, Refill, Request, Store, Subject, Timestamp};
+
+/// An instant in the middle of a second, so that runs straddle windows.
+const START: u64 = 1_800_000_000_250_000;
+
+fn at(micros: u64) -> Timestamp {
+    Timestamp::from_micros(START + micros)
+}
+
+fn check(micros: u64) -> Request {
+    Request::new(Op::Check, 1).at(at(micros))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `processes` leased stores sharing one memory store.
+fn processes(count: usize) -> (MemoryStore, Vec<LeasedStore<MemoryStore>>) {
+    let shared = MemoryStore::new();
+    let leased = (0..count).map(|_| LeasedStore::new(shared.clone())).collect();
+    (shared, leased)
+}
+
+/// What the shared store has left for `policy` at `micros`: a peek.
+async fn left(store: &MemoryStore, policy: &Policy, micros: u64) -> u64 {
+    let peek = Request::new(Op::Check, 0).at(at(micros));
+    store
+        .decide(&subject(), policy, &peek)
+        .await
+        .unwrap()
+        .decision
+        .remaining
+}
+
+fn subject() -> Subject {
+    Subject::new("hot")
+}
+
+/// Runs `trace` (which process, then µs since the previous step) through
+/// `stores`; the instants (µs since `START`) of the admissions, and every
+/// outcome.
+async fn replay(
+    stores: &[LeasedStore<MemoryStore>],
+    policy: &Policy,
+    trace: &[(usize, u64)],
+) -> (Vec<u64>, Vec<(usize, Outcome)>) {
+    let (mut now, mut admitted, mut outcomes) = (0, Vec::new(), Vec::new());
+    for &(process, dt) in trace {
+        now += dt;
+        let outcome = stores[process].decide(&subject(), policy, &check(now)).await.unwrap();
+        if outcome.decision.allowed {
+            admitted.push(now);
+        }
+        outcomes.push((process, outcome));
+    }
+    (admitted, outcomes)
+}
+
+/// Every run of admissions `admitted[i..=j]` is within `bound(first, last)`
+/// (absolute µs).
+fn assert_bound(admitted: &[u64], bound: impl Fn(u64, u64) -> u128) {
+    for i in 0..admitted.len() {
+        for j in i..admitted.len() {
+            let total = (j - i + 1) as u128;
+            let allowed = bound(START + admitted[i], START + admitted[j]);
+            assert!(
+                total <= allowed,
+                "{total} admitted in [{}, {}] µs, bound stretched by the lease {allowed}",
+                admitted[i],
+                admitted[j]
+            );
+        }
+    }
+}
+
+/// `floor(elapsed · rate / period)` without overflow.
+fn refilled(elapsed: u64, rate: u64, period: u64) -> u128 {
+    u128::from(elapsed) * u128::from(rate) / u128::from(period)
+}
+
+/// The most a limit admits between two instants (absolute µs, both
+/// included), before a lease's stretch: each algorithm's stated bound.
+fn bound(limit: &Limit, a: u64, b: u64) -> u128 {
+    let micros = |duration: Duration| u64::try_from(duration.as_micros()).unwrap();
+    match limit.spec() {
+        LimitSpec::FixedWindow(spec) => {
+            let window = micros(spec.window);
+            u128::from(spec.limit) * u128::from(b / window - a / window + 1)
+        }
+        LimitSpec::SlidingWindow(spec) => {
+            u128::from(spec.limit) * u128::from((b - a + 1).div_ceil(micros(spec.window) + 1))
+        }
+        LimitSpec::SlidingLog(spec) => u128::from(spec.limit) * u128::from((b - a + 1).div_ceil(micros(spec.window))),
+        LimitSpec::TokenBucket(spec) => {
+            let interval = micros(spec.interval);
+            u128::from(spec.capacity)
+                + match spec.mode {
+                    Refill::Interval => u128::from(spec.refill) * u128::from(b / interval - a / interval),
+                    Refill::Smooth => refilled(b - a, spec.refill, interval),
+                }
+        }
+        LimitSpec::Gcra(spec) => u128::from(spec.burst) + refilled(b - a, spec.rate, micros(spec.period)),
+        other => unreachable!("not leasable: {other:?}"),
+    }
+}
+
+/// One leasable limit of each algorithm, with its time scale (µs: its
+/// window, interval or emission interval).
+fn any_leasable() -> impl Strategy<Value = (Limit, u64)> {
+    let window = (1u64..60, 1u64..2_000).prop_map(|(limit, ms)| {
+        (
+            Limit::fixed_window(limit, Duration::from_millis(ms)).unwrap(),
+            ms * 1_000,
+        )
+    });
+    let sliding = (1u64..60, 1u64..12, 1u64..200).prop_map(|(limit, buckets, sub_ms)| {
+        let window = buckets * sub_ms * 1_000;
+        (
+            Limit::sliding_window(limit, Duration::from_micros(window), buckets).unwrap(),
+            window,
+        )
+    });
+    let log = (1u64..60, 1u64..2_000).prop_map(|(limit, ms)| {
+        (
+            Limit::sliding_log(limit, Duration::from_millis(ms)).unwrap(),
+            ms * 1_000,
+        )
+    });
+    let bucket =
+        (1u64..60, 1u64..10, 1u64..3_000_000, any::<bool>()).prop_map(|(capacity, refill, interval, whole)| {
+            let spec = crate::TokenBucketSpec {
+                capacity,
+                refill,
+                interval: Duration::from_micros(interval),
+                mode: if whole { Refill::Interval } else { Refill::Smooth },
+                initial: None,
+            };
+            (LimitSpec::TokenBucket(spec).build().unwrap(), interval)
+        });
+    let gcra = (1u64..50, 1u64..5_000_000, 1u64..60).prop_map(|(rate, period, burst)| {
+        (
+            Limit::gcra(rate, Duration::from_micros(period), burst).unwrap(),
+            (period / rate).max(1),
+        )
+    });
+    prop_oneof![window, sliding, log, bucket, gcra]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Four processes leasing one limit never admit, over any interval,
+    /// more than the limit's bound over that interval stretched by one
+    /// lease — blocks ending, going back, and being taken again included.
+    #[test]
+    fn leases_never_admit_beyond_the_bound_stretched_by_one_lease(
+        (limit, scale) in any_leasable(),
+        lease_part in 1u64..200,
+        trace in proptest::collection::vec((0usize..16, 0u64..1_000), 1..400),
+    ) {
+        // A lease of 0.5 % to 100 % of the limit's time scale.
+        let lease = Duration::from_micros((scale * lease_part / 200).max(1));
+        let policy = Policy::single(limit.clone().with_lease(lease).unwrap());
+        // Steps of up to a 25th of the time scale: demand well above most
+        // limits, so that they deny and blocks are held across their edges.
+        // Process 0 asks seldom (1 step in 16), so that its blocks are held
+        // long, while the others keep the limit full.
+        let trace: Vec<(usize, u64)> = trace
+            .into_iter()
+            .map(|(p, dt)| (if p == 0 { 0 } else { 1 + p % 3 }, dt * scale / 50_000))
+            .collect();
+        let (_, stores) = processes(4);
+        let (admitted, _) = runtime().block_on(replay(&stores, &policy, &trace));
+        let lease = u64::try_from(lease.as_micros()).unwrap();
+        assert_bound(&admitted, |a, b| bound(&limit, a.saturating_sub(lease), b));
+    }
+}
+
+#[test]
+fn unused_units_go_back_on_close() {
+    runtime().block_on(async {
+        let policy = Policy::single(
+            Limit::fixed_window(100, Duration::from_secs(3_600))
+                .unwrap()
+                .with_lease(Duration::from_secs(1))
+                .unwrap(),
+        );
+        let (shared, stores) = processes(1);
+        // Blocks of 1, 2, 4 and 8 units: 15 taken for 10 checks.
+        for _ in 0..10 {
+            assert!(
+                stores[0]
+                    .decide(&subject(), &policy, &check(0))
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed
+            );
+        }
+        assert_eq!(left(&shared, &policy, 0).await, 85);
+        stores[0].close(Some(at(0))).await;
+        assert_eq!(left(&shared, &policy, 0).await, 90);
+        let stats = stores[0].stats();
+        assert_eq!((stats.decisions, stats.calls), (10, 5), "4 blocks and one refund");
+    });
+}
+
+#[test]
+fn a_block_goes_back_when_its_lease_ends() {
+    runtime().block_on(async {
+        let lease = Duration::from_millis(50);
+        let policy = Policy::single(
+            Limit::fixed_window(100, Duration::from_secs(3_600))
+                .unwrap()
+                .with_lease(lease)
+                .unwrap(),
+        );
+        let (shared, stores) = processes(1);
+        for _ in 0..10 {
+            stores[0].decide(&subject(), &policy, &check(0)).await.unwrap();
+        }
+        // Within the lease the held units answer without a call.
+        let calls = stores[0].stats().calls;
+        let held = stores[0].decide(&subject(), &policy, &check(49_999)).await.unwrap();
+        assert_eq!(held.path, Path::Leased);
+        assert_eq!(held.decision.remaining, 89);
+        assert_eq!(stores[0].stats().calls, calls);
+        // At its end they go back before the next block is taken.
+        let next = stores[0].decide(&subject(), &policy, &check(50_000)).await.unwrap();
+        assert_eq!(next.path, Path::Store);
+        assert_eq!(next.decision.remaining, 88, "11 used; the rest back or held");
+        stores[0].close(Some(at(50_000))).await;
+        assert_eq!(left(&shared, &policy, 50_000).await, 88);
+    });
+}
+
+#[test]
+fn a_bucket_gets_back_only_what_has_not_refilled_meanwhile() {
+    runtime().block_on(async {
+        // One unit a millisecond, burst 100; a lease of 50 ms.
+        let gcra = Limit::gcra(1_000, Duration::from_secs(1), 100).unwrap();
+        let policy = Policy::single(gcra.with_lease(Duration::from_millis(50)).unwrap());
+        let (shared, stores) = processes(1);
+        for _ in 0..10 {
+            stores[0].decide(&subject(), &policy, &check(0)).await.unwrap();
+        }
+        // 15 taken, 10 used, 5 held; 3 ms later 3 of the 15 have refilled,
+        // so at most 2 of the 5 held may go back: the store sees 15 - 2 = 13
+        // taken, less the 3 refilled.
+        stores[0].close(Some(at(3_000))).await;
+        assert_eq!(left(&shared, &policy, 3_000).await, 100 - 13 + 3);
+    });
+}
+
+#[test]
+fn demand_at_half_the_limit_is_never_denied() {
+    runtime().block_on(async {
+        for limit in [
+            Limit::fixed_window(1_000, Duration::from_secs(1)).unwrap(),
+            Limit::sliding_window(1_000, Duration::from_secs(1), 10).unwrap(),
+            Limit::gcra(1_000, Duration::from_secs(1), 100).unwrap(),
+            Limit::token_bucket(100, 1_000, Duration::from_secs(1)).unwrap(),
+        ] {
+            let policy = Policy::single(limit.with_lease(Duration::from_millis(50)).unwrap());
+            let (_, stores) = processes(4);
+            // 500 a second for 5 s, the four processes in turn.
+            let trace: Vec<(usize, u64)> = (0..2_500).map(|i| (i % 4, 2_000)).collect();
+            let (admitted, outcomes) = replay(&stores, &policy, &trace).await;
+            assert_eq!(
+                admitted.len(),
+                2_500,
+                "{policy:?}: denied {:?}",
+                outcomes.iter().find(|(_, o)| !o.decision.allowed)
+            );
+        }
+    });
+}
+
+#[test]
+fn demand_at_twice_the_limit_is_shared_by_demand() {
+    runtime().block_on(async {
+        for limit in [
+            Limit::fixed_window(1_000, Duration::from_secs(1)).unwrap(),
+            Limit::gcra(1_000, Duration::from_secs(1), 100).unwrap(),
+        ] {
+            let policy = Policy::single(limit.with_lease(Duration::from_millis(50)).unwrap());
+            let (_, stores) = processes(4);
+            // 2 000 a second for 10 s, each request from one of the four
+            // processes at random (a fixed turn would lock each process to
+            // a phase of the limit's refill, with or without leases).
+            let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+            let trace: Vec<(usize, u64)> = (0..20_000)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    ((seed % 4) as usize, 500)
+                })
+                .collect();
+            let (admitted, outcomes) = replay(&stores, &policy, &trace).await;
+            let mut shares = [0u64; 4];
+            for (process, outcome) in &outcomes {
+                shares[*process] += u64::from(outcome.decision.allowed);
+            }
+            let total = admitted.len() as f64;
+            assert!(
+                (9_000.0..=11_200.0).contains(&total),
+                "{policy:?}: {total} admitted in 10 s"
+            );
+            for share in shares {
+                let part = share as f64 / total;
+                assert!((0.2..=0.3).contains(&part), "{policy:?}: shares {shares:?}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_hot_key_takes_few_store_calls() {
+    runtime().block_on(async {
+        let gcra = Limit::gcra(1_000_000, Duration::from_secs(1), 1_000).unwrap();
+        let policy = Policy::single(gcra.with_lease(Duration::from_millis(50)).unwrap());
+        let (_, stores) = processes(1);
+        // 250 000 a second for 0.8 s: a quarter of the rate.
+        let trace: Vec<(usize, u64)> = (0..200_000).map(|_| (0, 4)).collect();
+        let (admitted, _) = replay(&stores, &policy, &trace).await;
+        assert_eq!(admitted.len(), 200_000);
+        let stats = stores[0].stats();
+        assert!(
+            stats.calls * 50 <= stats.decisions,
+            "{stats:?}: more than 0.02 calls a decision"
+        );
+    });
+}
+
+#[test]
+fn a_denial_is_answered_here_until_its_retry_after() {
+    runtime().block_on(async {
+        let policy = Policy::single(
+            Limit::fixed_window(5, Duration::from_secs(1))
+                .unwrap()
+                .with_lease(Duration::from_millis(100))
+                .unwrap(),
+        );
+        let (_, stores) = processes(1);
+        // START is 0.25 s into a second.
+        for _ in 0..5 {
+            assert!(
+                stores[0]
+                    .decide(&subject(), &policy, &check(0))
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed
+            );
+        }
+        let denied = stores[0].decide(&subject(), &policy, &check(0)).await.unwrap();
+        assert!(!denied.decision.allowed);
+        assert_eq!(denied.decision.retry_after, Some(Duration::from_millis(750)));
+        let calls = stores[0].stats().calls;
+        let again = stores[0].decide(&subject(), &policy, &check(700_000)).await.unwrap();
+        assert_eq!((again.decision.allowed, again.path), (false, Path::Leased));
+        assert_eq!(again.decision.retry_after, Some(Duration::from_millis(50)));
+        assert_eq!(stores[0].stats().calls, calls, "answered without a call");
+        let next = stores[0].decide(&subject(), &policy, &check(750_000)).await.unwrap();
+        assert!(next.decision.allowed);
+        assert!(stores[0].stats().calls > calls);
+    });
+}
+
+#[test]
+fn other_operations_and_unleased_policies_go_to_the_store() {
+    runtime().block_on(async {
+        let leased = Policy::single(
+            Limit::fixed_window(5, Duration::from_secs(1))
+                .unwrap()
+                .with_lease(Duration::from_millis(100))
+                .unwrap(),
+        );
+        let plain = Policy::single(Limit::fixed_window(5, Duration::from_secs(1)).unwrap());
+        let (_, stores) = processes(1);
+        stores[0].decide(&subject(), &plain, &check(0)).await.unwrap();
+        let at_most = Request::new(Op::CheckAtMost, 3).at(at(0));
+        assert_eq!(
+            stores[0].decide(&subject(), &leased, &at_most).await.unwrap().granted,
+            3
+        );
+        assert_eq!(stores[0].stats().decisions, 0);
+    });
+}
+
+#[test]
+fn a_lease_is_read_written_and_refused_where_it_cannot_apply() {
+    let limit = Limit::from_json(r#"{"algorithm":"gcra","rate":10,"period":"1s","burst":5,"lease":"50ms"}"#).unwrap();
+    assert_eq!(limit.lease(), Some(Duration::from_millis(50)));
+    assert_eq!(Limit::from_json(&limit.to_string()).unwrap(), limit);
+    for (json, field) in [
+        (
+            r#"{"algorithm":"leaky_bucket","rate":10,"period":"1s","capacity":5,"lease":"50ms"}"#,
+            "lease: a leaky_bucket limit cannot be leased",
+        ),
+        (
+            r#"{"algorithm":"concurrency","limit":10,"ttl":"1s","lease":"50ms"}"#,
+            "lease: a concurrency limit",
+        ),
+        (
+            r#"{"algorithm":"gcra","rate":10,"period":"1s","burst":5,"lease":"soon"}"#,
+            "lease: ",
+        ),
+        (
+            r#"{"algorithm":"gcra","rate":10,"period":"1s","burst":5,"lease":50}"#,
+            "lease: expected a duration",
+        ),
+        (
+            r#"{"algorithm":"gcra","rate":10,"period":"1s","burst":5,"lease":"0s"}"#,
+            "lease: must be a positive",
+        ),
+    ] {
+        let error = Limit::from_json(json).unwrap_err().to_string();
+        assert!(error.contains(field), "{json}: {error}");
+    }
+    let mixed = Policy::from_json(
+        r#"{"fast":{"algorithm":"gcra","rate":10,"period":"1s","burst":5,"lease":"50ms"},
+            "slow":{"algorithm":"fixed_window","limit":100,"window":"1h"}}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(mixed.contains("slow.lease"), "{mixed}");
+}
