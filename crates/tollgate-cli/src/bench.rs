@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tollgate::{Limiter, MemoryStore, OnStoreError, Op, Path, Policy, Request, ResilientStore, Subject};
+use tollgate::{LeasedStore, Limiter, MemoryStore, OnStoreError, Op, Path, Policy, Request, ResilientStore, Subject};
 
 use self::report::Report;
 use crate::store::{self, AnyStore, StoreUrl};
@@ -473,7 +473,12 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
         }
     };
     let mut clock = StoreClock::of(&store);
-    let limiter = Limiter::new(store, plan.policy.clone());
+    // A limit with a lease is taken in blocks from a shared store; the
+    // memory store is this process's own.
+    let in_process = store.is_in_process();
+    let store = LeasedStore::new(store).leasing(!in_process);
+    let leased = plan.policy.lease().is_some() && !in_process;
+    let limiter = Limiter::new(store.clone(), plan.policy.clone());
     let subjects: Arc<[Subject]> = (0..plan.keys).map(|key| Subject::new(format!("bench-{key}"))).collect();
     let shared = Arc::new(Shared::default());
     show_progress(progress, plan.until);
@@ -504,10 +509,16 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
     // Redis may be down at the end of a run that tests its failures.
     let server_time_end_us = clock.now().await.unwrap_or(0);
 
+    // Unused units go back before the process ends (and before the
+    // server's clock is read again).
+    store.close(None).await;
     if let Some(message) = shared.invalid.lock().expect("no panic while holding the lock").take() {
         return Err(UsageError(message).into());
     }
-    Ok(Report::store(plan, tallies, elapsed, server_time_start_us, server_time_end_us).with_process(engine, cpu))
+    let report = Report::store(plan, tallies, elapsed, server_time_start_us, server_time_end_us);
+    // Without a lease every decision is a store call.
+    let calls = leased.then(|| store.stats().calls);
+    Ok(report.with_process(engine, cpu).with_store_calls(calls))
 }
 
 fn show_progress(progress: &ProgressBar, until: Until) {
@@ -586,7 +597,7 @@ impl Deadline {
 
 /// One task of the run.
 struct Worker {
-    limiter: Limiter<AnyStore>,
+    limiter: Limiter<LeasedStore<AnyStore>>,
     subjects: Arc<[Subject]>,
     shared: Arc<Shared>,
     /// Task `i` of `n` takes keys `i`, `i + n`, `i + 2n`, … (modulo the

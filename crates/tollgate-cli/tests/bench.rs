@@ -7,7 +7,7 @@ use common::redis_server::{free_port, RedisServer};
 use common::{bench, bench_failure};
 use serde_json::Value;
 
-const FIELDS: [&str; 16] = [
+const FIELDS: [&str; 18] = [
     "store",
     "op",
     "tasks",
@@ -24,6 +24,8 @@ const FIELDS: [&str; 16] = [
     "max_us",
     "server_time_start_us",
     "server_time_end_us",
+    "store_calls",
+    "store_calls_per_decision",
 ];
 
 /// Runs `bench <args> --json` and returns its summary.
@@ -155,8 +157,10 @@ fn text_summary_shows_the_same_figures() {
     assert_eq!(lines[3], "denied       0", "{stdout}");
     assert_eq!(lines[4], "errors       0", "{stdout}");
     assert!(lines[5].starts_with("latency      p50 "), "{stdout}");
-    assert!(lines[6].starts_with("cpu          "), "{stdout}");
-    assert!(lines[7].starts_with("store time   "), "{stdout}");
+    // No lease: every decision is a store call.
+    assert_eq!(lines[6], "store calls  500 (1.0000 per decision)", "{stdout}");
+    assert!(lines[7].starts_with("cpu          "), "{stdout}");
+    assert!(lines[8].starts_with("store time   "), "{stdout}");
 }
 
 #[test]
@@ -249,4 +253,42 @@ fn redis_bench_shares_one_limit_and_reads_the_server_clock() {
     ]);
     assert_eq!(count(&summary, "allowed"), 0);
     assert_eq!(count(&summary, "denied"), 10);
+}
+
+/// With a lease, one process's decisions take far fewer store calls, and
+/// what it did not use goes back when it ends: another process then finds
+/// the limit less exactly what the first admitted.
+#[test]
+fn a_leased_limit_takes_blocks_and_gives_back_what_is_left() {
+    let server = RedisServer::start();
+    let limit = r#"{"algorithm":"fixed_window","limit":100000,"window":"1h","lease":"1s"}"#;
+    let args = |requests: &'static str| {
+        [
+            "--store",
+            &server.url(),
+            "--limit",
+            limit,
+            "--tasks",
+            "4",
+            "--requests",
+            requests,
+            "--prefix",
+            "leased",
+        ]
+        .map(str::to_owned)
+    };
+    let first = bench_json(&args("2000").each_ref().map(String::as_str));
+    assert_eq!(count(&first, "allowed"), 2_000, "{first}");
+    assert!(number(&first, "store_calls_per_decision") < 0.05, "{first}");
+    // What the first process held went back when it ended: the window
+    // counts exactly what the two processes admitted (its value is
+    // "f<window end>:<count>").
+    let second = bench_json(&args("1").each_ref().map(String::as_str));
+    assert_eq!(count(&second, "allowed"), 1, "{second}");
+    let value = server.cli(&["GET", "leased:{bench-0}:fixed_window"]);
+    assert_eq!(
+        value.trim().rsplit_once(':').map(|(_, count)| count),
+        Some("2001"),
+        "{value}"
+    );
 }

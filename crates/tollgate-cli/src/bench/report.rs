@@ -59,6 +59,9 @@ pub struct Report {
     engine: Option<&'static str>,
     /// The process's CPU time over the run (user and system).
     cpu: Option<Duration>,
+    /// Against a store: the calls made to it (`None`: one per decision, no
+    /// lease).
+    store_calls: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -112,6 +115,23 @@ impl Report {
         self.engine = engine;
         self.cpu = cpu;
         self
+    }
+
+    /// Adds the calls made to the store, when leases made them fewer than
+    /// the decisions.
+    pub(super) fn with_store_calls(mut self, calls: Option<u64>) -> Self {
+        self.store_calls = calls;
+        self
+    }
+
+    /// Calls made to the store: with leases as counted, else one per decision.
+    fn store_calls(&self) -> u64 {
+        self.store_calls.unwrap_or(self.allowed + self.denied)
+    }
+
+    /// Store calls per decision.
+    fn store_calls_per_decision(&self) -> f64 {
+        self.store_calls() as f64 / (self.allowed + self.denied).max(1) as f64
     }
 
     /// The process's CPU per decision, µs.
@@ -191,6 +211,7 @@ impl Report {
             max_ns: 0,
             resilience: None,
             engine: None,
+            store_calls: None,
             cpu: None,
         };
         for tally in tallies {
@@ -292,6 +313,9 @@ impl Report {
             } => {
                 put("server_time_start_us", (*server_time_start_us).into());
                 put("server_time_end_us", (*server_time_end_us).into());
+                put("store_calls", self.store_calls().into());
+                let per_decision = (self.store_calls_per_decision() * 1e4).round() / 1e4;
+                put("store_calls_per_decision", per_decision.into());
             }
             Kind::Target {
                 warmup_requests,
@@ -319,6 +343,25 @@ impl Report {
     }
 
     /// Aligned lines for people.
+    /// The text summary's lines on this process: its store calls, the
+    /// engine, its CPU.
+    fn write_process(&self, out: &mut String) {
+        if matches!(self.kind, Kind::Store { .. }) {
+            let _ = writeln!(
+                out,
+                "store calls  {} ({:.4} per decision)",
+                self.store_calls(),
+                self.store_calls_per_decision()
+            );
+        }
+        if let Some(engine) = self.engine {
+            let _ = writeln!(out, "engine       {engine}");
+        }
+        if let Some(cpu) = self.cpu_us_per_decision() {
+            let _ = writeln!(out, "cpu          {cpu:.2} us per decision (this process)");
+        }
+    }
+
     pub fn text(&self) -> String {
         let mut out = String::new();
         let (allowed, denied) = match &self.kind {
@@ -364,12 +407,7 @@ impl Report {
             micros(self.p999_ns),
             micros(self.max_ns)
         );
-        if let Some(engine) = self.engine {
-            let _ = writeln!(out, "engine       {engine}");
-        }
-        if let Some(cpu) = self.cpu_us_per_decision() {
-            let _ = writeln!(out, "cpu          {cpu:.2} us per decision (this process)");
-        }
+        self.write_process(&mut out);
         if let Some(resilience) = &self.resilience {
             let paths: Vec<String> = Path::ALL
                 .iter()

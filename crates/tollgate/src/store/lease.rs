@@ -1,46 +1,5 @@
 //! Leases on hot keys: a process takes blocks of units from a shared limit
-//! and hands them out to its own requests.
-//!
-//! One key lives on one Redis server, and every decision on it is a call to
-//! that server: a global limit, a tenant's quota or one busy client is
-//! capped by one single-threaded server however large the Cluster. A limit
-//! that carries a lease ([`Limit::with_lease`](crate::Limit::with_lease),
-//! `"lease": "50ms"` in JSON) is decided here instead, for plain checks:
-//!
-//! - **A block in one call.** When the process holds no units, one
-//!   [`Op::CheckAtMost`] takes a block from the store (the units this
-//!   request needs, and more); later requests take from the block without a
-//!   call. Units are taken before they are used, so the shared limit is
-//!   **never over-admitted**.
-//! - **The time shift.** A unit may be used up to one lease after the store
-//!   counted it: the block's lease ends one lease duration after the call
-//!   was sent, and what is left of it then goes back ([`Op::Refund`],
-//!   exact per algorithm). So each algorithm's bound holds over any interval
-//!   stretched by one lease: at most `limit` per aligned window and lease
-//!   for a fixed window, `limit` in any `window` + lease for a sliding log,
-//!   `capacity` (`burst`) plus what refills in the interval + lease for a
-//!   token bucket (GCRA).
-//! - **Blocks that adapt.** A block is about what this process used over
-//!   one lease duration (its own recent rate; doubling at most from one
-//!   block to the next), and never more than a [`SHARE`]th of what the limit
-//!   had left, so a few processes cannot starve the others. Near the limit
-//!   blocks shrink to the request's own units, and the decision is then as
-//!   exact as without a lease.
-//! - **Denials.** A denial is answered again here, without a call, until its
-//!   `retry_after` has passed: until the next block could be taken.
-//! - **Giving back.** What a block holds when its lease ends goes back to
-//!   the store: at the next decision on that key, from a task that sweeps
-//!   ended leases (when the store runs under a Tokio runtime and requests
-//!   carry no explicit `now`), and for every key at
-//!   [`LeasedStore::close`] (and, best effort, when the last clone drops).
-//!   A refund the store fails to take is dropped: the units lapse, which
-//!   under-admits, never over-admits.
-//!
-//! Everything else — other operations, per-limit costs, policies without a
-//! lease, spread decisions — goes to the store as it is. On the memory store
-//! a lease changes nothing worth its time shift (the store is in the
-//! process already); [`Limiter`](crate::Limiter) users wrap only a shared
-//! store.
+//! and hands them out to its own requests (see [`LeasedStore`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,21 +10,70 @@ use parking_lot::Mutex;
 
 use super::Store;
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::decision::{Outcome, Path};
+use crate::decision::{Decision, Outcome, Path};
 use crate::error::Result;
 use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
-/// A block is never more than this fraction (1 / `SHARE`) of what the limit
-/// had left at the last call.
-pub(crate) const SHARE: u64 = 8;
+/// A block is never more than this fraction (1 / `SHARE`) of the limit's
+/// capacity, so that four processes or more share a burst.
+pub(crate) const SHARE: u64 = 4;
 
 /// A [`Store`] that decides checks on leased limits from blocks of units
-/// taken from `S` (see the module docs). Cheap to clone: clones share the
-/// blocks.
+/// taken from `S`. Cheap to clone: clones share the blocks.
+///
+/// One key lives on one Redis server, and every decision on it is a call to
+/// that server: a global limit, a tenant's quota or one busy client is
+/// capped by one single-threaded server however large the Cluster. A limit
+/// that carries a lease ([`Limit::with_lease`](crate::Limit::with_lease),
+/// `"lease": "50ms"` in JSON) is decided here instead, for plain checks:
+///
+/// - **A block in one call.** When the process holds no units, one
+///   [`Op::CheckAtMost`] takes a block from the store (the units this
+///   request needs, and more); later requests take from the block without a
+///   call. Units are taken before they are used, so the shared limit is
+///   **never over-admitted**.
+/// - **The time shift.** A unit may be used up to one lease after the store
+///   counted it: the block's lease ends one lease duration after the call
+///   was sent, and what is left of it then goes back ([`Op::Refund`], less
+///   what a bucket or a TAT refilled meanwhile, which would otherwise be
+///   admitted twice). So each algorithm's bound holds over any interval
+///   stretched by one lease: at most `limit` per aligned window and lease
+///   for a fixed window, `limit` in any `window` + lease for a sliding log,
+///   `capacity` (`burst`) plus what refills in the interval + lease for a
+///   token bucket (GCRA).
+/// - **Blocks that adapt.** A block is about what this process used over
+///   one lease duration (its own recent rate; at most twice the last block),
+///   never more than a quarter of the limit's capacity (its burst, its
+///   window's count), and never more than the limit has left (what
+///   `check_at_most` grants). A process with a low rate takes single units,
+///   each decided exactly as without a lease.
+/// - **Near the limit.** A call granted less than it asked for has found
+///   the limit spent: this process then denies its requests itself (after
+///   using what it got) until the missing units could have come back — a
+///   bucket's refill of them, a window's share of its reset — so that its
+///   next call is worth a block, and a saturated hot key costs a few calls
+///   per block rather than one per request. Under-admission, never over.
+/// - **Denials.** A denial is answered again here, without a call, until its
+///   `retry_after` has passed: until the next block could be taken.
+/// - **Giving back.** What a block holds when its lease ends goes back to
+///   the store: at the next decision on that key, from a task that sweeps
+///   ended leases (when the store runs under a Tokio runtime and requests
+///   carry no explicit `now`), and for every key at
+///   [`LeasedStore::close`] (and, best effort, when the last clone drops).
+///   A refund the store fails to take is dropped: the units lapse, which
+///   under-admits, never over-admits.
+///
+/// Everything else — other operations, per-limit costs, policies without a
+/// lease, spread decisions — goes to the store as it is. On the memory store
+/// a lease changes nothing worth its time shift (the store is in the
+/// process already): wrap a shared store, or say
+/// [`LeasedStore::leasing`]`(false)`.
 pub struct LeasedStore<S: Store> {
     inner: S,
     shared: Arc<Shared>,
+    /// False: every decision goes to the store as it is ([`LeasedStore::leasing`]).
+    leasing: bool,
 }
 
 impl<S: Store> Clone for LeasedStore<S> {
@@ -73,6 +81,7 @@ impl<S: Store> Clone for LeasedStore<S> {
         Self {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
+            leasing: self.leasing,
         }
     }
 }
@@ -159,7 +168,17 @@ impl<S: Store> LeasedStore<S> {
                 decisions: AtomicU64::new(0),
                 sweeper_started: std::sync::atomic::AtomicBool::new(false),
             }),
+            leasing: true,
         }
+    }
+
+    /// Leases or not: `false` sends every decision to the store as it is
+    /// (for a store in the process, such as the memory store, where a lease
+    /// would add its time shift and save nothing).
+    #[must_use]
+    pub fn leasing(mut self, on: bool) -> Self {
+        self.leasing = on;
+        self
     }
 
     /// The store leases are taken from.
@@ -239,12 +258,12 @@ impl<S: Store> LeasedStore<S> {
             give_back(&self.inner, &self.shared, &entry, Some(partial), request.now).await;
             self.shared.calls.fetch_add(1, Ordering::Relaxed);
             let exact = self.inner.decide(subject, policy, request).await?;
-            entry.block.lock().record(&exact, 0, now, lease, rtt);
+            entry.block.lock().record(&exact, cost, 0, now, lease, rtt);
             return Ok(exact);
         }
         let held = taken.granted.saturating_sub(cost);
         let mut block = entry.block.lock();
-        block.record(&taken, held, now, lease, rtt);
+        block.record(&taken, size, held, now, lease, rtt);
         if !taken.decision.allowed {
             return Ok(taken);
         }
@@ -356,38 +375,44 @@ impl Block {
     /// an unended lease, or a remembered denial. `None`: the store decides.
     fn answer(&mut self, cost: u64, now: Timestamp) -> Option<Outcome> {
         let last = self.last.as_ref()?;
-        if self.denied_until.is_some_and(|until| now < until) {
-            let mut denied = last.clone();
-            let left = self.denied_until.map_or(0, |until| until.as_micros() - now.as_micros());
-            for decision in std::iter::once(&mut denied.decision).chain(denied.limits.iter_mut().map(|(_, d)| d)) {
-                if let Some(retry) = decision.retry_after.as_mut() {
-                    *retry = (*retry).min(Duration::from_micros(left));
-                }
+        if cost > 0 && self.units >= cost && now < self.until {
+            self.units -= cost;
+            self.used += cost;
+            let mut answer = last.clone();
+            answer.granted = cost;
+            answer.path = Path::Leased;
+            answer.decided_at = now;
+            let elapsed = Duration::from_micros(now.as_micros().saturating_sub(last.decided_at.as_micros()));
+            for decision in decisions(&mut answer) {
+                decision.reset_after = decision.reset_after.saturating_sub(elapsed);
             }
-            denied.path = Path::Leased;
-            denied.decided_at = now;
-            return Some(denied);
+            set_remaining(&mut answer, last, self.units);
+            return Some(answer);
         }
-        if self.units < cost || now >= self.until || cost == 0 {
-            return None;
+        let until = self.denied_until.filter(|until| now < *until)?;
+        // Denied (or the limit spent at the last call) until then.
+        let left = Duration::from_micros(until.as_micros() - now.as_micros());
+        let mut denied = last.clone();
+        denied.granted = 0;
+        denied.path = Path::Leased;
+        denied.decided_at = now;
+        for decision in decisions(&mut denied) {
+            decision.allowed = false;
+            decision.remaining = 0;
+            decision.wait = Duration::ZERO;
+            decision.retry_after = Some(
+                decision
+                    .retry_after
+                    .filter(|retry| !retry.is_zero())
+                    .map_or(left, |retry| retry.min(left)),
+            );
         }
-        self.units -= cost;
-        self.used += cost;
-        let mut answer = last.clone();
-        answer.granted = cost;
-        answer.path = Path::Leased;
-        answer.decided_at = now;
-        let elapsed = Duration::from_micros(now.as_micros().saturating_sub(last.decided_at.as_micros()));
-        for decision in std::iter::once(&mut answer.decision).chain(answer.limits.iter_mut().map(|(_, d)| d)) {
-            decision.reset_after = decision.reset_after.saturating_sub(elapsed);
-        }
-        set_remaining(&mut answer, last, self.units);
-        Some(answer)
+        Some(denied)
     }
 
     /// The size of the next block for a request of `cost` at `now`: about
     /// what this process used over one lease, at most twice the last block,
-    /// at most a `SHARE`th of what the limit had left, and at least `cost`.
+    /// at most a `SHARE`th of the limit's capacity, and at least `cost`.
     fn next_size(&self, cost: u64, now: Timestamp, lease: Duration) -> u64 {
         let by_rate = match self.called_at {
             Some(called) if now > called => {
@@ -399,11 +424,11 @@ impl Block {
             _ => u64::MAX,
         };
         let grown = self.size.saturating_mul(2).max(1);
+        // A share of the limit's capacity (its burst, its window's count).
         let left = self
             .last
             .as_ref()
-            .filter(|last| last.decision.allowed)
-            .map_or(u64::MAX, |last| (last.decision.remaining / SHARE).max(1));
+            .map_or(u64::MAX, |last| (last.decision.limit / SHARE).max(1));
         by_rate.min(grown).min(left).max(cost)
     }
 
@@ -421,25 +446,40 @@ impl Block {
     /// Keeps the store's answer `outcome` to a call made at `now` that took
     /// `rtt`, holding `held` units until one lease later; a denial is
     /// remembered until its `retry_after`.
-    fn record(&mut self, outcome: &Outcome, held: u64, now: Timestamp, lease: Duration, rtt: Duration) {
+    fn record(&mut self, outcome: &Outcome, asked: u64, held: u64, now: Timestamp, lease: Duration, rtt: Duration) {
         self.units = held;
         self.rtt = rtt;
         self.taken_at = outcome.decided_at;
         self.until = now.after(lease);
         self.called_at = Some(now);
         self.used = 0;
-        self.size = outcome.granted.max(1);
-        self.denied_until = (!outcome.decision.allowed)
-            .then_some(outcome.decision.retry_after)
-            .flatten()
-            .map(|retry| now.after(retry));
+        self.size = asked.max(1);
+        self.denied_until = if outcome.decision.allowed {
+            // Granted less than asked: the limit is spent for now. Further
+            // requests are denied here until what was missing could have
+            // come back (a bucket's refill of it; a window's share of its
+            // reset), so that the next block is worth its call.
+            (outcome.granted < asked).then(|| {
+                let decision = &outcome.decision;
+                let missing = u128::from(asked - outcome.granted);
+                let micros = decision.reset_after.as_micros() * missing / u128::from(decision.limit.max(1));
+                now.after(Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX)))
+            })
+        } else {
+            outcome.decision.retry_after.map(|retry| now.after(retry))
+        };
         self.last = Some(outcome.clone());
     }
 }
 
+/// The policy's decision and each limit's, to adjust alike.
+fn decisions(outcome: &mut Outcome) -> impl Iterator<Item = &mut Decision> {
+    std::iter::once(&mut outcome.decision).chain(outcome.limits.iter_mut().map(|(_, decision)| decision))
+}
+
 /// Adds `held` units (taken, not yet used) to what `outcome` says remains.
 fn add_remaining(outcome: &mut Outcome, held: u64) {
-    for decision in std::iter::once(&mut outcome.decision).chain(outcome.limits.iter_mut().map(|(_, d)| d)) {
+    for decision in decisions(outcome) {
         decision.remaining = decision.remaining.saturating_add(held);
     }
 }
@@ -460,7 +500,7 @@ impl<S: Store> Store for LeasedStore<S> {
 
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         match policy.lease() {
-            Some(lease) if request.op == Op::Check && request.costs.is_empty() && request.cost > 0 => {
+            Some(lease) if self.leasing && request.op == Op::Check && request.costs.is_empty() && request.cost > 0 => {
                 policy.validate(request)?;
                 self.check(subject, policy, request, lease).await
             }
