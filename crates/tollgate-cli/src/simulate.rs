@@ -26,7 +26,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use tollgate::{
-    Decision, ManualClock, MemoryStore, Op, Outcome, Policy, RedisStore, Request, Store, Subject, Timestamp,
+    Decision, LeasedStore, ManualClock, MemoryStore, Op, Outcome, Policy, RedisStore, Request, Store, Subject,
+    Timestamp,
 };
 
 use self::step::{Echo, Step, StepOp};
@@ -301,6 +302,10 @@ struct Decided {
 pub struct Simulation {
     policy: Policy,
     backend: Backend,
+    /// A policy with a lease: the process's blocks, taken from the backend's
+    /// store (on memory too: the replay shows what a leasing process
+    /// answers, whatever the store).
+    leased: Option<Leased>,
     /// `--start`, µs since the epoch.
     start: u64,
     /// `t_ms` of the last step that ran, in µs.
@@ -311,6 +316,15 @@ pub struct Simulation {
     titles: Vec<String>,
     /// With `--plot`: every step decided.
     recorded: Option<Vec<plot::Point>>,
+}
+
+/// A leasing process's blocks over the backend's store.
+enum Leased {
+    Memory {
+        store: LeasedStore<MemoryStore>,
+        runtime: tokio::runtime::Runtime,
+    },
+    Redis(LeasedStore<RedisStore>),
 }
 
 /// Where a simulation decides.
@@ -373,12 +387,21 @@ impl Simulation {
             .filter(|&start| start <= MAX_NOW)
             .ok_or_else(|| UsageError(format!("--start must be at most {} (2^53 us)", MAX_NOW / 1_000_000)))?;
         let clock = ManualClock::new(Timestamp::from_micros(start));
+        let memory = MemoryStore::with_clock(clock.clone());
+        let leased = match policy.lease() {
+            Some(_) => Some(Leased::Memory {
+                store: LeasedStore::with_clock(memory.clone(), clock.clone()),
+                runtime: tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|error| UsageError(format!("cannot start the async runtime: {error}")))?,
+            }),
+            None => None,
+        };
         Ok(Self {
             policy,
-            backend: Backend::Memory {
-                store: MemoryStore::with_clock(clock.clone()),
-                clock,
-            },
+            leased,
+            backend: Backend::Memory { store: memory, clock },
             start,
             last: None,
             next_lease: 1,
@@ -414,6 +437,9 @@ impl Simulation {
             .build()
             .context("cannot start the async runtime")?;
         let store = runtime.block_on(store::connect_redis(url, prefix))?;
+        if self.leased.is_some() {
+            self.leased = Some(Leased::Redis(LeasedStore::new(store.clone())));
+        }
         self.backend = Backend::Redis(RedisBackend {
             store,
             runtime,
@@ -432,6 +458,11 @@ impl Simulation {
         let Backend::Redis(redis) = self.backend else {
             return Ok(());
         };
+        // What the blocks hold goes back, at the last step's instant.
+        if let Some(Leased::Redis(leased)) = &self.leased {
+            let now = Timestamp::from_micros(self.start + self.last.unwrap_or(0));
+            redis.runtime.block_on(leased.close(Some(now)));
+        }
         if redis.keep_keys {
             return Ok(());
         }
@@ -454,6 +485,21 @@ impl Simulation {
 
     /// Decides `request` at `now` in the simulation's store.
     fn decide(&mut self, subject: &Subject, request: &Request) -> tollgate::Result<Outcome> {
+        match (&mut self.backend, &self.leased) {
+            (Backend::Memory { clock, .. }, Some(Leased::Memory { store, runtime })) => {
+                if let Some(now) = request.now {
+                    clock.set(now);
+                }
+                return runtime.block_on(store.decide(subject, &self.policy, request));
+            }
+            (Backend::Redis(redis), Some(Leased::Redis(store))) => {
+                if !redis.touched.contains_key(subject.as_key()) {
+                    redis.touched.insert(subject.as_key().to_owned(), subject.clone());
+                }
+                return redis.runtime.block_on(store.decide(subject, &self.policy, request));
+            }
+            _ => {}
+        }
         match &mut self.backend {
             Backend::Memory { store, clock } => {
                 if let Some(now) = request.now {
@@ -474,6 +520,16 @@ impl Simulation {
 
     /// Forgets `subject`'s state.
     fn reset(&mut self, subject: &Subject) -> tollgate::Result<()> {
+        // The block goes with the state it came from.
+        match (&self.backend, &self.leased) {
+            (_, Some(Leased::Memory { store, runtime })) => {
+                return runtime.block_on(store.reset(subject, &self.policy));
+            }
+            (Backend::Redis(redis), Some(Leased::Redis(store))) => {
+                return redis.runtime.block_on(store.reset(subject, &self.policy));
+            }
+            _ => {}
+        }
         match &mut self.backend {
             Backend::Memory { store, .. } => {
                 store.reset_now(subject, &self.policy);

@@ -334,3 +334,62 @@ fn serve_refuses_to_start_without_redis_under_the_error_policy() {
     assert!(errors[0].contains("cannot use the store"), "{stderr}");
     assert_eq!(errors[0].matches("Connection refused").count(), 1, "{stderr}");
 }
+
+/// A rule whose limit carries a lease, on Redis: requests are answered from
+/// blocks (few library calls, the `leased` path counted), and on SIGTERM
+/// what the process held goes back, so the store counts exactly what was
+/// admitted.
+#[tokio::test]
+async fn a_leased_rule_takes_blocks_and_gives_back_what_is_left_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("leased.yaml");
+    std::fs::write(
+        &config,
+        "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100000\n      algorithm: {algorithm: fixed_window, limit: 100000, window: 1h, lease: 10s}\n",
+    )
+    .unwrap();
+    let redis = RedisServer::start();
+    let server = common::Serve::start_with(&config, &["--redis", redis.url().as_str()]);
+    let body = r#"{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"198.51.100.7"}]}]}"#;
+    let client = reqwest::Client::new();
+    for index in 0..200 {
+        let response = client
+            .post(format!("http://{}/v1/check", server.http))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "request {index}");
+    }
+    let metrics = client
+        .get(format!("http://{}/metrics", server.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("tollgate_decisions_by_path_total{path=\"leased\"}") && !line.ends_with(" 0")),
+        "{metrics}"
+    );
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let calls: u64 = stats
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_fcall:") || line.starts_with("cmdstat_tollgate.decide:"))
+        .filter_map(|line| line.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(calls < 20, "{calls} engine calls for 200 requests: {stats}");
+
+    let (exited_cleanly, logs) = server.terminate();
+    assert!(exited_cleanly, "{logs:?}");
+    let keys = redis.cli(&["KEYS", "*"]);
+    let value = redis.cli(&["GET", keys.trim()]);
+    assert_eq!(
+        value.trim().rsplit_once(':').map(|(_, count)| count),
+        Some("200"),
+        "{keys}: {value}"
+    );
+}

@@ -215,6 +215,8 @@ impl Server {
                 }
             }
         );
+        // Every front end has stopped: what leased rules hold goes back.
+        self.service.close_leases().await;
         http_result.and(grpc_result).and(metrics_result).and(debug_result)
     }
 }

@@ -47,7 +47,7 @@ use arc_swap::ArcSwap;
 use futures_util::future::join_all;
 use tokio::sync::watch;
 use tollgate::wire::{rate_limit_headers as rate_limit_headers_of, HeaderLimit};
-use tollgate::{AnyStore, Decision, Limit, Op, Policy, Request, Restrictiveness, Store, Subject};
+use tollgate::{AnyStore, Decision, LeasedStore, Limit, Op, Policy, Request, Restrictiveness, Store, Subject};
 
 use crate::config::{Config, Domain, Quota, Rule};
 use crate::metrics::Metrics;
@@ -309,7 +309,9 @@ impl Default for HeaderNames {
 /// The service state shared by the gRPC and HTTP front ends.
 pub struct Service {
     config: ArcSwap<Config>,
-    store: AnyStore,
+    /// The store, with the blocks of rules whose limit carries a lease
+    /// (none on the memory store: it is this process's own).
+    store: LeasedStore<AnyStore>,
     metrics: Metrics,
     options: Options,
     healthy: watch::Sender<bool>,
@@ -408,9 +410,10 @@ impl Service {
             no_config: options.healthy_with_config_only && config.domains.is_empty(),
             ..Health::default()
         };
+        let in_process = store.is_in_process();
         Self {
             config: ArcSwap::from_pointee(config),
-            store,
+            store: LeasedStore::new(store).leasing(!in_process),
             metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,
             healthy: watch::channel(!health.no_config).0,
@@ -458,7 +461,12 @@ impl Service {
 
     /// The store.
     pub fn store(&self) -> &AnyStore {
-        &self.store
+        self.store.inner()
+    }
+
+    /// Gives back what leased rules hold: before the process stops.
+    pub async fn close_leases(&self) {
+        self.store.close(None).await;
     }
 
     /// Follows whether the service is healthy (gRPC health and `/healthcheck`).

@@ -63,6 +63,14 @@ pub(crate) const SHARE: u64 = 4;
 ///   [`LeasedStore::close`] (and, best effort, when the last clone drops).
 ///   A refund the store fails to take is dropped: the units lapse, which
 ///   under-admits, never over-admits.
+/// - **Store faults.** Over a [`ResilientStore`](crate::ResilientStore), a
+///   block comes from whatever answers: the store, or while it fails its
+///   failure policy (an error, `open`, `closed`, the `local` fallback). Units
+///   the store did not grant are used but never given back to it: they
+///   lapse with their lease.
+/// - **Gateways.** [`Store::decide_spread`] of one subject and one leased
+///   limit (a request of one descriptor) is leased; a request of several
+///   descriptors goes to the store as it is.
 ///
 /// Everything else — other operations, per-limit costs, policies without a
 /// lease, spread decisions — goes to the store as it is. On the memory store
@@ -116,6 +124,9 @@ struct Block {
     units: u64,
     /// The store's instant the units were taken at, which their refund names.
     taken_at: Timestamp,
+    /// The store itself granted them (not a failure policy or the local
+    /// fallback, whose units must not be given back to the store).
+    refundable: bool,
     /// When the lease ends (this store's time): units still here then go back.
     until: Timestamp,
     /// The store's answer to the last call, from which local answers are made.
@@ -247,15 +258,15 @@ impl<S: Store> LeasedStore<S> {
             None => Duration::from_micros(self.shared.clock.now().as_micros().saturating_sub(now.as_micros())),
         };
         if taken.decision.allowed && taken.granted < cost {
-            // Too little left for this request: give it back and decide the
-            // request exactly, as without a lease.
-            let partial = Held {
+            // Too little left for this request: give it back (if the store
+            // granted it) and decide the request exactly, as without a lease.
+            let partial = (taken.path == Path::Store).then_some(Held {
                 units: taken.granted,
                 taken_at: taken.decided_at,
                 called_at: now,
                 rtt,
-            };
-            give_back(&self.inner, &self.shared, &entry, Some(partial), request.now).await;
+            });
+            give_back(&self.inner, &self.shared, &entry, partial, request.now).await;
             self.shared.calls.fetch_add(1, Ordering::Relaxed);
             let exact = self.inner.decide(subject, policy, request).await?;
             entry.block.lock().record(&exact, cost, 0, now, lease, rtt);
@@ -375,27 +386,29 @@ impl Block {
     /// an unended lease, or a remembered denial. `None`: the store decides.
     fn answer(&mut self, cost: u64, now: Timestamp) -> Option<Outcome> {
         let last = self.last.as_ref()?;
-        if cost > 0 && self.units >= cost && now < self.until {
-            self.units -= cost;
-            self.used += cost;
-            let mut answer = last.clone();
-            answer.granted = cost;
-            answer.path = Path::Leased;
-            answer.decided_at = now;
+        // The last answer, as time has moved on since.
+        let since = |mut answer: Outcome| {
             let elapsed = Duration::from_micros(now.as_micros().saturating_sub(last.decided_at.as_micros()));
             for decision in decisions(&mut answer) {
                 decision.reset_after = decision.reset_after.saturating_sub(elapsed);
             }
+            answer.path = Path::Leased;
+            answer.decided_at = now;
+            answer
+        };
+        if cost > 0 && self.units >= cost && now < self.until {
+            self.units -= cost;
+            self.used += cost;
+            let mut answer = since(last.clone());
+            answer.granted = cost;
             set_remaining(&mut answer, last, self.units);
             return Some(answer);
         }
         let until = self.denied_until.filter(|until| now < *until)?;
         // Denied (or the limit spent at the last call) until then.
         let left = Duration::from_micros(until.as_micros() - now.as_micros());
-        let mut denied = last.clone();
+        let mut denied = since(last.clone());
         denied.granted = 0;
-        denied.path = Path::Leased;
-        denied.decided_at = now;
         for decision in decisions(&mut denied) {
             decision.allowed = false;
             decision.remaining = 0;
@@ -435,7 +448,7 @@ impl Block {
     /// The units held, taken out to give back (`None`: none).
     fn take_held(&mut self) -> Option<Held> {
         let units = std::mem::take(&mut self.units);
-        (units > 0).then(|| Held {
+        (units > 0 && self.refundable).then(|| Held {
             units,
             taken_at: self.taken_at,
             called_at: self.called_at.unwrap_or(self.taken_at),
@@ -449,6 +462,7 @@ impl Block {
     fn record(&mut self, outcome: &Outcome, asked: u64, held: u64, now: Timestamp, lease: Duration, rtt: Duration) {
         self.units = held;
         self.rtt = rtt;
+        self.refundable = outcome.path == Path::Store;
         self.taken_at = outcome.decided_at;
         self.until = now.after(lease);
         self.called_at = Some(now);
@@ -508,8 +522,19 @@ impl<S: Store> Store for LeasedStore<S> {
         }
     }
 
+    /// One subject and one leased limit (a gateway request of one
+    /// descriptor) is a leased check; anything else goes to the store as it
+    /// is (a block per descriptor, all or nothing, is not leased).
     async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
-        self.inner.decide_spread(subjects, policy, request).await
+        match subjects {
+            [subject] if policy.len() == 1 && request.costs.len() <= 1 => {
+                let mut single = request.clone();
+                single.cost = request.cost_of(0);
+                single.costs.clear();
+                self.decide(subject, policy, &single).await
+            }
+            _ => self.inner.decide_spread(subjects, policy, request).await,
+        }
     }
 
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
