@@ -117,10 +117,10 @@ pub struct Args {
     /// flight; at most 10 000
     #[arg(long, value_name = "N", requires = "target", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     connections: u32,
-    /// With --target: send at this steady rate (requests per second over
-    /// all connections, each connection pacing its share) instead of as fast
-    /// as the server answers; latency is measured from each send
-    #[arg(long, value_name = "PER_SECOND", requires = "target", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    /// Send at this steady rate (requests per second over all connections,
+    /// or against a store over all tasks, each pacing its share) instead of
+    /// as fast as answers come; latency is measured from each send
+    #[arg(long, value_name = "PER_SECOND", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     rate: Option<u64>,
     /// With an http:// target: what each request is [default: check]
     #[arg(long, value_enum, value_name = "KIND", requires = "target")]
@@ -260,6 +260,8 @@ struct Plan {
     op: BenchOp,
     hold: Duration,
     cost: u64,
+    /// With `--rate`: the time between two requests of one task.
+    pace: Option<Duration>,
     batch: Option<u32>,
     on_store_error: Option<OnStoreError>,
     store_timeout: Option<Duration>,
@@ -292,6 +294,9 @@ impl Plan {
             op: args.op,
             hold: Duration::from_millis(args.hold_ms),
             cost: args.cost,
+            pace: args
+                .rate
+                .map(|rate| Duration::from_secs_f64(f64::from(args.tasks) / rate as f64)),
             batch: args.batch,
             on_store_error: args.on_store_error,
             store_timeout: args.store_timeout,
@@ -498,6 +503,9 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
             op: plan.op,
             hold: plan.hold,
             cost: plan.cost,
+            // Task `i` of `n` starts `i/n` of a pace late: the tasks' sends
+            // interleave evenly.
+            pace: plan.pace.map(|pace| (pace, started + pace * task / plan.tasks)),
         };
         tasks.spawn(worker.run());
     }
@@ -608,6 +616,8 @@ struct Worker {
     op: BenchOp,
     hold: Duration,
     cost: u64,
+    /// With `--rate`: the time between two requests, and when the first goes.
+    pace: Option<(Duration, Instant)>,
 }
 
 impl Worker {
@@ -627,13 +637,19 @@ impl Worker {
         }
     }
 
-    async fn run(self) -> Tally {
+    async fn run(mut self) -> Tally {
         let mut tally = Tally::new();
         let keys = self.subjects.len();
         let stride = usize::try_from(self.stride).unwrap_or(1) % keys;
         let mut key = usize::try_from(self.first_key).unwrap_or(0);
         let mut in_fault = false;
         while !self.until.reached(&self.shared) {
+            // A steady schedule: a late request goes at once, and the next
+            // keeps its own time.
+            if let Some((pace, next)) = &mut self.pace {
+                tokio::time::sleep_until((*next).into()).await;
+                *next += *pace;
+            }
             let subject = &self.subjects[key];
             key = (key + stride.max(1)) % keys;
             let request = self.request();

@@ -47,6 +47,7 @@ const DURATION: &str = "2s";
 #[derive(Debug, Clone, Copy)]
 enum Bound {
     FixedWindow { limit: u64, window: u64 },
+    SlidingWindow { limit: u64, window: u64 },
     SlidingLog { limit: u64, window: u64 },
     TokenBucket { capacity: u64, refill: u64, interval: u64 },
     Gcra { burst: u64, rate: u64, period: u64 },
@@ -58,6 +59,9 @@ impl Bound {
         let span = end - start;
         match self {
             Self::FixedWindow { limit, window } => limit * (end / window - start / window + 1),
+            // Any `[t, t + window]` counts at most `limit` (the oldest
+            // bucket is counted whole).
+            Self::SlidingWindow { limit, window } => limit * (span + 1).div_ceil(window + 1),
             Self::SlidingLog { limit, window } => limit * (span + 1).div_ceil(window),
             Self::TokenBucket {
                 capacity,
@@ -92,6 +96,9 @@ fn with_engine(url: &str) -> String {
 struct Run {
     allowed: Vec<u64>,
     requests: u64,
+    /// Decisions (allowed and denied) and the store calls they took.
+    decisions: u64,
+    calls: u64,
     start: u64,
     end: u64,
 }
@@ -122,6 +129,8 @@ fn run(url: &str, prefix: &str, limit: &str, extra: &[&str]) -> Run {
     let mut run = Run {
         allowed: Vec::new(),
         requests: 0,
+        decisions: 0,
+        calls: 0,
         start: u64::MAX,
         end: 0,
     };
@@ -135,6 +144,8 @@ fn run(url: &str, prefix: &str, limit: &str, extra: &[&str]) -> Run {
         assert_eq!(summary["engine"], engine(), "{summary}");
         run.allowed.push(field("allowed"));
         run.requests += field("requests");
+        run.decisions += field("allowed") + field("denied");
+        run.calls += field("store_calls");
         run.start = run.start.min(field("server_time_start_us"));
         run.end = run.end.max(field("server_time_end_us"));
     }
@@ -164,6 +175,40 @@ fn scenario(url: &str, name: &str, limit: &str, bound: Bound, extra: &[&str]) {
         "{name}: only {allowed} admitted over [{}, {}], less than half the bound {bound}",
         run.start,
         run.end
+    );
+}
+
+/// Runs one scenario of a leased limit and checks that the processes
+/// together admit at most the bound over `[S − lease, E]` (a unit may be
+/// used up to one lease after the store counted it), at least half the
+/// bound over `[S, E]`, and that they took far fewer store calls than
+/// decisions.
+fn leased_scenario(url: &str, name: &str, limit: &str, bound: Bound, lease: u64) {
+    let run = run(url, &format!("leased-{name}"), limit, &[]);
+    let allowed: u64 = run.allowed.iter().sum();
+    let stretched = bound.over(run.start - lease, run.end);
+    let unstretched = bound.over(run.start, run.end);
+    println!(
+        "leased {name}: allowed {allowed} = {:?} of {} requests, over {} us; bound {unstretched}, stretched by the lease {stretched}",
+        run.allowed,
+        run.requests,
+        run.end - run.start,
+    );
+    assert!(
+        allowed <= stretched,
+        "{name}: {allowed} admitted over [{}, {}], more than the bound stretched by the lease, {stretched}",
+        run.start,
+        run.end
+    );
+    assert!(
+        allowed * 2 >= unstretched,
+        "{name}: only {allowed} admitted, bound {unstretched}"
+    );
+    assert!(
+        run.calls * 10 <= run.decisions,
+        "{name}: {} store calls for {} decisions",
+        run.calls,
+        run.decisions
     );
 }
 
@@ -235,6 +280,63 @@ fn processes_sharing_a_limit_never_exceed_its_bound() {
         &["--op", "acquire", "--hold-ms", "200"],
     );
     println!("all scenarios ({}) in {:.1} s", engine(), began.elapsed().as_secs_f64());
+}
+
+/// The same limits with a lease of 20 ms (sliding window included): four
+/// processes take blocks of one hot key and hand them out, and together
+/// stay within each bound stretched by one lease.
+#[test]
+fn processes_leasing_a_limit_never_exceed_its_bound_stretched_by_one_lease() {
+    let _serial = one_at_a_time();
+    let redis = RedisServer::start();
+    let server = &with_engine(&redis.url());
+    let lease = 20_000;
+    for (name, limit, bound) in [
+        (
+            "fixed_window",
+            r#"{"algorithm":"fixed_window","limit":5000,"window":"500ms","lease":"20ms"}"#,
+            Bound::FixedWindow {
+                limit: 5_000,
+                window: 500_000,
+            },
+        ),
+        (
+            "sliding_window",
+            r#"{"algorithm":"sliding_window","limit":5000,"window":"500ms","buckets":10,"lease":"20ms"}"#,
+            Bound::SlidingWindow {
+                limit: 5_000,
+                window: 500_000,
+            },
+        ),
+        (
+            "sliding_log",
+            r#"{"algorithm":"sliding_log","limit":500,"window":"500ms","lease":"20ms"}"#,
+            Bound::SlidingLog {
+                limit: 500,
+                window: 500_000,
+            },
+        ),
+        (
+            "token_bucket",
+            r#"{"algorithm":"token_bucket","capacity":2000,"refill":10000,"interval":"1s","lease":"20ms"}"#,
+            Bound::TokenBucket {
+                capacity: 2_000,
+                refill: 10_000,
+                interval: 1_000_000,
+            },
+        ),
+        (
+            "gcra",
+            r#"{"algorithm":"gcra","rate":10000,"period":"1s","burst":2000,"lease":"20ms"}"#,
+            Bound::Gcra {
+                burst: 2_000,
+                rate: 10_000,
+                period: 1_000_000,
+            },
+        ),
+    ] {
+        leased_scenario(server, name, limit, bound, lease);
+    }
 }
 
 /// The same on a Redis Cluster (3 masters, 3 replicas): one subject lives
