@@ -27,7 +27,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tollgate::{LeasedStore, Limiter, MemoryStore, OnStoreError, Op, Path, Policy, Request, ResilientStore, Subject};
+use tollgate::{
+    LeasedStore, Limiter, MemoryStore, OnStoreError, Op, Path, Policy, Request, ResilientStore, Store as _, Subject,
+};
 
 use self::report::Report;
 use crate::store::{self, AnyStore, StoreUrl};
@@ -480,9 +482,8 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
     let mut clock = StoreClock::of(&store);
     // A limit with a lease is taken in blocks from a shared store; the
     // memory store is this process's own.
-    let in_process = store.is_in_process();
-    let store = LeasedStore::new(store).leasing(!in_process);
-    let leased = plan.policy.lease().is_some() && !in_process;
+    let leased = plan.policy.lease().is_some() && !store.in_process();
+    let store = LeasedStore::new(store);
     let limiter = Limiter::new(store.clone(), plan.policy.clone());
     let subjects: Arc<[Subject]> = (0..plan.keys).map(|key| Subject::new(format!("bench-{key}"))).collect();
     let shared = Arc::new(Shared::default());

@@ -390,7 +390,7 @@ impl Simulation {
         let memory = MemoryStore::with_clock(clock.clone());
         let leased = match policy.lease() {
             Some(_) => Some(Leased::Memory {
-                store: LeasedStore::with_clock(memory.clone(), clock.clone()),
+                store: LeasedStore::with_clock(memory.clone(), clock.clone()).leasing(true),
                 runtime: tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

@@ -410,10 +410,9 @@ impl Service {
             no_config: options.healthy_with_config_only && config.domains.is_empty(),
             ..Health::default()
         };
-        let in_process = store.is_in_process();
         Self {
             config: ArcSwap::from_pointee(config),
-            store: LeasedStore::new(store).leasing(!in_process),
+            store: LeasedStore::new(store),
             metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,
             healthy: watch::channel(!health.no_config).0,

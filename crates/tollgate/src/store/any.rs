@@ -28,14 +28,11 @@ pub enum AnyStore {
     Resilient(ResilientStore<RedisStore>),
 }
 
-impl AnyStore {
-    /// True for the memory store: its state lives in this process.
-    pub fn is_in_process(&self) -> bool {
+impl Store for AnyStore {
+    fn in_process(&self) -> bool {
         matches!(self, Self::Memory(_))
     }
-}
 
-impl Store for AnyStore {
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         match self {
             Self::Memory(store) => store.decide_now(subject, policy, request),

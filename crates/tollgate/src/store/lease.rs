@@ -73,10 +73,11 @@ pub(crate) const SHARE: u64 = 4;
 ///   descriptors goes to the store as it is.
 ///
 /// Everything else — other operations, per-limit costs, policies without a
-/// lease, spread decisions — goes to the store as it is. On the memory store
-/// a lease changes nothing worth its time shift (the store is in the
-/// process already): wrap a shared store, or say
-/// [`LeasedStore::leasing`]`(false)`.
+/// lease, spread decisions of several descriptors — goes to the store as it
+/// is; so does everything over a store in this process (the memory store):
+/// there a lease would add its time shift and save nothing, so a
+/// [`Limiter`](crate::Limiter) over `LeasedStore<MemoryStore>` decides
+/// exactly as over the memory store.
 pub struct LeasedStore<S: Store> {
     inner: S,
     shared: Arc<Shared>,
@@ -171,7 +172,6 @@ impl<S: Store> LeasedStore<S> {
     /// Leases on `inner`, timed by `clock` where a request has no `now`.
     pub fn with_clock(inner: S, clock: impl Clock) -> Self {
         Self {
-            inner,
             shared: Arc::new(Shared {
                 entries: Mutex::new(HashMap::new()),
                 clock: Arc::new(clock),
@@ -179,13 +179,16 @@ impl<S: Store> LeasedStore<S> {
                 decisions: AtomicU64::new(0),
                 sweeper_started: std::sync::atomic::AtomicBool::new(false),
             }),
-            leasing: true,
+            leasing: !inner.in_process(),
+            inner,
         }
     }
 
-    /// Leases or not: `false` sends every decision to the store as it is
-    /// (for a store in the process, such as the memory store, where a lease
-    /// would add its time shift and save nothing).
+    /// Leases or not. By default a store shared with other processes is
+    /// leased from and one in this process ([`Store::in_process`]: the
+    /// memory store) is not: a lease would add its time shift and save
+    /// nothing. `true` leases from any store (`tollgate simulate`, which
+    /// shows what a leasing process answers whatever the store).
     #[must_use]
     pub fn leasing(mut self, on: bool) -> Self {
         self.leasing = on;
@@ -545,6 +548,10 @@ impl<S: Store> Store for LeasedStore<S> {
 
     fn sleep(&self, duration: Duration) -> crate::clock::Sleep {
         self.inner.sleep(duration)
+    }
+
+    fn in_process(&self) -> bool {
+        self.inner.in_process()
     }
 }
 

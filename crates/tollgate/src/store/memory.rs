@@ -560,6 +560,10 @@ impl Store for MemoryStore {
         self.decide_now(subject, policy, request)
     }
 
+    fn in_process(&self) -> bool {
+        true
+    }
+
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         self.reset_now(subject, policy);
         Ok(())

@@ -90,4 +90,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn sleep(&self, duration: Duration) -> Sleep {
         Box::pin(tokio::time::sleep(duration))
     }
+
+    /// True when the state lives in this process (the memory store): no
+    /// other process shares it, so a [`LeasedStore`] over it does not lease.
+    fn in_process(&self) -> bool {
+        false
+    }
 }

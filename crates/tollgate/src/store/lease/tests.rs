@@ -29,7 +29,9 @@ fn runtime() -> tokio::runtime::Runtime {
 /// `processes` leased stores sharing one memory store.
 fn processes(count: usize) -> (MemoryStore, Vec<LeasedStore<MemoryStore>>) {
     let shared = MemoryStore::new();
-    let leased = (0..count).map(|_| LeasedStore::new(shared.clone())).collect();
+    let leased = (0..count)
+        .map(|_| LeasedStore::new(shared.clone()).leasing(true))
+        .collect();
     (shared, leased)
 }
 
@@ -438,4 +440,116 @@ fn a_lease_is_read_written_and_refused_where_it_cannot_apply() {
     .unwrap_err()
     .to_string();
     assert!(mixed.contains("slow.lease"), "{mixed}");
+}
+
+/// A memory store that fails while `down` is set.
+#[derive(Clone)]
+struct Flaky {
+    store: MemoryStore,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Flaky {
+    fn new() -> Self {
+        Self {
+            store: MemoryStore::new(),
+            down: std::sync::Arc::default(),
+        }
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Store for Flaky {
+    async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> crate::Result<Outcome> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(crate::Error::new(crate::ErrorKind::Store, "down"));
+        }
+        self.store.decide(subject, policy, request).await
+    }
+
+    async fn reset(&self, subject: &Subject, policy: &Policy) -> crate::Result<()> {
+        self.store.reset(subject, policy).await
+    }
+}
+
+fn hourly(limit: u64) -> Policy {
+    let limit = Limit::fixed_window(limit, Duration::from_secs(3_600)).unwrap();
+    Policy::single(limit.with_lease(Duration::from_millis(50)).unwrap())
+}
+
+#[test]
+fn a_block_the_store_cannot_take_back_lapses() {
+    runtime().block_on(async {
+        let policy = hourly(100);
+        let flaky = Flaky::new();
+        let leased = LeasedStore::new(flaky.clone());
+        for _ in 0..10 {
+            leased.decide(&subject(), &policy, &check(0)).await.unwrap();
+        }
+        // 15 taken, 5 held; the lease ends while the store is down: the
+        // refund fails, and so does the next block.
+        flaky.set_down(true);
+        assert!(leased.decide(&subject(), &policy, &check(50_000)).await.is_err());
+        flaky.set_down(false);
+        assert!(
+            leased
+                .decide(&subject(), &policy, &check(60_000))
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+        leased.close(Some(at(60_000))).await;
+        // 11 used, and the 5 held when the store was down lapsed: counted,
+        // never admitted (under-admission, never over).
+        assert_eq!(left(&flaky.store, &policy, 60_000).await, 100 - 11 - 5);
+    });
+}
+
+#[test]
+fn units_a_failure_policy_granted_are_never_given_to_the_store() {
+    runtime().block_on(async {
+        let policy = hourly(100);
+        let flaky = Flaky::new();
+        let resilient = crate::ResilientStore::builder(flaky.clone())
+            .on_error(crate::OnStoreError::Open)
+            .build();
+        let leased = LeasedStore::new(resilient);
+        flaky.set_down(true);
+        for _ in 0..3 {
+            let outcome = leased.decide(&subject(), &policy, &check(0)).await.unwrap();
+            assert!(outcome.decision.allowed, "{outcome:?}");
+        }
+        flaky.set_down(false);
+        // The policy's block ends; nothing of it goes to the store, which
+        // counts only what it granted from now on.
+        leased.decide(&subject(), &policy, &check(50_000)).await.unwrap();
+        leased.close(Some(at(50_000))).await;
+        assert_eq!(left(&flaky.store, &policy, 50_000).await, 99);
+    });
+}
+
+#[test]
+fn over_the_memory_store_a_leased_limiter_decides_as_the_store() {
+    runtime().block_on(async {
+        let policy = Policy::single(
+            Limit::gcra(10, Duration::from_secs(1), 3)
+                .unwrap()
+                .with_lease(Duration::from_millis(50))
+                .unwrap(),
+        );
+        let plain = crate::Limiter::new(MemoryStore::new(), policy.clone());
+        let leased_store = LeasedStore::new(MemoryStore::new());
+        let leased = crate::Limiter::new(leased_store.clone(), policy);
+        for micros in (0..2_000_000).step_by(37_000) {
+            let request = check(micros);
+            let a = plain.decide(&subject(), &request).await.unwrap();
+            let b = leased.decide(&subject(), &request).await.unwrap();
+            assert_eq!(a.decision, b.decision, "at {micros} us");
+        }
+        assert_eq!(leased_store.stats().decisions, 0, "no lease over the memory store");
+    });
 }
