@@ -465,7 +465,11 @@ impl Service {
 
     /// Gives back what leased rules hold: before the process stops.
     pub async fn close_leases(&self) {
-        self.store.close(None).await;
+        // Boxed: the store's futures nest deeply, and the server's own
+        // future would otherwise have to lay them out once more.
+        let closing: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> =
+            Box::pin(self.store.close(None));
+        closing.await;
     }
 
     /// Follows whether the service is healthy (gRPC health and `/healthcheck`).
