@@ -111,12 +111,7 @@ async fn starts_with_envoyproxy_ratelimits_environment_and_no_flags() {
     let health = reqwest::get(format!("http://{http}/healthcheck")).await.unwrap();
     assert_eq!(health.status(), 200);
     assert_eq!(health.text().await.unwrap(), "OK");
-    let metrics = reqwest::get(format!("http://{}/metrics", server.metrics))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics_at(&server.metrics).await;
     assert!(
         metrics.contains(r#"ratelimit_service_rate_limit_total_hits{domain="messaging",key1="to_number",key2=""} 1"#),
         "{metrics}"

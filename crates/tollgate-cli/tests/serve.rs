@@ -118,14 +118,7 @@ async fn a_stopped_redis_is_answered_by_the_failure_policy() {
                 .unwrap();
             assert_eq!(response.status().as_u16(), *status, "{policy}: request {index}");
         }
-        let metrics = client
-            .get(format!("http://{}/metrics", server.http))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = common::metrics_at(&server.http).await;
         let path = match *policy {
             "open" | "closed" => Some("policy"),
             "local" => Some("local"),
@@ -361,19 +354,23 @@ async fn a_leased_rule_takes_blocks_and_gives_back_what_is_left_on_sigterm() {
             .unwrap();
         assert_eq!(response.status(), 200, "request {index}");
     }
-    let metrics = client
-        .get(format!("http://{}/metrics", server.http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics_at(&server.http).await;
     assert!(
         metrics
             .lines()
             .any(|line| line.starts_with("tollgate_decisions_by_path_total{path=\"leased\"}") && !line.ends_with(" 0")),
         "{metrics}"
+    );
+    // The engine deciding, one of two.
+    let engines: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("tollgate_store_engine{"))
+        .collect();
+    assert_eq!(engines.len(), 2, "{metrics}");
+    assert_eq!(
+        engines.iter().filter(|line| line.ends_with(" 1")).count(),
+        1,
+        "{engines:?}"
     );
     let stats = redis.cli(&["INFO", "commandstats"]);
     let calls: u64 = stats

@@ -511,6 +511,10 @@ async fn config(State(service): State<Arc<Service>>) -> Response {
 }
 
 async fn metrics(State(service): State<Arc<Service>>) -> Response {
+    // The engine may change while serving (a Redis that loses the module).
+    if let Some(engine) = service.engine() {
+        service.metrics().engine(engine);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -21,6 +21,7 @@ use hashbrown::HashTable;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
@@ -39,6 +40,14 @@ struct PathLabels {
     path: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EngineLabels {
+    engine: &'static str,
+}
+
+/// The engines a Redis store decides with, as `RedisStore::engine` names them.
+const ENGINES: [&str; 2] = ["module", "lua"];
+
 /// Registers `decisions_by_path` and returns its counters, in the order of [`Path::ALL`].
 fn register_paths(registry: &mut Registry) -> [Counter; Path::ALL.len()] {
     let paths = Family::<PathLabels, Counter>::default();
@@ -53,7 +62,8 @@ fn register_paths(registry: &mut Registry) -> [Counter; Path::ALL.len()] {
         "decisions_by_path",
         "Store calls by what decided them: store (Redis or memory), local (the \
          in-process fallback while Redis fails), policy (--on-store-error open or \
-         closed), deny_cache (a denial answered again until its retry_after)",
+         closed), deny_cache (a denial answered again until its retry_after), \
+         leased (a block of units this process took earlier, or a denial it remembers)",
         paths,
     );
     counters
@@ -149,6 +159,8 @@ pub struct Metrics {
     store_errors: Family<DomainLabels, Counter>,
     /// Decisions by path, in the order of [`Path::ALL`].
     paths: [Counter; Path::ALL.len()],
+    /// 1 for the engine deciding in Redis, 0 for the other (none on memory).
+    engine: Family<EngineLabels, Gauge>,
     latency: HistogramFamily,
     config_reloads: Counter,
     config_errors: Counter,
@@ -181,6 +193,7 @@ impl Metrics {
             shadow_mode: Family::default(),
             store_errors: Family::default(),
             paths: Default::default(),
+            engine: Family::default(),
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
@@ -221,6 +234,12 @@ impl Metrics {
             metrics.store_errors.clone(),
         );
         metrics.paths = register_paths(tollgate);
+        tollgate.register(
+            "store_engine",
+            "1 for the engine deciding in Redis: module (Tollgate's Redis module) or lua \
+             (the functions library); absent on the memory store",
+            metrics.engine.clone(),
+        );
         tollgate.register(
             "decision_seconds",
             "Time to decide one request",
@@ -422,6 +441,15 @@ impl Metrics {
             self.upstream.config_load_success.inc_by(1);
         } else {
             self.upstream.config_load_error.inc_by(1);
+        }
+    }
+
+    /// Marks `engine` (`module` or `lua`) as the one deciding in Redis.
+    pub fn engine(&self, engine: &str) {
+        for name in ENGINES {
+            self.engine
+                .get_or_create(&EngineLabels { engine: name })
+                .set(i64::from(name == engine));
         }
     }
 

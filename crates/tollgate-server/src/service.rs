@@ -463,6 +463,16 @@ impl Service {
         self.store.inner()
     }
 
+    /// The engine deciding in Redis (`module` or `lua`); `None` on the
+    /// memory store, or before a Redis store has connected.
+    pub fn engine(&self) -> Option<&'static str> {
+        match self.store.inner() {
+            AnyStore::Redis(redis) => Some(redis.engine()),
+            AnyStore::Resilient(resilient) => resilient.store().map(tollgate::RedisStore::engine),
+            _ => None,
+        }
+    }
+
     /// Gives back what leased rules hold: before the process stops.
     pub async fn close_leases(&self) {
         // Boxed: the store's futures nest deeply, and the server's own

@@ -80,6 +80,16 @@ pub struct Serve {
     reader: Option<JoinHandle<()>>,
 }
 
+/// The Prometheus text a server's `/metrics` answers at `address`.
+pub async fn metrics_at(address: &str) -> String {
+    reqwest::get(format!("http://{address}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 impl Serve {
     /// Starts `tollgate serve --config <config>` on port 0 and returns once it
     /// says it is ready, with the addresses it bound (no polling).

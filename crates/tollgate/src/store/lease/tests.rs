@@ -50,6 +50,15 @@ fn subject() -> Subject {
     Subject::new("hot")
 }
 
+/// Ten checks at instant 0, all admitted: from blocks of 1, 2, 4 and 8
+/// units, so 15 are taken from the store and 5 are still held.
+async fn ten_checks_at_0<S: Store>(store: &LeasedStore<S>, policy: &Policy) {
+    for _ in 0..10 {
+        let outcome = store.decide(&subject(), policy, &check(0)).await.unwrap();
+        assert!(outcome.decision.allowed, "{outcome:?}");
+    }
+}
+
 /// Runs `trace` (which process, then µs since the previous step) through
 /// `stores`; the instants (µs since `START`) of the admissions, and every
 /// outcome.
@@ -200,17 +209,7 @@ fn unused_units_go_back_on_close() {
                 .unwrap(),
         );
         let (shared, stores) = processes(1);
-        // Blocks of 1, 2, 4 and 8 units: 15 taken for 10 checks.
-        for _ in 0..10 {
-            assert!(
-                stores[0]
-                    .decide(&subject(), &policy, &check(0))
-                    .await
-                    .unwrap()
-                    .decision
-                    .allowed
-            );
-        }
+        ten_checks_at_0(&stores[0], &policy).await;
         assert_eq!(left(&shared, &policy, 0).await, 85);
         stores[0].close(Some(at(0))).await;
         assert_eq!(left(&shared, &policy, 0).await, 90);
@@ -230,9 +229,7 @@ fn a_block_goes_back_when_its_lease_ends() {
                 .unwrap(),
         );
         let (shared, stores) = processes(1);
-        for _ in 0..10 {
-            stores[0].decide(&subject(), &policy, &check(0)).await.unwrap();
-        }
+        ten_checks_at_0(&stores[0], &policy).await;
         // Within the lease the held units answer without a call.
         let calls = stores[0].stats().calls;
         let held = stores[0].decide(&subject(), &policy, &check(49_999)).await.unwrap();
@@ -255,9 +252,7 @@ fn a_bucket_gets_back_only_what_has_not_refilled_meanwhile() {
         let gcra = Limit::gcra(1_000, Duration::from_secs(1), 100).unwrap();
         let policy = Policy::single(gcra.with_lease(Duration::from_millis(50)).unwrap());
         let (shared, stores) = processes(1);
-        for _ in 0..10 {
-            stores[0].decide(&subject(), &policy, &check(0)).await.unwrap();
-        }
+        ten_checks_at_0(&stores[0], &policy).await;
         // 15 taken, 10 used, 5 held; 3 ms later 3 of the 15 have refilled,
         // so at most 2 of the 5 held may go back: the store sees 15 - 2 = 13
         // taken, less the 3 refilled.
@@ -486,9 +481,7 @@ fn a_block_the_store_cannot_take_back_lapses() {
         let policy = hourly(100);
         let flaky = Flaky::new();
         let leased = LeasedStore::new(flaky.clone());
-        for _ in 0..10 {
-            leased.decide(&subject(), &policy, &check(0)).await.unwrap();
-        }
+        ten_checks_at_0(&leased, &policy).await;
         // 15 taken, 5 held; the lease ends while the store is down: the
         // refund fails, and so does the next block.
         flaky.set_down(true);
