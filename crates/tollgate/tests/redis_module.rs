@@ -73,6 +73,42 @@ async fn a_server_that_loses_the_module_is_decided_by_lua() {
     assert_eq!(redis.engine(), "lua");
 }
 
+/// After a fault on its connection the store picks its engine again: a
+/// server that gained the module meanwhile (a rolling upgrade, a failover to
+/// a master that has it) is decided by the module from then on.
+#[tokio::test]
+async fn a_reconnected_store_picks_up_a_module_loaded_meanwhile() {
+    let server = RedisServer::start_with(&["--enable-module-command".to_owned(), "yes".to_owned()]);
+    // (Under TOLLGATE_LOAD_MODULE=1 every server has it from the start.)
+    if server.cli(&["MODULE", "LIST"]).contains("tollgate") {
+        return;
+    }
+    let redis = store(&server, "auto", None).await.unwrap();
+    let policy = Policy::single(Limit::fixed_window(100, std::time::Duration::from_secs(600)).unwrap());
+    let subject = Subject::new("upgraded");
+    let check = Request::new(tollgate::Op::Check, 1);
+    assert!(redis.decide(&subject, &policy, &check).await.unwrap().decision.allowed);
+    assert_eq!(redis.engine(), "lua");
+    let module = common::redis_server::module_path().display().to_string();
+    assert_eq!(server.cli(&["MODULE", "LOAD", &module]).trim(), "OK");
+    // Cut the store's connection: its next call fails, and a later one
+    // reconnects and picks again.
+    server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let mut admitted = 1;
+    for _ in 0..5 {
+        if let Ok(outcome) = redis.decide(&subject, &policy, &check).await {
+            admitted += u64::from(outcome.decision.allowed);
+        }
+        if redis.engine() == "module" {
+            break;
+        }
+    }
+    assert_eq!(redis.engine(), "module");
+    // The same key, now read and written by the module.
+    let outcome = redis.decide(&subject, &policy, &check).await.unwrap();
+    assert_eq!(outcome.decision.remaining, 100 - admitted - 1, "{outcome:?}");
+}
+
 #[tokio::test]
 async fn bad_calls_are_errors_not_crashes() {
     let server = RedisServer::start_with_module(&[]);

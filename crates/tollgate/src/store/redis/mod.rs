@@ -64,7 +64,7 @@
 //! window.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -168,10 +168,15 @@ struct Inner {
 #[derive(Clone)]
 struct Client {
     connection: Connection,
-    /// The engine deciding now; changed when the server loses the module.
+    /// The engine deciding now; changed when the server loses the module,
+    /// and picked again after a fault on the connection.
     engine: Arc<RwLock<Arc<Engine>>>,
     /// What the store URL allows (`?engine=`).
     choice: EngineChoice,
+    /// A call failed on the connection: a reconnect or a failover may have
+    /// put another server (with or without the module) behind it, so the
+    /// next call picks the engine again first.
+    recheck: Arc<AtomicBool>,
 }
 
 /// One decision, encoded for the library.
@@ -293,6 +298,7 @@ impl RedisStoreBuilder {
         let client = Client {
             connection,
             engine: Arc::new(RwLock::new(Arc::new(engine))),
+            recheck: Arc::new(AtomicBool::new(false)),
             choice,
         };
         let batcher = (self.max_batch > 1).then(|| {
@@ -383,6 +389,9 @@ impl Client {
     /// Runs `decisions` in one call; the library's reply, all integers.
     /// On a Cluster, the keys of all `decisions` must share a slot.
     async fn call(&self, decisions: &[&Encoded]) -> Result<Vec<i64>> {
+        if self.recheck.swap(false, Ordering::AcqRel) {
+            self.pick_engine_again().await;
+        }
         let current = self.engine.read().clone();
         let engine = current.for_call(decisions.iter().any(|decision| decision.lua));
         let first_key = decisions
@@ -406,7 +415,32 @@ impl Client {
                     .await
                     .map_err(store_error)
             }
-            result => result.map_err(store_error),
+            Err(error) => {
+                if error.is_io_error() || error.is_connection_dropped() || error.is_connection_refusal() {
+                    self.recheck.store(true, Ordering::Release);
+                }
+                Err(store_error(error))
+            }
+            Ok(reply) => Ok(reply),
+        }
+    }
+
+    /// Picks the engine the server behind the connection has now (after a
+    /// reconnect or a failover); on a fault, keeps the current one and tries
+    /// again at the next call.
+    async fn pick_engine_again(&self) {
+        match self.connection.load_engine(self.choice).await {
+            Ok(found) => {
+                let found = Arc::new(found);
+                if found.name() != self.engine.read().name() {
+                    tracing::info!(
+                        engine = found.name(),
+                        "redis: the server now decides with another engine"
+                    );
+                }
+                *self.engine.write() = found;
+            }
+            Err(_) => self.recheck.store(true, Ordering::Release),
         }
     }
 
