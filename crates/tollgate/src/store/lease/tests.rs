@@ -546,3 +546,28 @@ fn over_the_memory_store_a_leased_limiter_decides_as_the_store() {
         assert_eq!(leased_store.stats().decisions, 0, "no lease over the memory store");
     });
 }
+
+#[test]
+fn a_dropped_store_gives_its_blocks_back() {
+    runtime().block_on(async {
+        // Requests on the store's clock (no explicit instant), as a service makes them.
+        let clock = crate::ManualClock::new(at(0));
+        let shared = MemoryStore::with_clock(clock.clone());
+        let policy = hourly(100);
+        let leased = LeasedStore::with_clock(shared.clone(), clock).leasing(true);
+        for _ in 0..10 {
+            let outcome = leased
+                .decide(&subject(), &policy, &Request::new(Op::Check, 1))
+                .await
+                .unwrap();
+            assert!(outcome.decision.allowed);
+        }
+        assert_eq!(left(&shared, &policy, 0).await, 85);
+        drop(leased);
+        // The refund runs on a task of the runtime: let it.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(left(&shared, &policy, 0).await, 90);
+    });
+}
