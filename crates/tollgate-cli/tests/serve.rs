@@ -15,11 +15,20 @@ fn examples() -> std::path::PathBuf {
 /// boundary can pass during a test and refill it. The directory holds the
 /// file while the test runs.
 fn five_a_minute() -> (tempfile::TempDir, std::path::PathBuf) {
+    per_address("minute", 5, "{algorithm: sliding_log, limit: 5, window: 1m}")
+}
+
+/// A configuration of domain `example` limiting each `remote_address` to
+/// `requests` per `unit` with the `algorithm` block given; the directory
+/// holds the file while the test runs.
+fn per_address(unit: &str, requests: u64, algorithm: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("example.yaml");
     std::fs::write(
         &config,
-        "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n      algorithm: {algorithm: sliding_log, limit: 5, window: 1m}\n",
+        format!(
+            "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: {unit}\n      requests_per_unit: {requests}\n      algorithm: {algorithm}\n"
+        ),
     )
     .unwrap();
     (dir, config)
@@ -334,13 +343,11 @@ fn serve_refuses_to_start_without_redis_under_the_error_policy() {
 /// admitted.
 #[tokio::test]
 async fn a_leased_rule_takes_blocks_and_gives_back_what_is_left_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("leased.yaml");
-    std::fs::write(
-        &config,
-        "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100000\n      algorithm: {algorithm: fixed_window, limit: 100000, window: 1h, lease: 10s}\n",
-    )
-    .unwrap();
+    let (_dir, config) = per_address(
+        "hour",
+        100_000,
+        "{algorithm: fixed_window, limit: 100000, window: 1h, lease: 10s}",
+    );
     let redis = RedisServer::start();
     let server = common::Serve::start_with(&config, &["--redis", redis.url().as_str()]);
     let body = r#"{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"198.51.100.7"}]}]}"#;
