@@ -219,17 +219,25 @@ impl<S: Store> LeasedStore<S> {
         }
     }
 
-    /// The entry of `subject` under `policy`.
+    /// The entry of `subject` under `policy`. A policy redefined under the
+    /// same names (a configuration reloaded) starts a new entry: the old
+    /// block's units lapse (under-admission only), since they were taken
+    /// under other limits.
     fn entry(&self, subject: &Subject, policy: &Policy) -> Arc<Entry> {
-        let mut entries = self.shared.entries.lock();
-        Arc::clone(entries.entry(entry_key(subject, policy)).or_insert_with(|| {
+        let fresh = || {
             Arc::new(Entry {
                 subject: subject.clone(),
                 policy: policy.clone(),
                 block: Mutex::new(Block::default()),
                 calling: tokio::sync::Mutex::new(()),
             })
-        }))
+        };
+        let mut entries = self.shared.entries.lock();
+        let entry = entries.entry(entry_key(subject, policy)).or_insert_with(fresh);
+        if entry.policy != *policy {
+            *entry = fresh();
+        }
+        Arc::clone(entry)
     }
 
     /// A leased check of `request.cost` units at `now`.
@@ -242,6 +250,9 @@ impl<S: Store> LeasedStore<S> {
             return Ok(answer);
         }
         let _calling = entry.calling.lock().await;
+        // The time after waiting for another task's call: a block's lease
+        // is never stretched by the wait.
+        let now = request.now.unwrap_or_else(|| self.shared.clock.now());
         // Another task may have brought a block meanwhile.
         let (size, ended) = {
             let mut block = entry.block.lock();

@@ -571,3 +571,15 @@ fn a_dropped_store_gives_its_blocks_back() {
         assert_eq!(left(&shared, &policy, 0).await, 90);
     });
 }
+
+#[test]
+fn a_limit_redefined_under_its_name_is_not_answered_from_the_old_block() {
+    runtime().block_on(async {
+        let (_, stores) = processes(1);
+        ten_checks_at_0(&stores[0], &hourly(100)).await;
+        // The same key, now a limit of 12: the 15 taken already exceed it,
+        // and the 5 units held under the old limit are not handed out.
+        let outcome = stores[0].decide(&subject(), &hourly(12), &check(1)).await.unwrap();
+        assert!(!outcome.decision.allowed, "{outcome:?}");
+    });
+}
