@@ -516,35 +516,18 @@ mod tests {
 #[cfg(all(test, feature = "engine"))]
 mod engine_tests {
     use super::*;
+    use crate::algorithm::encoding::testing::{self, from_params, known, written_zset as written};
 
     const T0: u64 = 1_700_000_000_000_000;
-
-    /// The limit of these script parameters, validated as the engine does.
-    fn from_params(params: &[u64]) -> Option<Concurrency> {
-        Concurrency::script_spec(params).and_then(|spec| Concurrency::build(&spec).ok())
-    }
 
     /// 10 units at once, leases of 1 000 µs.
     fn limit() -> Concurrency {
         from_params(&[10, 1_000]).unwrap()
     }
 
-    /// The set Redis holds once `encoded` is written, lowest score first.
-    fn written(encoded: Encoded) -> Value {
-        let Encoded::Zset(mut members) = encoded else {
-            panic!("not a sorted set: {encoded:?}");
-        };
-        members.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
-        Value::Zset(members)
-    }
-
     /// What a load of `value` at `now` gives: a state or none.
     fn read(value: &Value, now: u64) -> Option<Box<ConcurrencyState>> {
-        match limit().load(value, now) {
-            Loaded::State(state) => Some(state),
-            Loaded::None => None,
-            Loaded::Foreign => panic!("foreign"),
-        }
+        known(limit().load(value, now))
     }
 
     /// An acquire of `lease`, waiting for nothing.
@@ -557,13 +540,7 @@ mod engine_tests {
 
     /// Runs `action` and commits it, as a store does.
     fn run(state: &mut Option<Box<ConcurrencyState>>, now: u64, action: Action<'_>, cost: u64) -> Decision {
-        let step = limit().decide(state.as_deref(), now, action, cost);
-        match step.change {
-            Some(Update::Put(new)) => *state = Some(new),
-            Some(Update::Edit(change)) => state.as_mut().unwrap().apply(change),
-            None => {}
-        }
-        step.decision
+        testing::run(&limit(), state, now, action, cost)
     }
 
     /// Decisions of every kind at `now`, and the units available.
@@ -695,7 +672,7 @@ mod engine_tests {
         let limit = limit();
         let params: Vec<u64> = limit.script_params().into_iter().collect();
         assert_eq!(from_params(&params), Some(limit));
-        assert_eq!(from_params(&[10, 1_000, 1]), None);
-        assert_eq!(from_params(&[10, 0]), None);
+        assert_eq!(from_params::<Concurrency>(&[10, 1_000, 1]), None);
+        assert_eq!(from_params::<Concurrency>(&[10, 0]), None);
     }
 }

@@ -287,3 +287,59 @@ mod tests {
         assert_eq!(text(0u64), b"0");
     }
 }
+
+/// What the algorithms' engine tests share: building a limit from its Lua
+/// parameters, reading back what an encoding writes, and running a decision
+/// as a store commits it.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::borrow::BorrowMut as _;
+
+    use super::{Encoded, Loaded, Value};
+    use crate::algorithm::core::{Action, Algorithm, Edit as _, Update};
+    use crate::decision::Decision;
+
+    /// The limit of these script parameters, validated as the engine does.
+    pub(crate) fn from_params<A: Algorithm>(params: &[u64]) -> Option<A> {
+        A::script_spec(params).and_then(|spec| A::build(&spec).ok())
+    }
+
+    /// The sorted set Redis holds once `encoded` is written, lowest score first.
+    pub(crate) fn written_zset(encoded: Encoded) -> Value {
+        let Encoded::Zset(mut members) = encoded else {
+            panic!("not a sorted set: {encoded:?}");
+        };
+        members.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        Value::Zset(members)
+    }
+
+    /// What a load gave: a state or none (another type's value fails the test).
+    pub(crate) fn known<S>(loaded: Loaded<S>) -> Option<S> {
+        match loaded {
+            Loaded::State(state) => Some(state),
+            Loaded::None => None,
+            Loaded::Foreign => panic!("foreign"),
+        }
+    }
+
+    /// Runs `action` on `limit` and commits it to `state`, as a store does.
+    pub(crate) fn run<A: Algorithm>(
+        limit: &A,
+        state: &mut Option<A::Stored>,
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Decision {
+        let step = limit.decide(state.as_ref().map(std::borrow::Borrow::borrow), now, action, cost);
+        match step.change {
+            Some(Update::Put(new)) => *state = Some(new),
+            Some(Update::Edit(change)) => {
+                if let Some(stored) = state.as_mut() {
+                    change.apply(stored.borrow_mut());
+                }
+            }
+            None => {}
+        }
+        step.decision
+    }
+}

@@ -310,14 +310,10 @@ impl Algorithm for SlidingWindow {
 #[cfg(all(test, feature = "engine"))]
 mod engine_tests {
     use super::*;
+    use crate::algorithm::encoding::testing::{from_params, known};
     use crate::decision::Decision;
 
     const T0: u64 = 1_700_000_000_000_000;
-
-    /// The limit of these script parameters, validated as the engine does.
-    fn from_params(params: &[u64]) -> Option<SlidingWindow> {
-        SlidingWindow::script_spec(params).and_then(|spec| SlidingWindow::build(&spec).ok())
-    }
 
     /// 10 per 1 000 µs in sub-intervals of 100 µs: a count leaves 1 100 µs
     /// after its sub-interval starts.
@@ -345,11 +341,7 @@ mod engine_tests {
 
     /// What a load of `value` at `now` gives: a state or none.
     fn read(value: &Value, now: u64) -> Option<SlidingWindowState> {
-        match limit().load(value, now) {
-            Loaded::State(state) => Some(state),
-            Loaded::None => None,
-            Loaded::Foreign => panic!("foreign"),
-        }
+        known(limit().load(value, now))
     }
 
     /// Decisions of every kind at `now`.
@@ -456,7 +448,7 @@ mod engine_tests {
         let limit = limit();
         let params: Vec<u64> = limit.script_params().into_iter().collect();
         assert_eq!(from_params(&params), Some(limit));
-        assert_eq!(from_params(&[10, 1_000]), None);
-        assert_eq!(from_params(&[10, 1_001, 10]), None);
+        assert_eq!(from_params::<SlidingWindow>(&[10, 1_000]), None);
+        assert_eq!(from_params::<SlidingWindow>(&[10, 1_001, 10]), None);
     }
 }
