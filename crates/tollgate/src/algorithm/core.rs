@@ -226,6 +226,21 @@ pub struct WindowSpec {
     pub window: Duration,
 }
 
+#[cfg(feature = "engine")]
+impl WindowSpec {
+    /// The spec of a window limit's script parameters, `[limit, window in
+    /// µs]` (not yet validated).
+    pub(crate) fn from_script(params: &[u64]) -> Option<Self> {
+        let &[limit, window] = params else {
+            return None;
+        };
+        Some(Self {
+            limit,
+            window: Duration::from_micros(window),
+        })
+    }
+}
+
 pub(crate) fn at_least_one(value: u64, field: &str) -> Result<u64> {
     if value == 0 {
         return Err(Error::invalid_limit(format!("{field} must be at least 1")));

@@ -143,13 +143,7 @@ impl Algorithm for FixedWindow {
 
     #[cfg(feature = "engine")]
     fn script_spec(params: &[u64]) -> Option<Self::Spec> {
-        let &[limit, window] = params else {
-            return None;
-        };
-        Some(WindowSpec {
-            limit,
-            window: Duration::from_micros(window),
-        })
+        WindowSpec::from_script(params)
     }
 
     /// `f<end>:<count>`, which says nothing once its window has ended.

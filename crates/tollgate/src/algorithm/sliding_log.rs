@@ -271,13 +271,7 @@ impl Algorithm for SlidingLog {
     /// `[limit, window in µs]`, not yet validated.
     #[cfg(feature = "engine")]
     fn script_spec(params: &[u64]) -> Option<WindowSpec> {
-        let &[limit, window] = params else {
-            return None;
-        };
-        Some(WindowSpec {
-            limit,
-            window: Duration::from_micros(window),
-        })
+        WindowSpec::from_script(params)
     }
 
     /// A sorted set: "\0x" scored minus the instant the log says nothing
