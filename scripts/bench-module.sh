@@ -35,12 +35,10 @@ need redis-benchmark "Debian: apt-get install -y redis-tools"
 
 bench_init
 build_release
-note "building the module and the cost example"
-cargo build --release --locked --quiet -p tollgate-redis-module
+build_module
+note "building the cost example"
 cargo build --release --locked --quiet -p tollgate --example redis_cost
 TARGET="${CARGO_TARGET_DIR:-target}"
-MODULE="$PWD/$TARGET/release/libtollgate_redis_module.so"
-[[ "$TARGET" = /* ]] && MODULE="$TARGET/release/libtollgate_redis_module.so"
 
 note "building redis-cell 0.2.2 (the anchor) from its crates.io source"
 mkdir -p "$BENCH_TMP/cell-fetch/src"
@@ -53,7 +51,7 @@ cp -r "$cell_src" "$BENCH_TMP/redis-cell"
 (cd "$BENCH_TMP/redis-cell" && cargo build --release --quiet 2>/dev/null)
 CELL="$BENCH_TMP/redis-cell/target/release/libredis_cell.so"
 
-REDIS_EXTRA_ARGS=(--loadmodule "$MODULE" --loadmodule "$CELL")
+REDIS_EXTRA_ARGS=(--loadmodule "$MODULE_SO" --loadmodule "$CELL")
 start_redis
 
 rb() { # ARGS…: requests per second of redis-benchmark -c 50 -P 16

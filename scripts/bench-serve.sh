@@ -55,11 +55,8 @@ EOF
 
 if $redis; then
   if [ "${MODULE:-0}" = 1 ]; then
-    note "building the Redis module"
-    cargo build --release --locked --quiet -p tollgate-redis-module
-    target="${CARGO_TARGET_DIR:-target}"
-    [[ "$target" = /* ]] || target="$PWD/$target"
-    REDIS_EXTRA_ARGS=(--loadmodule "$target/release/libtollgate_redis_module.so")
+    build_module
+    REDIS_EXTRA_ARGS=(--loadmodule "$MODULE_SO")
   fi
   start_redis
 fi

@@ -92,6 +92,17 @@ build_release() {
   [ -x "$TOLLGATE" ] || die "the build left no executable at $TOLLGATE"
 }
 
+# Builds the Redis module (crates/tollgate-redis-module); MODULE_SO is the
+# absolute path of the .so it leaves.
+build_module() {
+  note "building the Redis module (cargo build --release -p tollgate-redis-module)"
+  cargo build --release --locked --quiet -p tollgate-redis-module
+  local target="${CARGO_TARGET_DIR:-target}"
+  [[ "$target" = /* ]] || target="$PWD/$target"
+  MODULE_SO="$target/release/libtollgate_redis_module.so"
+  [ -f "$MODULE_SO" ] || die "the build left no module at $MODULE_SO"
+}
+
 # A TCP port on 127.0.0.1 that nothing listens on right now.
 free_port() {
   local port
