@@ -29,13 +29,6 @@ async fn store(server: &RedisServer, engine: &str, prefix: Option<&str>) -> Resu
         .await
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 // --- Which engine decides. -------------------------------------------------
 
 #[tokio::test]
@@ -198,7 +191,7 @@ fn agree(redis: &RedisStore, runtime: &tokio::runtime::Runtime, cases: u32, shar
 #[test]
 fn the_module_decides_exactly_as_memory() {
     let server = RedisServer::start_with_module(&[]);
-    let runtime = runtime();
+    let runtime = common::runtime();
     let redis = runtime.block_on(store(&server, "module", None)).unwrap();
     agree(&redis, &runtime, 300, false, "one");
     agree(&redis, &runtime, 150, true, "shared");
@@ -239,7 +232,7 @@ impl Store for Mixed {
 #[test]
 fn module_and_lua_read_each_others_keys() {
     let server = RedisServer::start_with_module(&[]);
-    let runtime = runtime();
+    let runtime = common::runtime();
     for (round, pattern) in [0x5555_5555_5555_5555_u64, 0x3333_3333_3333_3333, 0x9e37_79b9_7f4a_7c15]
         .into_iter()
         .enumerate()
@@ -332,7 +325,7 @@ fn a_replica_holds_what_the_module_wrote_and_an_rdb_keeps_it() {
     common::redis_cluster::wait_until("the replica is in sync", || {
         replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
     });
-    let runtime = runtime();
+    let runtime = common::runtime();
     let redis = runtime.block_on(store(&master, "module", None)).unwrap();
     // Random traces of every algorithm and of policies, decided on the master.
     agree(&redis, &runtime, 60, false, "replicated");

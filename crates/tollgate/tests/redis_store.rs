@@ -24,13 +24,6 @@ async fn store(server: &RedisServer) -> RedisStore {
         .expect("connect")
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn redis_store_conforms() {
     let server = RedisServer::start();
@@ -120,7 +113,7 @@ async fn a_caller_clock_replaces_the_server_time() {
 /// step deciding by one of the trace's policies, and compares every answer.
 fn memory_and_redis_agree(cases: u32, policies: impl Strategy<Value = Vec<Policy>>, label: &str) {
     let server = RedisServer::start();
-    let runtime = runtime();
+    let runtime = common::runtime();
     let redis = runtime.block_on(store(&server));
     memory_and_store_agree(
         &runtime,
@@ -152,7 +145,7 @@ fn redis_decides_exactly_as_memory_across_policies() {
 #[test]
 fn every_key_expires_when_its_state_stops_mattering() {
     let server = RedisServer::start();
-    let runtime = runtime();
+    let runtime = common::runtime();
     let redis = runtime.block_on(store(&server));
     let cases = AtomicUsize::new(0);
     let config = ProptestConfig {
