@@ -389,7 +389,8 @@ impl Client {
     /// Runs `decisions` in one call; the library's reply, all integers.
     /// On a Cluster, the keys of all `decisions` must share a slot.
     async fn call(&self, decisions: &[&Encoded]) -> Result<Vec<i64>> {
-        if self.recheck.swap(false, Ordering::AcqRel) {
+        // Read before swapped: every call reads it, few write it.
+        if self.recheck.load(Ordering::Acquire) && self.recheck.swap(false, Ordering::AcqRel) {
             self.pick_engine_again().await;
         }
         let current = self.engine.read().clone();
