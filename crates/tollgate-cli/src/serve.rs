@@ -229,6 +229,7 @@ fn options(args: &Args, settings: &Settings) -> Options {
             .or(settings.max_descriptors)
             .unwrap_or(tollgate_server::service::DEFAULT_MAX_DESCRIPTORS),
         health_checks_store: args.health_check_store || settings.health_checks_store,
+        stop_increment_when_over: settings.stop_increment_when_over,
     }
 }
 

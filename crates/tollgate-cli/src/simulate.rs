@@ -47,7 +47,8 @@ Standard input holds one step per line (JSON Lines):
                microsecond (0.001); must never decrease (required)
   key          the subject (default: \"\")
   op           check (default; cost 0 is a peek), check_at_most, reserve,
-               acquire, release, reset
+               acquire, release, reset, record (units spent already,
+               counted whether or not they fit)
   cost         units the step weighs (default 1)
   max_wait_ms  reserve / acquire: the longest acceptable wait (default, or
                beyond 2^53 us: any)
@@ -583,6 +584,7 @@ impl Simulation {
         let outcome: Outcome = match &step.op {
             StepOp::Check => self.decide(&subject, &request(Op::Check, step.cost))?,
             StepOp::CheckAtMost => self.decide(&subject, &request(Op::CheckAtMost, step.cost))?,
+            StepOp::Record => self.decide(&subject, &request(Op::Record, step.cost))?,
             StepOp::Reserve { max_wait } => {
                 self.decide(&subject, &request(Op::Reserve { max_wait: *max_wait }, step.cost))?
             }

@@ -84,10 +84,18 @@ impl Envoy {
     /// Starts Envoy on `examples/envoy/envoy.yaml`, asking the rate limit
     /// service at `grpc` (`host:port`), and returns once it is ready.
     fn start(grpc: &str) -> Self {
+        let envoy = Self::start_with("envoy/envoy.yaml", grpc);
+        assert!(!envoy.tcp.is_empty(), "the tcp listener");
+        envoy
+    }
+
+    /// Starts Envoy on `examples/<example>`, asking the rate limit service
+    /// at `grpc`, and returns once it is ready.
+    fn start_with(example: &str, grpc: &str) -> Self {
         let envoy = envoy_binary();
         let dir = tempfile::tempdir().unwrap();
         let grpc_port = grpc.rsplit_once(':').unwrap().1;
-        let template = std::fs::read_to_string(examples().join("envoy/envoy.yaml")).unwrap();
+        let template = std::fs::read_to_string(examples().join(example)).unwrap();
         let config = template
             .replace("${ADMIN_PORT}", "0")
             .replace("${HTTP_PORT}", "0")
@@ -143,7 +151,7 @@ impl Envoy {
                 _ => {}
             }
         }
-        assert!(!envoy.http.is_empty() && !envoy.tcp.is_empty(), "{listeners}");
+        assert!(!envoy.http.is_empty(), "{listeners}");
         envoy
     }
 
@@ -342,4 +350,114 @@ async fn the_network_filter_limits_connections() {
     assert_eq!(stats.get("ratelimit.tcp.ok"), 5, "{:?}", stats.0);
     assert_eq!(stats.get("ratelimit.tcp.over_limit"), 1, "{:?}", stats.0);
     assert_eq!(stats.get("ratelimit.tcp.error"), 0, "{:?}", stats.0);
+}
+
+/// A token budget as AI gateways keep it (`examples/envoy-llm`): Envoy
+/// checks with `hits_addend` 0 before each request and reports the tokens
+/// the upstream says it used once the response is done
+/// (`apply_on_stream_done`). With 1 000 tokens a minute and completions of
+/// 800, the first two pass (the second report overspends the budget, and is
+/// counted all the same) and the third is refused with honest headers; a
+/// tenant that spends little is never refused; Envoy counts no error.
+async fn token_budgets_are_kept(extra: &[&str]) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("llm.yaml");
+    std::fs::copy(examples().join("envoy-llm/ratelimit.yaml"), &config).unwrap();
+    let serve = common::Serve::start_with(&config, extra);
+    let envoy = Envoy::start_with("envoy-llm/envoy.yaml", &serve.grpc);
+    let client = reqwest::Client::new();
+    let complete = |tenant: &'static str, tokens: u64| {
+        let request = client
+            .post(format!("http://{}/v1/chat/completions", envoy.http))
+            .header("x-tenant", tenant)
+            .header("x-completion-tokens", tokens.to_string());
+        async move {
+            let response = request.send().await.expect("envoy answers");
+            let headers: HashMap<String, String> = response
+                .headers()
+                .iter()
+                .map(|(name, value)| (name.as_str().to_owned(), value.to_str().unwrap_or("").to_owned()))
+                .collect();
+            // The body read whole: the stream is done, and Envoy reports.
+            let status = response.status().as_u16();
+            let _ = response.bytes().await;
+            Seen { status, headers }
+        }
+    };
+    // Envoy reports after the response has gone to the client: wait until
+    // serve has counted `reports` of them (its own request counter).
+    let reports_seen = |reports: u64| {
+        let http = serve.http.clone();
+        async move {
+            for _ in 0..500 {
+                let metrics = reqwest::get(format!("http://{http}/metrics"))
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                let total: u64 = metrics
+                    .lines()
+                    .filter(|line| line.starts_with("tollgate_hits_total"))
+                    .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                    .map(|value| value as u64)
+                    .sum();
+                if total >= reports {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("serve never counted {reports} hits");
+        }
+    };
+
+    let first = complete("acme", 800).await;
+    assert_eq!(first.status, 200, "{:?}", first.headers);
+    assert_eq!(first.headers["x-ratelimit-remaining"], "1000", "{:?}", first.headers);
+    reports_seen(800).await;
+    let second = complete("acme", 800).await;
+    assert_eq!(second.status, 200, "{:?}", second.headers);
+    assert_eq!(second.headers["x-ratelimit-remaining"], "200", "{:?}", second.headers);
+    reports_seen(1600).await;
+    // 1 600 of 1 000 spent: refused, whatever the next completion would use.
+    let third = complete("acme", 800).await;
+    assert_eq!(third.status, 429, "{:?}", third.headers);
+    assert_eq!(
+        third.headers["x-ratelimit-limit"], "1000, 1000;w=60",
+        "{:?}",
+        third.headers
+    );
+    assert_eq!(third.headers["x-ratelimit-remaining"], "0");
+    let reset: u64 = third.headers["x-ratelimit-reset"].parse().unwrap();
+    assert!((1..=60).contains(&reset), "{:?}", third.headers);
+
+    // Another tenant has its own budget: ten completions of 50 all pass.
+    for index in 0..10 {
+        let seen = complete("small", 50).await;
+        assert_eq!(seen.status, 200, "completion {index}: {:?}", seen.headers);
+    }
+
+    let stats = envoy.stats();
+    assert_eq!(stats.get("cluster.llm.ratelimit.over_limit"), 1, "{:?}", stats.0);
+    assert_eq!(stats.get("cluster.llm.ratelimit.error"), 0, "{:?}", stats.0);
+    assert_eq!(
+        stats.get("cluster.llm.ratelimit.failure_mode_allowed"),
+        0,
+        "{:?}",
+        stats.0
+    );
+    assert_eq!(stats.get("cluster.ratelimit.upstream_rq_timeout"), 0, "{:?}", stats.0);
+}
+
+#[tokio::test]
+async fn token_budgets_are_kept_on_the_memory_store() {
+    token_budgets_are_kept(&[]).await;
+}
+
+#[tokio::test]
+async fn token_budgets_are_kept_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    token_budgets_are_kept(&["--redis", url.as_str()]).await;
 }

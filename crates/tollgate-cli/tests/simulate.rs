@@ -262,6 +262,30 @@ fn acquire_and_release_use_deterministic_leases() {
     );
 }
 
+/// `record`: tokens spent already count past the limit; a fixed window then
+/// refuses even a peek until it ends.
+#[test]
+fn record_counts_usage_past_the_limit() {
+    let trace = lines(&[
+        r#"{"t_ms": 0, "op": "check", "cost": 0}"#,
+        r#"{"t_ms": 1, "op": "record", "cost": 800}"#,
+        r#"{"t_ms": 2, "op": "record", "cost": 800}"#,
+        r#"{"t_ms": 3, "op": "check", "cost": 0}"#,
+        r#"{"t_ms": 60000, "op": "check", "cost": 0}"#,
+    ]);
+    assert_eq!(
+        simulate(r#"{"algorithm":"fixed_window","limit":1000,"window":"1m"}"#, &trace),
+        [
+            decision(true, 1000, 1000, "0", "0", "0"),
+            decision(true, 1000, 200, "0", "59999", "0"),
+            // Did not fit: counted all the same.
+            decision(false, 1000, 0, "59998", "59998", "0"),
+            decision(false, 1000, 0, "59997", "59997", "0"),
+            decision(true, 1000, 1000, "0", "0", "0"),
+        ]
+    );
+}
+
 #[test]
 fn reset_forgets_the_key() {
     let trace = lines(&[
@@ -427,7 +451,7 @@ fn each_step_is_answered_before_the_next_is_written() {
     assert_eq!(denied, decision(false, 1, 0, "29990", "29990", "0"));
     assert_eq!(
         driver.ask(r#"{"t_ms": 20, "key": "job", "op": "nope"}"#),
-        r#"{"error":"op: unknown variant \"nope\", expected one of \"check\", \"check_at_most\", \"reserve\", \"acquire\", \"release\", \"reset\""}"#
+        r#"{"error":"op: unknown variant \"nope\", expected one of \"check\", \"check_at_most\", \"reserve\", \"acquire\", \"release\", \"reset\", \"record\""}"#
     );
     // Use the lease from the first answer in the next step.
     let lease: serde_json::Value = serde_json::from_str(&first).unwrap();

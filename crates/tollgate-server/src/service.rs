@@ -7,10 +7,16 @@
 //! keep their kind ([`ServiceError`]) until the front end maps them to a
 //! status code.
 //!
-//! All descriptors of a request are decided together: when any is over its
-//! limit, none consumes. (envoyproxy/ratelimit counts every descriptor's hits
-//! even when another is over; Tollgate does not, so a request that is refused
-//! costs nothing.) Each descriptor is its own subject — the domain and the
+//! All descriptors of a request are decided together, counted as
+//! envoyproxy/ratelimit counts them: a descriptor is over when its count
+//! plus its hits exceeds its limit; when none is, all add their hits; when
+//! one is, the descriptors that are over still add theirs (usage that
+//! happened: a gateway's report of tokens spent looks like a check) and the
+//! others add nothing — upstream with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
+//! set, Tollgate's default ([`Options::stop_increment_when_over`]; unset, every
+//! descriptor adds, as upstream's default). A rule with an `algorithm` block
+//! counts that way only with `overage: record`; otherwise a refused request
+//! costs it nothing. Each descriptor is its own subject — the domain and the
 //! descriptor's entries — so that one domain's keys spread over a Redis
 //! Cluster; a descriptor's limit is named `rule` (or, for a limit Envoy
 //! sends, `override.<requests>.<unit>`). The store decides them with
@@ -265,6 +271,11 @@ pub struct Options {
     /// does not answer, checked every second
     /// (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
     pub health_checks_store: bool,
+    /// When a request is refused, only the descriptors that are over add
+    /// their hits (true, the default); false: every descriptor whose limit
+    /// records its overage adds them (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`,
+    /// whose default upstream is false).
+    pub stop_increment_when_over: bool,
 }
 
 impl Default for Options {
@@ -279,6 +290,7 @@ impl Default for Options {
             dynamic_metadata: false,
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             health_checks_store: false,
+            stop_increment_when_over: true,
         }
     }
 }
@@ -592,7 +604,9 @@ impl Service {
         if let (Some((requests, unit)), Some(_)) = (descriptor.limit_override, domain) {
             // As envoyproxy/ratelimit: only in a known domain, never in
             // shadow mode, but in the global quota mode.
-            let limit = Limit::fixed_window(requests, unit.duration()).map_err(|error| invalid(error.to_string()))?;
+            let limit = Limit::fixed_window(requests, unit.duration())
+                .and_then(Limit::recording_overage)
+                .map_err(|error| invalid(error.to_string()))?;
             let entries = descriptor.entry_list();
             let parts = entries.iter().flat_map(|(key, value)| [key.as_str(), value.as_str()]);
             item.matched = Matched::Limited(Box::new(Limited {
@@ -813,6 +827,25 @@ impl Service {
             .filter(|item| item.quota && matches!(item.matched, Matched::Blocked) && item.is_over())
             .count();
         let mut batch: Vec<usize> = (0..items.len()).filter(|&index| items[index].is_enforced()).collect();
+        if !self.options.stop_increment_when_over {
+            // Upstream's default: every descriptor counted as upstream counts
+            // adds its hits, over or not, whatever the others say.
+            let recording: Vec<usize> = batch
+                .iter()
+                .copied()
+                .filter(|&index| {
+                    items[index]
+                        .limited()
+                        .is_some_and(|limited| limited.limit.records_overage())
+                })
+                .collect();
+            if !recording.is_empty() {
+                let (decisions, at) = self.decide_together(&*items, &recording, Cost::Record).await?;
+                decided_at = note(decided_at, at);
+                set_decisions(items, decisions);
+                batch.retain(|index| !recording.contains(index));
+            }
+        }
         // A blocking rule already refuses the request (one outside quota
         // mode, or every quota-mode descriptor): the others are only looked
         // at, so that a refused request consumes nothing.
@@ -878,7 +911,7 @@ impl Service {
                 .entry((&limited.subject, limited.name.as_str()))
                 .or_insert(next);
             let hits = match cost {
-                Cost::Hits => item.hits,
+                Cost::Hits | Cost::Record => item.hits,
                 Cost::Peek => 0,
             };
             if slot == next {
@@ -893,6 +926,7 @@ impl Service {
         let policy = Policy::spread(limits)?;
         let op = match cost {
             Cost::Hits => gateway_op(&policy),
+            Cost::Record => Op::Record,
             Cost::Peek => Op::Check,
         };
         let request = Request::new(op, costs.iter().copied().max().unwrap_or(0)).with_costs(costs);
@@ -911,6 +945,8 @@ impl Service {
 enum Cost {
     /// Each descriptor's hits.
     Hits,
+    /// Each descriptor's hits, counted whether or not they fit.
+    Record,
     /// Nothing: a look at each limit (the request is refused already).
     Peek,
 }

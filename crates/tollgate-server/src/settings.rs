@@ -28,9 +28,10 @@
 //! | `REDIS_TIMEOUT` | `--store-timeout`: the deadline of every Redis call (a duration, `50ms`, `1s`) |
 //! | `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION` | `--health-check-store`: the health endpoints (gRPC, `/healthcheck`, `/healthz`) fail while the store does not answer |
 //! | `DEBUG_HOST`, `DEBUG_PORT` (6070) | the debug listener (`/rlconfig`, `/metrics`), when either is set; the host defaults to 127.0.0.1 |
+//! | `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (`true` here, `false` upstream) | when a request is refused, only the descriptors over their limit add their hits (`true`), or every descriptor does (`false`) |
 //! | `MAX_DESCRIPTORS` (Tollgate's) | `--max-descriptors`: the most descriptors one request may carry (1 000) |
 //! | `GRPC_SERVER_USE_TLS`, `GRPC_UDS` | refused: not supported (rather than served otherwise) |
-//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store, and a refused request consumes nothing, as with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), keys expire exactly, one Redis holds every limit, and no statsd or tracing exporter |
+//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store), keys expire exactly, one Redis holds every limit, and no statsd or tracing exporter |
 //!
 //! Command-line flags win over the environment.
 
@@ -99,15 +100,16 @@ pub struct Settings {
     pub debug: Option<SocketAddr>,
     /// `MAX_DESCRIPTORS`.
     pub max_descriptors: Option<usize>,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (true unless set false).
+    pub stop_increment_when_over: bool,
     /// Settings that are set but mean nothing here.
     pub ignored: Vec<String>,
 }
 
 /// Settings accepted without effect (see the module docs); a name ending in
 /// `*` stands for every name it starts.
-const IGNORED: [&str; 15] = [
+const IGNORED: [&str; 14] = [
     "LOCAL_CACHE_SIZE_IN_BYTES",
-    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "REDIS_PERSECOND*",
     "REDIS_POOL_SIZE",
@@ -209,6 +211,7 @@ impl Settings {
         }
         settings.healthy_with_config_only = env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
         settings.dynamic_metadata = env.flag("RESPONSE_DYNAMIC_METADATA")?;
+        settings.stop_increment_when_over = env.flag_or("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", true)?;
 
         settings.read_store(&env)?;
         settings.prefix = env.text("CACHE_KEY_PREFIX").filter(|prefix| !prefix.is_empty());

@@ -49,6 +49,11 @@ pub(crate) const ACQUIRE: u64 = 4;
 pub(crate) const RELEASE: u64 = 5;
 pub(crate) const RESET: u64 = 6;
 pub(crate) const REFUND: u64 = 7;
+pub(crate) const RECORD: u64 = 8;
+
+/// Added to a limit's algorithm id when a check it refuses still records
+/// its cost ([`Limit::recording_overage`]).
+pub(crate) const RECORDS_OVERAGE: u64 = 128;
 
 /// With a caller's `now`, a key is kept at least this long (ms), as the Lua
 /// library keeps it: real time and the caller's differ, and each state says
@@ -144,6 +149,7 @@ impl Head {
                 at: Timestamp::from_micros(self.max_wait.unwrap_or(0)),
                 lease,
             },
+            RECORD => Op::Record,
             other => return Err(invalid(format!("unknown op {other}"))),
         };
         let mut request = Request::new(op, self.cost).at(Timestamp::from_micros(now));
@@ -169,10 +175,20 @@ fn parse_limit(text: &[u8]) -> Result<Limit, CallError> {
     for part in text.split(|&byte| byte == b':') {
         numbers.push(unsigned(part, "a limit's parameter")?);
     }
-    let (&id, params) = numbers.split_first().ok_or_else(|| invalid("a limit has no id"))?;
+    let (&flagged, params) = numbers.split_first().ok_or_else(|| invalid("a limit has no id"))?;
+    let (id, records_overage) = if flagged >= RECORDS_OVERAGE {
+        (flagged - RECORDS_OVERAGE, true)
+    } else {
+        (flagged, false)
+    };
     let spec = LimitSpec::from_script(id, params)
         .ok_or_else(|| invalid(format!("no algorithm {id} with {} parameters", params.len())))?;
-    spec.build().map_err(|error| invalid(error.to_string()))
+    let limit = spec.build().map_err(|error| invalid(error.to_string()))?;
+    if records_overage {
+        limit.recording_overage().map_err(|error| invalid(error.to_string()))
+    } else {
+        Ok(limit)
+    }
 }
 
 /// The expiry, in ms, of a state that says something for `ttl` µs.

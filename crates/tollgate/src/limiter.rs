@@ -170,6 +170,21 @@ impl<S: Store> Limiter<S> {
         self.decision(subject, Op::Check, 0).await
     }
 
+    /// Counts `cost` units that were already spent (an LLM's tokens, reported
+    /// once the response is done), whether or not they fit: windows go above
+    /// their limit until the usage leaves them, buckets and GCRA into debt
+    /// that the refill pays back, so an overspend delays the next admission
+    /// in proportion. The decision is the limit as it stands after them
+    /// (`allowed`: they fit). See [`Op::Record`].
+    ///
+    /// # Errors
+    ///
+    /// A store fault, or a policy with a concurrency limit (it counts
+    /// requests in flight, not usage).
+    pub async fn record(&self, subject: &Subject, cost: u64) -> Result<Decision> {
+        self.decision(subject, Op::Record, cost).await
+    }
+
     /// Admits as many units as are available, up to `cost`
     /// (`Outcome::granted` says how many).
     ///

@@ -58,6 +58,16 @@ pub enum Op {
         /// The lease to end on concurrency limits.
         lease: Option<String>,
     },
+    /// Count `cost` units that were already spent (an LLM's tokens, reported
+    /// once the response is done), on every limit, whether or not they fit:
+    /// windows and logs go above their limit until the usage leaves the
+    /// window; token bucket, GCRA, leaky bucket and reservation go into debt
+    /// that the refill pays back (capped at 2^52 ticks, so that all
+    /// arithmetic stays exact), delaying the next admission by the overspend.
+    /// The decision is the policy's as it stands after: allowed when the
+    /// units fit in every limit, `granted` the units counted. Concurrency
+    /// limits refuse it (an invalid argument).
+    Record,
 }
 
 /// One decision to make: the operation, its cost, and optionally the instant
@@ -297,7 +307,14 @@ impl Policy {
                 at: at.as_micros(),
                 lease: lease.as_deref(),
             },
+            Op::Record => Action::Record,
         }
+    }
+
+    /// True when a limit counts the cost of a check it refuses
+    /// ([`Limit::recording_overage`]).
+    pub fn records_overage(&self) -> bool {
+        self.limits.iter().any(|(_, limit)| limit.records_overage())
     }
 
     /// Refuses a request some limit cannot run, before any store is asked.
@@ -381,11 +398,16 @@ impl Policy {
             steps.push(limit.decide(*state, now, action, cost_of(index)));
         }
         let allowed = steps.iter().all(|step| step.decision.allowed);
-        if !allowed {
-            // Nothing is consumed: limits that would have admitted report as a peek.
-            for ((_, limit), (state, step)) in self.limits.iter().zip(states.iter().zip(&mut steps)) {
+        if !allowed && !matches!(op, Op::Record | Op::Refund { .. }) {
+            // Nothing is consumed: limits that would have admitted report as
+            // a peek; a refusing one that records its overage counts it.
+            for (index, ((_, limit), (state, step))) in
+                self.limits.iter().zip(states.iter().zip(&mut steps)).enumerate()
+            {
                 if step.decision.allowed {
                     *step = limit.decide(*state, now, action, 0);
+                } else if limit.records_overage() && action == Action::Check {
+                    *step = limit.decide(*state, now, Action::Record, cost_of(index));
                 }
             }
         }
@@ -410,13 +432,18 @@ impl Policy {
         request: &'r Request,
         now: u64,
         available: impl FnOnce() -> u64,
-        decide: impl FnOnce(Action<'r>, u64) -> Step<C>,
+        decide: impl Fn(Action<'r>, u64) -> Step<C>,
         write: impl FnOnce(C, u64),
     ) -> Outcome {
         let op = &request.op;
         let cost = resolved_cost(request, available);
-        let step = decide(Self::action(op), request.costs.first().copied().unwrap_or(cost));
+        let action = Self::action(op);
+        let cost_seen = request.costs.first().copied().unwrap_or(cost);
+        let mut step = decide(action, cost_seen);
         let allowed = step.decision.allowed;
+        if !allowed && action == Action::Check && self.limits[0].1.records_overage() {
+            step = decide(Action::Record, cost_seen);
+        }
         if let Some(change) = step.change {
             write(change, micros(step.decision.reset_after));
         }
@@ -438,7 +465,12 @@ impl Policy {
             Op::Acquire { lease, .. } if allowed && self.has_concurrency() => Some(lease.clone()),
             _ => None,
         };
-        let granted = if allowed { cost } else { 0 };
+        // A record counts, and a refund gives back, whatever the limits say after.
+        let granted = if allowed || matches!(op, Op::Record | Op::Refund { .. }) {
+            cost
+        } else {
+            0
+        };
         let mut decisions = decisions;
         if !self.named && decisions.len() == 1 {
             if let Some(decision) = decisions.next() {

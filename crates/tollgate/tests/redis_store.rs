@@ -163,6 +163,7 @@ fn every_key_expires_when_its_state_stops_mattering() {
                 StepOp::Acquire(lease) => Op::Acquire { lease: format!("lease-{lease}"), max_wait: None },
                 StepOp::Release(lease) => Op::Release { lease: format!("lease-{lease}") },
                 StepOp::Reserve(max_wait) => Op::Reserve { max_wait: max_wait.map(micros) },
+                StepOp::Record => Op::Record,
                 _ => Op::Check,
             };
             if let Ok(outcome) = runtime.block_on(redis.decide(subject, &policy, &Request::new(op, step.cost))) {

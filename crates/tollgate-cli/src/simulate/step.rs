@@ -44,6 +44,8 @@ pub enum StepOp {
         lease: String,
     },
     Reset,
+    /// Units spent already, counted whether or not they fit.
+    Record,
 }
 
 /// A step as written.
@@ -77,6 +79,7 @@ enum OpName {
     Acquire,
     Release,
     Reset,
+    Record,
 }
 
 impl Step {
@@ -119,6 +122,7 @@ impl Step {
                     .ok_or("release needs a \"lease\" (the one its acquire answered with)")?,
             },
             OpName::Reset => StepOp::Reset,
+            OpName::Record => StepOp::Record,
         };
         Ok(Self {
             t_us,

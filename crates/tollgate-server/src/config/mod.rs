@@ -30,10 +30,13 @@
 //! wildcard, two descriptors of one list with the same `key_value`.
 //!
 //! A `rate_limit` without an `algorithm` block is a fixed window of one
-//! `unit`, as in envoyproxy/ratelimit. Tollgate's extension is the optional
-//! `algorithm` block, any limit of the library (`{algorithm: gcra, rate: 10,
-//! period: 1s, burst: 20}`); `unit` and `requests_per_unit` then only
-//! describe the limit to Envoy and may be left out.
+//! `unit`, counted as envoyproxy/ratelimit counts it: a descriptor that goes
+//! over still adds its hits (usage that happened; the limit records its
+//! overage). Tollgate's extension is the optional `algorithm` block, any
+//! limit of the library (`{algorithm: gcra, rate: 10, period: 1s, burst:
+//! 20}`), all-or-nothing unless it says `overage: record`; `unit` and
+//! `requests_per_unit` then only describe the limit to Envoy and may be left
+//! out.
 //!
 //! Matching follows envoyproxy/ratelimit: for each entry of a request's
 //! descriptor, in order, the node whose `key_value` is the entry's wins, then

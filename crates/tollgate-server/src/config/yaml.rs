@@ -802,8 +802,11 @@ impl RawRateLimit {
                 (Some(limit), _) => Quota::Limited(limit),
                 (None, Some(unit)) => match self.requests_per_unit.unwrap_or(0) {
                     0 => Quota::Blocked,
+                    // envoyproxy/ratelimit's counting: a descriptor that goes
+                    // over still adds its hits (usage that happened).
                     requests => Quota::Limited(
                         Limit::fixed_window(requests, unit.duration())
+                            .and_then(Limit::recording_overage)
                             .map_err(|error| format!("rate_limit: requests_per_unit: {error}"))?,
                     ),
                 },

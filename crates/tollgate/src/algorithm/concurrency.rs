@@ -240,6 +240,9 @@ impl Algorithm for Concurrency {
             Action::Check | Action::Acquire { lease: None, .. } if cost > 0 => Err(Error::invalid_argument(
                 "a concurrency limit is taken with acquire (and given back with release), not check",
             )),
+            Action::Record => Err(Error::invalid_argument(
+                "a concurrency limit counts requests in flight: it cannot record usage that already happened",
+            )),
             _ => Ok(()),
         }
     }
@@ -255,8 +258,9 @@ impl Algorithm for Concurrency {
         let step = match action {
             Action::Release(lease) | Action::Refund { lease: Some(lease), .. } => self.release(state, now, lease),
             Action::Acquire { lease, .. } => self.acquire(state, now, cost, lease),
-            // Without a lease, a refund gives nothing back: a peek.
-            Action::Refund { lease: None, .. } => self.acquire(state, now, 0, None),
+            // Without a lease, a refund gives nothing back, and a record is
+            // refused by `supports`: a peek.
+            Action::Refund { lease: None, .. } | Action::Record => self.acquire(state, now, 0, None),
             Action::Check | Action::Reserve(_) => self.acquire(state, now, cost, None),
         };
         edit(state, step)

@@ -63,6 +63,11 @@ pub(crate) enum Action<'a> {
     /// Give back `cost` units taken at `at` (µs) and, on concurrency
     /// limits, the lease; never refused, reported as a peek after.
     Refund { at: u64, lease: Option<&'a str> },
+    /// Count `cost` units that were already spent, whether or not they fit:
+    /// windows go above their limit, buckets and TATs into debt. Decided as
+    /// a check when they fit; otherwise denied (they did not fit), with the
+    /// state as it stands after them. Concurrency limits refuse it.
+    Record,
 }
 
 impl Action<'_> {
@@ -291,6 +296,26 @@ pub(crate) fn refund_whole<A: Algorithm>(
         Some(new) => Step::changed(report(Some(&new)), new),
         None => Step::unchanged(report(state)),
     }
+}
+
+/// A record ([`Action::Record`]) of a state replaced whole: `check(state,
+/// cost)` when the units fit (or there are none); otherwise the state `forced()` holds with them
+/// counted anyway, and the decision a check of the same cost would get on
+/// it (denied: they did not fit; its `retry_after` counts the overspend).
+pub(crate) fn record_whole<S>(
+    check: impl Fn(Option<&S>, u64) -> Step<S>,
+    state: Option<&S>,
+    cost: u64,
+    forced: impl FnOnce() -> S,
+) -> Step<S> {
+    let step = check(state, cost);
+    // A record of nothing is a peek.
+    if step.decision.allowed || cost == 0 {
+        return step;
+    }
+    let after = forced();
+    let decision = check(Some(&after), cost).decision;
+    Step::changed(decision, after)
 }
 
 /// A step that only reports: no wait asked of the caller.

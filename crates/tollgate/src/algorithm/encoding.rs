@@ -72,7 +72,8 @@ pub(crate) enum Encoded {
 
 /// A string of some algorithm's state (another one's, when the caller did
 /// not recognise it) counts as none; anything else is foreign. The Lua
-/// `other_state`: `^[filrs]?%d+:?%d*:?%d*$` or `^-%d%d%d%d+$`.
+/// `other_state`: `^[filrs]?%d+:?%d*:?%d*$`, `^i%-%d+:%d+:%d+$` (a token
+/// bucket in debt) or `^-%d%d%d%d+$`.
 pub(crate) fn other_state<S>(value: &[u8]) -> Loaded<S> {
     fn digits(text: &[u8]) -> usize {
         text.iter().take_while(|byte| byte.is_ascii_digit()).count()
@@ -85,6 +86,7 @@ pub(crate) fn other_state<S>(value: &[u8]) -> Loaded<S> {
         };
     }
     let mut rest = match value {
+        [b'i', b'-', rest @ ..] => return numbers::<3>(rest).map_or(Loaded::Foreign, |_| Loaded::None),
         [b'f' | b'i' | b'l' | b'r' | b's', rest @ ..] => rest,
         _ => value,
     };
@@ -224,6 +226,7 @@ mod tests {
             &b"123"[..],
             b"f10:2",
             b"i1:2:3",
+            b"i-1:2:3",
             b"l5",
             b"r5:7",
             b"s5:",
@@ -237,7 +240,18 @@ mod tests {
                 String::from_utf8_lossy(ours)
             );
         }
-        for foreign in [&b"hello"[..], b"", b"f", b"-123", b"1:2:3:4", b"x12", b"12a", b"-12a45"] {
+        for foreign in [
+            &b"hello"[..],
+            b"",
+            b"f",
+            b"-123",
+            b"1:2:3:4",
+            b"x12",
+            b"12a",
+            b"-12a45",
+            b"i-1:2",
+            b"f-1:2",
+        ] {
             assert_eq!(
                 other_state::<()>(foreign),
                 Loaded::Foreign,

@@ -37,8 +37,17 @@ function fixed_window.available(p, s, now)
   return sat_sub(p.limit, count)
 end
 
+-- Units spent already: the window's count goes above the limit.
+local function forced(p, s, now, cost)
+  local window_end, count = current(p, s, now)
+  local after = { window_end = window_end, count = count + cost }
+  return after, after
+end
+
 function fixed_window.decide(p, s, now, action, cost)
-  if action == RELEASE then
+  if action == RECORD then
+    return record_whole(fixed_window.decide, forced, p, s, now, cost)
+  elseif action == RELEASE then
     cost = 0
   end
   local window_end, count = current(p, s, now)
@@ -50,7 +59,9 @@ function fixed_window.decide(p, s, now, action, cost)
   if cost > p.limit then
     return deny(p.limit, remaining, nil, reset_after)
   end
-  if cost > remaining then
+  -- Over when count + cost > limit: a peek too, once usage recorded above
+  -- the limit has left nothing (as envoyproxy/ratelimit counts).
+  if count + cost > p.limit then
     return deny(p.limit, remaining, window_end - now, reset_after)
   end
   if cost == 0 then

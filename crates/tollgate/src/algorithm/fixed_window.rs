@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update, WindowSpec};
+use super::core::{at_least_one, positive, record_whole, refund_whole, Action, Algorithm, Step, Update, WindowSpec};
 #[cfg(feature = "engine")]
 use super::encoding::{numbers, other_state, Encoded, Loaded, Value};
 use crate::decision::Decision;
@@ -55,7 +55,9 @@ impl FixedWindow {
         if cost > self.limit {
             return Step::unchanged(Decision::deny(self.limit, remaining, None, reset_after(count)));
         }
-        if cost > remaining {
+        // Over when count + cost > limit: a peek too, once usage recorded
+        // above the limit has left nothing (as envoyproxy/ratelimit counts).
+        if count.saturating_add(cost) > self.limit {
             return Step::unchanged(Decision::deny(
                 self.limit,
                 remaining,
@@ -130,10 +132,23 @@ impl Algorithm for FixedWindow {
         action: Action<'_>,
         cost: u64,
     ) -> Step<Update<FixedWindowState, Infallible>> {
-        if let Action::Refund { at, .. } = action {
-            return refund_whole(self, state, now, self.refunded(state, now, at, cost)).map(Update::Put);
+        match action {
+            Action::Refund { at, .. } => refund_whole(self, state, now, self.refunded(state, now, at, cost)),
+            Action::Record => record_whole(
+                |state, cost| self.check(state, now, cost),
+                state,
+                cost,
+                || {
+                    let (end, count) = self.current(state, now);
+                    FixedWindowState {
+                        end,
+                        count: count.saturating_add(cost),
+                    }
+                },
+            ),
+            _ => self.check(state, now, action.check_cost(cost)),
         }
-        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+        .map(Update::Put)
     }
 
     #[cfg(feature = "engine")]

@@ -21,16 +21,22 @@ function gcra.available(p, s, now)
   return units(p, sat_sub(p.horizon, ahead))
 end
 
+-- Debt: the TAT runs past the horizon by the overspend.
+local function forced(p, s, now, cost)
+  local ahead = min((s or 0) + cost * p.unit, p.horizon + MAX_TICKS)
+  return ahead, ahead
+end
+
 function gcra.decide(p, s, now, action, cost)
-  if action == RELEASE then
+  if action == RECORD then
+    return record_whole(gcra.decide, forced, p, s, now, cost)
+  elseif action == RELEASE then
     cost = 0
   end
   local h = p.horizon
-  local ahead = 0
-  if s then
-    ahead = min(s, h)
-  end
-  local remaining = units(p, h - ahead)
+  -- Beyond the horizon after a record, by the debt.
+  local ahead = s or 0
+  local remaining = units(p, sat_sub(h, ahead))
   if cost > p.burst then
     return deny(p.burst, remaining, nil, micros(p, ahead))
   end
@@ -56,7 +62,7 @@ function gcra.refund(p, s, now, _, cost)
   if s == nil or cost == 0 then
     return gcra.decide(p, s, now, RELEASE, 0)
   end
-  local ahead = sat_sub(min(s, p.horizon), cost * p.unit)
+  local ahead = sat_sub(s, cost * p.unit)
   return gcra.decide(p, ahead, now, RELEASE, 0), ahead
 end
 

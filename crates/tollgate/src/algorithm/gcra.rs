@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
+use super::core::{at_least_one, positive, record_whole, refund_whole, Action, Algorithm, Step, Update};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
 use super::encoding::TatEncoding;
-use super::rate::{Rate, Tat};
+use super::rate::{Rate, Tat, MAX_TICKS};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
@@ -66,9 +66,10 @@ impl Gcra {
     pub(crate) fn check(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Step<GcraState> {
         let ticks = self.ticks;
         let horizon = self.horizon();
-        // How far the TAT runs ahead of now, in ticks (max(TAT, now) − now).
-        let ahead = state.map_or(0, |tat| tat.backlog(now, ticks)).min(horizon);
-        let remaining = || ticks.units(horizon - ahead);
+        // How far the TAT runs ahead of now, in ticks (max(TAT, now) − now);
+        // beyond the horizon after a record, by the debt.
+        let ahead = state.map_or(0, |tat| tat.backlog(now, ticks));
+        let remaining = || ticks.units(horizon.saturating_sub(ahead));
         if cost > self.burst {
             return Step::unchanged(Decision::deny(self.burst, remaining(), None, ticks.micros(ahead)));
         }
@@ -92,7 +93,7 @@ impl Gcra {
     /// Gives back `cost` cells: the TAT moves back by their emission time,
     /// never behind `now`. The new state, or `None` when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Option<GcraState> {
-        Tat::refunded(state, now, cost, self.ticks, self.horizon())
+        Tat::refunded(state, now, cost, self.ticks, u64::MAX)
     }
 }
 
@@ -136,10 +137,23 @@ impl Algorithm for Gcra {
         action: Action<'_>,
         cost: u64,
     ) -> Step<Update<GcraState, Infallible>> {
-        if let Action::Refund { .. } = action {
-            return refund_whole(self, state, now, self.refunded(state, now, cost)).map(Update::Put);
+        match action {
+            Action::Refund { .. } => refund_whole(self, state, now, self.refunded(state, now, cost)),
+            // Debt: the TAT runs past the horizon by the overspend.
+            Action::Record => record_whole(
+                |state, cost| self.check(state, now, cost),
+                state,
+                cost,
+                || {
+                    let ahead = state.map_or(0, |tat| tat.backlog(now, self.ticks));
+                    let most = self.horizon() + MAX_TICKS;
+                    let ahead = ahead.saturating_add(cost.saturating_mul(self.ticks.unit)).min(most);
+                    Tat::after(now, ahead, self.ticks)
+                },
+            ),
+            _ => self.check(state, now, action.check_cost(cost)),
         }
-        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+        .map(Update::Put)
     }
 
     #[cfg(feature = "engine")]

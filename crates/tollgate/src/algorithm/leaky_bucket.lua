@@ -20,11 +20,9 @@ end
 
 local function reserve(p, s, now, cost, max_wait)
   local capacity = p.capacity * p.unit
-  local queued = 0
-  if s then
-    queued = min(s, capacity)
-  end
-  local remaining = units(p, capacity - queued)
+  -- Beyond the capacity after a record, by the overflow.
+  local queued = s or 0
+  local remaining = units(p, sat_sub(capacity, queued))
   if cost > p.capacity then
     return deny(p.capacity, remaining, nil, micros(p, queued))
   end
@@ -46,7 +44,21 @@ local function reserve(p, s, now, cost, max_wait)
   return decision, queued_after
 end
 
+-- Units spent already: queued even beyond the capacity, which delays
+-- whoever comes next by the overflow.
+local function forced(p, s, now, cost)
+  local queued = min((s or 0) + cost * p.unit, p.capacity * p.unit + MAX_TICKS)
+  return queued, queued
+end
+
+local function check(p, s, now, _, cost)
+  return reserve(p, s, now, cost, nil)
+end
+
 function leaky_bucket.decide(p, s, now, action, cost, max_wait)
+  if action == RECORD then
+    return record_whole(check, forced, p, s, now, cost)
+  end
   -- `check` on a shaping limit waits for anything.
   return queue_action(reserve, p, s, now, action, cost, max_wait, nil)
 end
@@ -61,7 +73,7 @@ function leaky_bucket.refund(p, s, now, _, cost)
   if s == nil or cost == 0 then
     return leaky_bucket.decide(p, s, now, RELEASE, 0)
   end
-  local queued = sat_sub(min(s, p.capacity * p.unit), cost * p.unit)
+  local queued = sat_sub(s, cost * p.unit)
   return leaky_bucket.decide(p, queued, now, RELEASE, 0), queued
 end
 

@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, positive, refund_whole, report, Action, Algorithm, Step, Update};
+use super::core::{at_least_one, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
 use super::encoding::TatEncoding;
-use super::rate::{Rate, Tat};
+use super::rate::{Rate, Tat, MAX_TICKS};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
@@ -71,8 +71,9 @@ impl LeakyBucket {
     ) -> Step<LeakyBucketState> {
         let ticks = self.ticks;
         let capacity = self.capacity * ticks.unit;
-        let queued = state.map_or(0, |drained| drained.backlog(now, ticks)).min(capacity);
-        let remaining = ticks.units(capacity - queued);
+        // Beyond the capacity after a record, by the overflow.
+        let queued = state.map_or(0, |drained| drained.backlog(now, ticks));
+        let remaining = ticks.units(capacity.saturating_sub(queued));
         if cost > self.capacity {
             return Step::unchanged(Decision::deny(self.capacity, remaining, None, ticks.micros(queued)));
         }
@@ -106,7 +107,7 @@ impl LeakyBucket {
     /// Gives back `cost` units: they leave the queue. The new state, or
     /// `None` when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&LeakyBucketState>, now: u64, cost: u64) -> Option<LeakyBucketState> {
-        Tat::refunded(state, now, cost, self.ticks, self.capacity * self.ticks.unit)
+        Tat::refunded(state, now, cost, self.ticks, u64::MAX)
     }
 }
 
@@ -159,6 +160,23 @@ impl Algorithm for LeakyBucket {
             // `check` on a shaping limit waits for anything.
             Action::Check => self.reserve(state, now, cost, None),
             Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => self.reserve(state, now, cost, max_wait),
+            // Spent already: queued even beyond the capacity, which delays
+            // whoever comes next by the overflow.
+            Action::Record => record_whole(
+                |state, cost| self.reserve(state, now, cost, None),
+                state,
+                cost,
+                || {
+                    let ticks = self.ticks;
+                    let queued = state.map_or(0, |drained| drained.backlog(now, ticks));
+                    let most = self.capacity * ticks.unit + MAX_TICKS;
+                    Tat::after(
+                        now,
+                        queued.saturating_add(cost.saturating_mul(ticks.unit)).min(most),
+                        ticks,
+                    )
+                },
+            ),
         };
         step.map(Update::Put)
     }

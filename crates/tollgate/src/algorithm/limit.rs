@@ -23,6 +23,8 @@ pub struct Limit {
     kind: Kind,
     /// [`Limit::with_lease`]: blocks of units a process takes at once.
     lease: Option<Duration>,
+    /// [`Limit::recording_overage`]: a check it refuses still counts.
+    records_overage: bool,
     /// The limit as the Redis library reads it, written once.
     #[cfg(feature = "redis")]
     script_params: std::sync::Arc<str>,
@@ -39,10 +41,11 @@ impl LimitSpec {
         let kind = self.validate()?;
         Ok(Limit {
             #[cfg(feature = "redis")]
-            script_params: dispatch!(&kind, p => script_params(p)).into(),
+            script_params: dispatch!(&kind, p => script_params(p, false)).into(),
             spec: self,
             kind,
             lease: None,
+            records_overage: false,
         })
     }
 
@@ -298,12 +301,24 @@ impl Limit {
     }
 
     /// Like [`Limit::from_json`], from a parsed value: the algorithm's fields
-    /// and, optionally, `"lease": "<duration>"` ([`Limit::with_lease`]).
+    /// and, optionally, `"lease": "<duration>"` ([`Limit::with_lease`]) and
+    /// `"overage": "record"` ([`Limit::recording_overage`]; `"refuse"`, the
+    /// default, keeps a refused check from counting).
     ///
     /// # Errors
     ///
     /// As [`Limit::from_json`].
     pub fn from_value(mut value: serde_json::Value) -> Result<Self> {
+        let records_overage = match value.as_object_mut().and_then(|fields| fields.remove("overage")) {
+            None => false,
+            Some(serde_json::Value::String(text)) if text == "record" => true,
+            Some(serde_json::Value::String(text)) if text == "refuse" => false,
+            Some(_) => {
+                return Err(Error::invalid_limit(
+                    "overage: expected \"record\" (a refused check still counts its cost) or \"refuse\"",
+                ))
+            }
+        };
         let lease = match value.as_object_mut().and_then(|fields| fields.remove("lease")) {
             None => None,
             Some(serde_json::Value::String(text)) => Some(
@@ -316,11 +331,52 @@ impl Limit {
                 ))
             }
         };
-        let limit = LimitSpec::from_value(value)?.build()?;
+        let mut limit = LimitSpec::from_value(value)?.build()?;
+        if records_overage {
+            limit = limit.recording_overage()?;
+        }
         match lease {
             Some(lease) => limit.with_lease(lease),
             None => Ok(limit),
         }
+    }
+
+    /// This limit, counting what a check it refuses asked for: usage that
+    /// already happened, as envoyproxy/ratelimit counts a descriptor that
+    /// goes over (a gateway's check and its report of tokens spent look
+    /// alike). A check this limit refuses is still refused, and the other
+    /// limits of the policy still count nothing; this one records the cost
+    /// as [`Op::Record`](crate::Op::Record) does (windows above the limit,
+    /// buckets and TATs in debt). Other operations are unchanged.
+    ///
+    /// # Errors
+    ///
+    /// On a concurrency limit (it counts requests in flight, not usage), or
+    /// on a leased one (a block's local denial would count nothing); the
+    /// message names `overage`.
+    pub fn recording_overage(mut self) -> Result<Self> {
+        if self.is_concurrency() || self.lease.is_some() {
+            return Err(Error::invalid_limit(format!(
+                "overage: a {} limit cannot record overage",
+                if self.lease.is_some() {
+                    "leased"
+                } else {
+                    self.algorithm()
+                }
+            )));
+        }
+        self.records_overage = true;
+        #[cfg(feature = "redis")]
+        {
+            self.script_params = dispatch!(&self.kind, p => script_params(p, true)).into();
+        }
+        Ok(self)
+    }
+
+    /// Whether a check this limit refuses still counts
+    /// ([`Limit::recording_overage`]).
+    pub fn records_overage(&self) -> bool {
+        self.records_overage
     }
 
     /// This limit, taken in leases of `lease`: a process takes a block of
@@ -340,6 +396,11 @@ impl Limit {
     /// When the algorithm cannot be leased, or `lease` is not a positive
     /// whole number of microseconds; the message names `lease`.
     pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
+        if self.records_overage {
+            return Err(Error::invalid_limit(
+                "lease: a limit recording its overage cannot be leased",
+            ));
+        }
         if self.is_shaping() || self.is_concurrency() {
             return Err(Error::invalid_limit(format!(
                 "lease: a {} limit cannot be leased (leasable: fixed_window, sliding_window, sliding_log, \
@@ -534,11 +595,17 @@ fn encode<A: Registered>(algorithm: &A, state: &State, expires: u64) -> Option<E
     A::held(state).map(|state| algorithm.encode(state, expires))
 }
 
-/// `id:param:param:…`: the Lua id, then what the Lua twin's `params` reads.
+/// `id:param:param:…`: the Lua id (flagged when the limit records its
+/// overage), then what the Lua twin's `params` reads.
 #[cfg(feature = "redis")]
-fn script_params<A: Algorithm>(algorithm: &A) -> String {
+fn script_params<A: Algorithm>(algorithm: &A, records_overage: bool) -> String {
     use std::fmt::Write as _;
-    let mut text = A::ID.to_string();
+    let flag = if records_overage {
+        crate::engine::RECORDS_OVERAGE
+    } else {
+        0
+    };
+    let mut text = (u64::from(A::ID) + flag).to_string();
     for param in algorithm.script_params() {
         let _ = write!(text, ":{param}");
     }
@@ -560,6 +627,9 @@ impl fmt::Display for Limit {
         let mut json = serde_json::to_value(&self.spec).map_err(|_| fmt::Error)?;
         if let (Some(lease), Some(fields)) = (self.lease, json.as_object_mut()) {
             fields.insert("lease".to_owned(), crate::duration::format_duration(lease).into());
+        }
+        if let (true, Some(fields)) = (self.records_overage, json.as_object_mut()) {
+            fields.insert("overage".to_owned(), "record".into());
         }
         f.write_str(&json.to_string())
     }

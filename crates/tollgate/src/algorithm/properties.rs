@@ -517,3 +517,98 @@ proptest! {
         harness.assert_bound(|a, b| u128::from(window_limit) * u128::from(b / window_us - a / window_us + 1));
     }
 }
+
+/// Records ([`Action::Record`]): usage that already happened.
+mod records {
+    use proptest::prelude::*;
+
+    use super::{commit, ms, START};
+    use crate::algorithm::{Action, Limit, State};
+    use crate::decision::Decision;
+
+    /// Runs `action` for `cost` on `state` at `now`, committing its change.
+    fn run(limit: &Limit, state: &mut Option<State>, now: u64, action: Action<'_>, cost: u64) -> Decision {
+        limit.supports(action, cost).expect("valid action");
+        let step = limit.decide(state.as_ref(), now, action, cost);
+        commit(state, step.change);
+        step.decision
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Every recorded unit is counted, fitting or not: a window's count
+        /// is what its checks admitted plus everything recorded.
+        #[test]
+        fn recorded_units_are_never_lost(limit in 1u64..50, asks in prop::collection::vec((any::<bool>(), 0u64..80), 1..30)) {
+            let window = Limit::fixed_window(limit, ms(60_000)).unwrap();
+            let mut state = None;
+            let mut counted = 0;
+            for (record, cost) in asks {
+                let action = if record { Action::Record } else { Action::Check };
+                let decision = run(&window, &mut state, START, action, cost);
+                // Either fits when count + cost <= limit; only a record counts when not.
+                prop_assert_eq!(decision.allowed, counted + cost <= limit);
+                if record || decision.allowed {
+                    counted += cost;
+                }
+                prop_assert_eq!(decision.remaining, limit.saturating_sub(counted));
+            }
+            let count = match &state {
+                Some(State::FixedWindow(state)) => state.count,
+                None => 0,
+                other => panic!("{other:?}"),
+            };
+            prop_assert_eq!(count, counted);
+        }
+
+        /// After a debt of `debt` units (a record that did not fit), the
+        /// next admission waits exactly the refill time of the debt and of
+        /// itself — one microsecond less is refused; and a refused check of
+        /// a limit that records its overage leaves what a record leaves.
+        #[test]
+        fn after_debt_the_next_admission_waits_for_the_debt(
+            rate in 1u64..50,
+            period_us in 1u64..5_000_000,
+            burst in 1u64..20,
+            debt in 1u64..40,
+            cost in 1u64..5,
+            bucket: bool,
+        ) {
+            let limit = if bucket {
+                Limit::token_bucket(burst, rate, std::time::Duration::from_micros(period_us)).unwrap()
+            } else {
+                Limit::gcra(rate, std::time::Duration::from_micros(period_us), burst).unwrap()
+            };
+            prop_assume!(cost <= burst);
+            let mut state = None;
+            let recorded = run(&limit, &mut state, START, Action::Record, burst + debt);
+            prop_assert!(!recorded.allowed, "the record did not fit");
+            let denied = run(&limit, &mut state, START, Action::Check, cost);
+            prop_assert!(!denied.allowed);
+            let expected = (debt + cost) * period_us;
+            let wait = expected.div_ceil(rate);
+            prop_assert_eq!(denied.retry_after, Some(std::time::Duration::from_micros(wait)));
+            let early = run(&limit, &mut state.clone(), START + wait - 1, Action::Check, cost);
+            prop_assert!(!early.allowed, "one microsecond early");
+            let on_time = run(&limit, &mut state, START + wait, Action::Check, cost);
+            prop_assert!(on_time.allowed, "waiting retry_after succeeds");
+
+            // A check the limit refuses, recording its overage, counts as a record.
+            let recording = limit.clone().recording_overage().unwrap();
+            let (mut checked, mut recorded) = (None, None);
+            run(&recording, &mut checked, START, Action::Record, burst);
+            run(&recording, &mut recorded, START, Action::Record, burst);
+            let refused = recording.decide(checked.as_ref(), START, Action::Check, debt);
+            prop_assert!(!refused.decision.allowed && refused.change.is_none(), "a check alone changes nothing");
+            let policy = crate::Policy::single(recording.clone());
+            let request = crate::Request::new(crate::Op::Check, debt);
+            let mut write = None;
+            let outcome = policy.decide(&[checked.as_ref()], START, &request, |_, change, _| write = Some(change)).unwrap();
+            commit(&mut checked, write);
+            run(&recording, &mut recorded, START, Action::Record, debt);
+            prop_assert!(!outcome.decision.allowed);
+            prop_assert_eq!(checked, recorded);
+        }
+    }
+}

@@ -61,7 +61,23 @@ local function reserve(p, s, now, cost, max_wait)
   return decision, missing_after
 end
 
+local function check(p, s, now, _, cost)
+  return reserve(p, s, now, cost, 0)
+end
+
+-- Past the cap on debt (2^52 ticks) nothing more is owed.
+local function forced(p, s, now, cost)
+  local _, missing_after = reserve(p, s, now, cost, nil)
+  missing_after = missing_after or missing(p, s, now)
+  return missing_after, missing_after
+end
+
 function reservation.decide(p, s, now, action, cost, max_wait)
+  if action == RECORD then
+    -- Spent already: borrowed whatever the wait, which the next caller
+    -- pays; they fit when a check would have admitted them.
+    return record_whole(check, forced, p, s, now, cost)
+  end
   -- `check` on a borrowing limit waits for nothing.
   return queue_action(reserve, p, s, now, action, cost, max_wait, 0)
 end

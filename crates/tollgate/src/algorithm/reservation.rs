@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, at_most, positive, refund_whole, report, Action, Algorithm, Step, Update};
+use super::core::{
+    at_least_one, at_most, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update,
+};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
@@ -189,6 +191,19 @@ impl Algorithm for Reservation {
             // `check` on a borrowing limit waits for nothing.
             Action::Check => self.reserve(state, now, cost, Some(0)),
             Action::Reserve(max_wait) | Action::Acquire { max_wait, .. } => self.reserve(state, now, cost, max_wait),
+            // Spent already: borrowed whatever the wait, which the next
+            // caller pays; they fit when a check would have admitted them.
+            Action::Record => record_whole(
+                |state, cost| self.reserve(state, now, cost, Some(0)),
+                state,
+                cost,
+                || {
+                    // Past the cap on debt (2^52 ticks) nothing more is owed.
+                    let step = self.reserve(state, now, cost, None);
+                    step.change
+                        .unwrap_or_else(|| Tat::after(now, self.missing(state, now), self.ticks))
+                },
+            ),
         };
         step.map(Update::Put)
     }

@@ -94,8 +94,12 @@ function sliding_log.available(p, s)
   return sat_sub(p.limit, s.last_total - s.base)
 end
 
+local record
+
 function sliding_log.decide(p, s, now, action, cost)
-  if action == RELEASE then
+  if action == RECORD then
+    return record(p, s, now, cost)
+  elseif action == RELEASE then
     cost = 0
   end
   local total = 0
@@ -106,7 +110,9 @@ function sliding_log.decide(p, s, now, action, cost)
   if cost > p.limit then
     return deny(p.limit, remaining, nil, reset_after(p, s, now))
   end
-  if cost > remaining then
+  -- Over when total + cost > limit: a peek too, once usage recorded above
+  -- the limit has left nothing.
+  if total + cost > p.limit then
     -- The oldest entries leave first: wait until enough units have left.
     local needed = total + cost - p.limit
     local entry = rcall("ZRANGEBYSCORE", s.key, s.base + needed, "+inf", "LIMIT", 0, 1)
@@ -123,6 +129,38 @@ function sliding_log.decide(p, s, now, action, cost)
     stamp = s.last_at
   end
   return allow(p.limit, remaining - cost, stamp + p.window - now, 0), { stamp = stamp, cost = cost }
+end
+
+-- Logs units spent already, whether or not they fit (a check when they
+-- do). Over the limit, the decision is a check of the same cost on the log
+-- with them in it, found without building it.
+record = function(p, s, now, cost)
+  local d, change = sliding_log.decide(p, s, now, CHECK, cost)
+  -- A record of nothing is a peek.
+  if d[1] == 1 or cost == 0 then
+    return d, change
+  end
+  local total = 0
+  local stamp = now
+  if s then
+    total = s.last_total - s.base
+    if s.last_at > now then
+      stamp = s.last_at
+    end
+  end
+  -- A request of `cost` after them waits until enough units have left:
+  -- the logged ones first, then these.
+  local retry_after = nil
+  if cost <= p.limit then
+    local needed = total + cost + cost - p.limit
+    if s and needed <= total then
+      local entry = rcall("ZRANGEBYSCORE", s.key, s.base + needed, "+inf", "LIMIT", 0, 1)
+      retry_after = tonumber(entry[1]) + p.window - now
+    else
+      retry_after = stamp + p.window - now
+    end
+  end
+  return deny(p.limit, 0, retry_after, stamp + p.window - now), { stamp = stamp, cost = cost }
 end
 
 -- Gives back units admitted at `at`: they leave the entry stamped `at`,

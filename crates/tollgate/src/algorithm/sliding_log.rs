@@ -164,7 +164,9 @@ impl SlidingLog {
         if cost > self.limit {
             return Step::unchanged(Decision::deny(self.limit, remaining, None, reset_after));
         }
-        if cost > remaining {
+        // Over when total + cost > limit: a peek too, once usage recorded
+        // above the limit has left nothing.
+        if total.saturating_add(cost) > self.limit {
             // The oldest entries leave first: wait until enough units have left.
             let needed = total + cost - self.limit;
             let retry_after = live.and_then(|live| self.retry_after(&live, needed, now));
@@ -190,6 +192,37 @@ impl SlidingLog {
     /// made after the clock went back is stamped at the newest entry's
     /// instant: its refund finds no entry at `at` and gives nothing back.)
     /// Costs O(log n + entries newer than `at`). Reports as a peek after.
+    /// Logs `cost` units that were already spent, whether or not they fit
+    /// (a check when they do). Over the limit, the decision is a check of
+    /// the same cost on the log with them in it, found without building it.
+    pub(crate) fn record(&self, state: Option<&SlidingLogState>, now: u64, cost: u64) -> Step<LogChange> {
+        let step = self.check(state, now, cost);
+        // A record of nothing is a peek.
+        if step.decision.allowed || cost == 0 {
+            return step;
+        }
+        let live = state.map(|state| self.live(state, now));
+        let total = live.as_ref().map_or(0, |live| live.total);
+        let newest = live.as_ref().and_then(|live| live.state.entries.back());
+        let at = newest.map_or(now, |&(newest, _)| newest.max(now));
+        let change = LogChange::Admit {
+            expired: live.as_ref().map_or(0, |live| live.expired),
+            at,
+            units: cost,
+        };
+        // A request of `cost` after them waits until enough units have
+        // left: the logged ones first, then these.
+        let retry_after = (cost <= self.limit).then(|| {
+            let needed = total + cost + cost - self.limit;
+            live.as_ref()
+                .filter(|_| needed <= total)
+                .and_then(|live| self.retry_after(live, needed, now))
+                .unwrap_or(at + self.window - now)
+        });
+        let decision = Decision::deny(self.limit, 0, retry_after, at + self.window - now);
+        Step::changed(decision, change)
+    }
+
     pub(crate) fn refund(&self, state: Option<&SlidingLogState>, now: u64, at: u64, cost: u64) -> Step<LogChange> {
         let peek = || self.check(state, now, 0);
         let Some(state) = state.filter(|_| cost > 0) else {
@@ -258,6 +291,7 @@ impl Algorithm for SlidingLog {
     ) -> Step<Update<Box<SlidingLogState>, LogChange>> {
         let step = match action {
             Action::Refund { at, .. } => self.refund(state, now, at, cost),
+            Action::Record => self.record(state, now, cost),
             _ => self.check(state, now, action.check_cost(cost)),
         };
         edit(state, step)

@@ -73,8 +73,32 @@ function sliding_window.available(p, s)
   return sat_sub(p.limit, total_of(s))
 end
 
+-- Units spent already: counted in now's sub-interval above the limit.
+local function forced(p, s, now, cost)
+  local index = now - imod(now, sub(p))
+  local counts, count, placed = {}, cost, false
+  for _, entry in ipairs(s or {}) do
+    if entry[1] == index then
+      count = count + entry[2]
+    else
+      if not placed and entry[1] > index then
+        counts[#counts + 1] = { index, count }
+        placed = true
+      end
+      counts[#counts + 1] = entry
+    end
+  end
+  if not placed then
+    -- Kept in order of index: the newest, when nothing later was counted.
+    counts[#counts + 1] = { index, count }
+  end
+  return counts, { index = index, count = count }
+end
+
 function sliding_window.decide(p, s, now, action, cost)
-  if action == RELEASE then
+  if action == RECORD then
+    return record_whole(sliding_window.decide, forced, p, s, now, cost)
+  elseif action == RELEASE then
     cost = 0
   end
   local total = total_of(s)
@@ -82,7 +106,9 @@ function sliding_window.decide(p, s, now, action, cost)
   if cost > p.limit then
     return deny(p.limit, remaining, nil, reset_after(p, s, now))
   end
-  if cost > remaining then
+  -- Over when total + cost > limit: a peek too, once usage recorded above
+  -- the limit has left nothing.
+  if total + cost > p.limit then
     local needed = total + cost - p.limit
     local freed, retry_after = 0, nil
     for _, entry in ipairs(s) do

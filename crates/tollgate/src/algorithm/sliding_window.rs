@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, positive, refund_whole, Action, Algorithm, Step, Update};
+use super::core::{at_least_one, positive, record_whole, refund_whole, Action, Algorithm, Step, Update};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
@@ -117,7 +117,9 @@ impl SlidingWindow {
                 self.reset_after(&counts, now),
             ));
         }
-        if cost > remaining {
+        // Over when total + cost > limit: a peek too, once usage recorded
+        // above the limit has left nothing.
+        if total.saturating_add(cost) > self.limit {
             // Oldest sub-intervals leave first: wait until enough have gone.
             let needed = total + cost - self.limit;
             let mut freed = 0;
@@ -144,15 +146,20 @@ impl SlidingWindow {
                 0,
             ));
         }
+        self.add(&mut counts, now, cost);
+        let decision = Decision::allow(self.limit, remaining - cost, self.reset_after(&counts, now), 0);
+        Step::changed(decision, SlidingWindowState { counts })
+    }
+
+    /// Counts `cost` units in now's sub-interval.
+    fn add(&self, counts: &mut Vec<(u64, u64)>, now: u64, cost: u64) {
         let index = now - now % self.sub();
         // Kept in order of index, even when the clock went back.
         let at = counts.partition_point(|&(counted, _)| counted <= index);
         match at.checked_sub(1).map(|last| &mut counts[last]) {
-            Some((counted, count)) if *counted == index => *count += cost,
+            Some((counted, count)) if *counted == index => *count = count.saturating_add(cost),
             _ => counts.insert(at, (index, cost)),
         }
-        let decision = Decision::allow(self.limit, remaining - cost, self.reset_after(&counts, now), 0);
-        Step::changed(decision, SlidingWindowState { counts })
     }
 
     /// Gives back units taken at `at` from the count of the sub-interval
@@ -226,10 +233,21 @@ impl Algorithm for SlidingWindow {
         action: Action<'_>,
         cost: u64,
     ) -> Step<Update<SlidingWindowState, Infallible>> {
-        if let Action::Refund { at, .. } = action {
-            return refund_whole(self, state, now, self.refunded(state, now, at, cost)).map(Update::Put);
+        match action {
+            Action::Refund { at, .. } => refund_whole(self, state, now, self.refunded(state, now, at, cost)),
+            Action::Record => record_whole(
+                |state, cost| self.check(state, now, cost),
+                state,
+                cost,
+                || {
+                    let (mut counts, _) = self.live(state, now);
+                    self.add(&mut counts, now, cost);
+                    SlidingWindowState { counts }
+                },
+            ),
+            _ => self.check(state, now, action.check_cost(cost)),
         }
-        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+        .map(Update::Put)
     }
 
     #[cfg(feature = "engine")]

@@ -16,7 +16,8 @@ end
 local OTHER_MODE = {}
 
 local function load_interval(value, now)
-  local tokens, boundary, expires = match(value, "^i(%d+):(%d+):(%d+)$")
+  -- A debt is a negative level.
+  local tokens, boundary, expires = match(value, "^i(%-?%d+):(%d+):(%d+)$")
   if not tokens or tonumber(expires) <= now then
     return nil
   end
@@ -39,16 +40,17 @@ function token_bucket.load(key, p, now)
     return load_tat(key, p, token_bucket.tat, now) and OTHER_MODE
   end
   local level = load_interval(value, now)
-  if level == nil and not find(value, "^i%d+:%d+:%d+$") then
+  if level == nil and not find(value, "^i%-?%d+:%d+:%d+$") then
     return other_state(value)
   end
   return level
 end
 
--- Smooth mode: ticks missing from a full bucket at now.
+-- Smooth mode: ticks missing from a full bucket at now (beyond capacity
+-- after a record, by the debt).
 local function deficit(p, s)
   if s and s ~= OTHER_MODE then
-    return min(s, p.capacity * p.unit)
+    return s
   end
   return (p.capacity - p.initial) * p.unit
 end
@@ -71,10 +73,10 @@ end
 
 function token_bucket.available(p, s, now)
   if p.smooth then
-    return units(p, p.capacity * p.unit - deficit(p, s))
+    return units(p, sat_sub(p.capacity * p.unit, deficit(p, s)))
   end
   local tokens = tokens_at(p, s, now)
-  return tokens
+  return max(tokens, 0)
 end
 
 -- A bucket starting below capacity stores the level its first request saw,
@@ -89,7 +91,7 @@ end
 local function check_smooth(p, s, now, cost)
   local capacity = p.capacity * p.unit
   local d = deficit(p, s)
-  local remaining = units(p, capacity - d)
+  local remaining = units(p, sat_sub(capacity, d))
   if cost > p.capacity then
     return first_touch(p, s, deny(p.capacity, remaining, nil, micros(p, d)), d)
   end
@@ -117,11 +119,12 @@ local function check_interval(p, s, now, cost)
     return after_refill(sat_sub(p.capacity, t))
   end
   local level = { tokens = tokens, boundary = boundary }
+  local held = max(tokens, 0)
   if cost > p.capacity then
-    return first_touch(p, s, deny(p.capacity, tokens, nil, reset_after(tokens)), level)
+    return first_touch(p, s, deny(p.capacity, held, nil, reset_after(tokens)), level)
   end
   if cost > tokens then
-    local decision = deny(p.capacity, tokens, after_refill(cost - tokens), reset_after(tokens))
+    local decision = deny(p.capacity, held, after_refill(cost - tokens), reset_after(tokens))
     return first_touch(p, s, decision, level)
   end
   tokens = tokens - cost
@@ -132,8 +135,22 @@ local function check_interval(p, s, now, cost)
   return decision, { tokens = tokens, boundary = boundary }
 end
 
+-- Units spent already: a debt the refill pays back, capped at MAX_TICKS
+-- ticks (smooth) or tokens (interval) so that every sum stays exact.
+local function forced(p, s, now, cost)
+  if p.smooth then
+    local d = min(deficit(p, s) + cost * p.unit, p.capacity * p.unit + MAX_TICKS)
+    return d, d
+  end
+  local tokens, boundary = tokens_at(p, s, now)
+  local level = { tokens = max(tokens - cost, -MAX_TICKS), boundary = boundary }
+  return level, level
+end
+
 function token_bucket.decide(p, s, now, action, cost)
-  if action == RELEASE then
+  if action == RECORD then
+    return record_whole(token_bucket.decide, forced, p, s, now, cost)
+  elseif action == RELEASE then
     cost = 0
   end
   if p.smooth then

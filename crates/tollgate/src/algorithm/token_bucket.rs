@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, at_most, positive, refund_whole, Action, Algorithm, Step, Update};
+use super::core::{at_least_one, at_most, positive, record_whole, refund_whole, Action, Algorithm, Step, Update};
 #[cfg(feature = "engine")]
 use super::encoding::{numbers, other_state, Encoded, Loaded, TatEncoding, Value};
-use super::rate::{Rate, Tat};
+use super::rate::{Rate, Tat, MAX_TICKS};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
@@ -85,8 +85,8 @@ pub enum TokenBucketState {
     Smooth(Tat),
     /// Interval mode: whole tokens as of the interval starting at `boundary`.
     Interval {
-        /// Tokens in the bucket.
-        tokens: u64,
+        /// Tokens in the bucket; below zero after a record, by the debt.
+        tokens: i64,
         /// When the interval those tokens were counted in began, µs since
         /// the epoch (an instant, not an index, so that a limit redefined
         /// with another interval reads it as a time all the same).
@@ -97,26 +97,26 @@ pub enum TokenBucketState {
 impl TokenBucket {
     /// Smooth mode: ticks missing from a full bucket at `now`.
     fn deficit(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {
-        let capacity = self.capacity * self.rate.unit;
         match state {
-            Some(TokenBucketState::Smooth(full_at)) => full_at.backlog(now, self.rate).min(capacity),
+            // Beyond `capacity` after a record, by the debt.
+            Some(TokenBucketState::Smooth(full_at)) => full_at.backlog(now, self.rate),
             _ => (self.capacity - self.initial) * self.rate.unit,
         }
     }
 
     /// Interval mode: tokens at `now`, and the start of the interval they
     /// are counted in (`now`'s, or a newer one already counted).
-    fn tokens(&self, state: Option<&TokenBucketState>, now: u64) -> (u64, u64) {
+    fn tokens(&self, state: Option<&TokenBucketState>, now: u64) -> (i64, u64) {
         let boundary = now - now % self.interval;
         match state {
             Some(&TokenBucketState::Interval { tokens, boundary: then }) if then <= boundary => {
                 let intervals = (boundary - then) / self.interval;
-                let refilled = intervals.saturating_mul(self.refill).saturating_add(tokens);
-                (refilled.min(self.capacity), boundary)
+                let refill = intervals.saturating_mul(self.refill).min(MAX_TICKS * 2).cast_signed();
+                (tokens.saturating_add(refill).min(self.capacity.cast_signed()), boundary)
             }
             // Counted in a newer interval (the clock went back): no refill, keep its boundary.
             Some(&TokenBucketState::Interval { tokens, boundary: then }) => (tokens, then),
-            _ => (self.initial, boundary),
+            _ => (self.initial.cast_signed(), boundary),
         }
     }
 
@@ -147,7 +147,7 @@ impl TokenBucket {
         let rate = self.rate;
         let capacity = self.capacity * rate.unit;
         let deficit = self.deficit(state, now);
-        let remaining = rate.units(capacity - deficit);
+        let remaining = rate.units(capacity.saturating_sub(deficit));
         let level = TokenBucketState::Smooth(Tat::after(now, deficit, rate));
         let untouched = |decision| self.first_touch(state, decision, level);
         if cost > self.capacity {
@@ -185,40 +185,62 @@ impl TokenBucket {
                 boundary + missing.div_ceil(self.refill) * self.interval - now
             }
         };
-        let reset_after = |tokens: u64| after_refill(self.capacity.saturating_sub(tokens));
+        // Tokens missing to `wanted` (a debt counts too).
+        let missing = |wanted: u64, tokens: i64| wanted.saturating_add_signed(tokens.saturating_neg());
+        let reset_after = |tokens: i64| after_refill(missing(self.capacity, tokens));
         let untouched = |decision| self.first_touch(state, decision, TokenBucketState::Interval { tokens, boundary });
+        let held = tokens.max(0).cast_unsigned();
         if cost > self.capacity {
-            return untouched(Decision::deny(self.capacity, tokens, None, reset_after(tokens)));
+            return untouched(Decision::deny(self.capacity, held, None, reset_after(tokens)));
         }
-        if cost > tokens {
+        // In debt, a peek too is refused until the refill has paid it back.
+        if cost.cast_signed() > tokens {
             return untouched(Decision::deny(
                 self.capacity,
-                tokens,
-                Some(after_refill(cost - tokens)),
+                held,
+                Some(after_refill(missing(cost, tokens))),
                 reset_after(tokens),
             ));
         }
-        let tokens = tokens - cost;
-        let decision = Decision::allow(self.capacity, tokens, reset_after(tokens), 0);
+        let tokens = tokens - cost.cast_signed();
+        let decision = Decision::allow(self.capacity, held - cost, reset_after(tokens), 0);
         if cost == 0 {
             return untouched(decision);
         }
         Step::changed(decision, TokenBucketState::Interval { tokens, boundary })
     }
 
-    /// Gives back `cost` tokens, up to a full bucket. The new state, or
-    /// `None` when nothing changes (no level is stored for a bucket that has
-    /// none, or one of the other mode).
+    /// The level `state` holds at `now` with `cost` more tokens taken,
+    /// whether or not they were there: a debt the refill pays back. Debt is
+    /// capped at `MAX_TICKS` ticks (or tokens) so that every sum stays exact.
+    fn forced(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> TokenBucketState {
+        match self.mode {
+            Refill::Smooth => {
+                let rate = self.rate;
+                let most = self.capacity * rate.unit + MAX_TICKS;
+                let deficit = self.deficit(state, now).saturating_add(cost.saturating_mul(rate.unit));
+                TokenBucketState::Smooth(Tat::after(now, deficit.min(most), rate))
+            }
+            Refill::Interval => {
+                let (tokens, boundary) = self.tokens(state, now);
+                let least = -(MAX_TICKS.cast_signed());
+                let tokens = tokens.saturating_sub(cost.min(MAX_TICKS * 2).cast_signed()).max(least);
+                TokenBucketState::Interval { tokens, boundary }
+            }
+        }
+    }
+
     pub(crate) fn refunded(&self, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Option<TokenBucketState> {
         match (self.mode, state?) {
             (Refill::Smooth, TokenBucketState::Smooth(full_at)) => {
                 let full = self.capacity * self.rate.unit;
-                Tat::refunded(Some(full_at), now, cost, self.rate, full).map(TokenBucketState::Smooth)
+                Tat::refunded(Some(full_at), now, cost, self.rate, full + MAX_TICKS).map(TokenBucketState::Smooth)
             }
             (Refill::Interval, TokenBucketState::Interval { .. }) if cost > 0 => {
                 let (tokens, boundary) = self.tokens(state, now);
+                let cost = cost.min(MAX_TICKS * 2).cast_signed();
                 Some(TokenBucketState::Interval {
-                    tokens: tokens.saturating_add(cost).min(self.capacity),
+                    tokens: tokens.saturating_add(cost).min(self.capacity.cast_signed()),
                     boundary,
                 })
             }
@@ -261,8 +283,8 @@ impl Algorithm for TokenBucket {
         match self.mode {
             Refill::Smooth => self
                 .rate
-                .units(self.capacity * self.rate.unit - self.deficit(state, now)),
-            Refill::Interval => self.tokens(state, now).0,
+                .units((self.capacity * self.rate.unit).saturating_sub(self.deficit(state, now))),
+            Refill::Interval => self.tokens(state, now).0.max(0).cast_unsigned(),
         }
     }
 
@@ -274,10 +296,17 @@ impl Algorithm for TokenBucket {
         action: Action<'_>,
         cost: u64,
     ) -> Step<Update<TokenBucketState, Infallible>> {
-        if let Action::Refund { .. } = action {
-            return refund_whole(self, state, now, self.refunded(state, now, cost)).map(Update::Put);
+        match action {
+            Action::Refund { .. } => refund_whole(self, state, now, self.refunded(state, now, cost)),
+            Action::Record => record_whole(
+                |state, cost| self.check(state, now, cost),
+                state,
+                cost,
+                || self.forced(state, now, cost),
+            ),
+            _ => self.check(state, now, action.check_cost(cost)),
         }
-        self.check(state, now, action.check_cost(cost)).map(Update::Put)
+        .map(Update::Put)
     }
 
     /// The mode is 1 for interval refill, 0 for smooth.
@@ -321,8 +350,14 @@ impl Algorithm for TokenBucket {
             return Loaded::None;
         };
         if let Some(level) = text.strip_prefix(b"i") {
+            // A debt is a negative level: "i-<tokens>:…".
+            let (sign, level) = match level.strip_prefix(b"-") {
+                Some(debt) => (-1, debt),
+                None => (1, level),
+            };
             return match numbers::<3>(level) {
-                Some([tokens, boundary, expires]) if expires > now => {
+                Some([tokens, boundary, expires]) if expires > now && tokens <= MAX_TICKS * 2 => {
+                    let tokens = sign * tokens.cast_signed();
                     Loaded::State(TokenBucketState::Interval { tokens, boundary })
                 }
                 Some(_) => Loaded::None,
@@ -340,10 +375,9 @@ impl Algorithm for TokenBucket {
             TokenBucketState::Interval { tokens, boundary } => {
                 let mut digits = itoa::Buffer::new();
                 let mut out = b"i".to_vec();
-                for (at, n) in [tokens, boundary, expires].into_iter().enumerate() {
-                    if at > 0 {
-                        out.push(b':');
-                    }
+                out.extend_from_slice(digits.format(tokens).as_bytes());
+                for n in [boundary, expires] {
+                    out.push(b':');
                     out.extend_from_slice(digits.format(n).as_bytes());
                 }
                 Encoded::String(out)

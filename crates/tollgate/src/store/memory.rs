@@ -180,7 +180,9 @@ impl TatSlot {
             now,
             || gcra.available(Some(&tat), now),
             |action, cost| match action {
-                Action::Refund { .. } => gcra.decide(Some(&tat), now, action, cost).map(Update::into_whole),
+                Action::Refund { .. } | Action::Record => {
+                    gcra.decide(Some(&tat), now, action, cost).map(Update::into_whole)
+                }
                 _ => gcra.check(Some(&tat), now, action.check_cost(cost)),
             },
             |tat, _| self.tat = tat,

@@ -693,6 +693,8 @@ impl DenyCache {
     fn cacheable(policy: &Policy, request: &Request) -> bool {
         request.now.is_none()
             && !policy.has_concurrency()
+            // A refused check of such a limit still counts, in the store.
+            && !policy.records_overage()
             && matches!(request.op, Op::Check | Op::CheckAtMost | Op::Reserve { .. })
     }
 

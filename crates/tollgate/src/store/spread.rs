@@ -115,7 +115,8 @@ where
         .iter()
         .all(|outcome| outcome.as_ref().is_ok_and(|outcome| outcome.decision.allowed));
     let mut outcomes = taken;
-    if !allowed {
+    // A record counts in every part, whether or not it fits.
+    if !allowed && request.op != Op::Record {
         let lease = match &request.op {
             Op::Acquire { lease, .. } => Some(lease.clone()),
             _ => None,

@@ -22,6 +22,8 @@ pub enum StepOp {
     /// instant), with a lease when given.
     Refund(u8, Option<u8>),
     Reset,
+    /// Count the step's cost as spent already ([`Op::Record`]).
+    Record,
 }
 
 #[derive(Debug, Clone)]
@@ -41,7 +43,18 @@ pub fn micros(value: u64) -> Duration {
     Duration::from_micros(value)
 }
 
+/// Any limit; a third of those that can record their overage do.
 pub fn any_limit() -> impl Strategy<Value = Limit> {
+    (any_base_limit(), proptest::bool::weighted(0.3)).prop_map(|(limit, overage)| {
+        if overage && !limit.is_concurrency() {
+            limit.recording_overage().unwrap()
+        } else {
+            limit
+        }
+    })
+}
+
+fn any_base_limit() -> impl Strategy<Value = Limit> {
     let count = 1u64..12;
     let period = 1u64..3_000_000;
     prop_oneof![
@@ -112,9 +125,10 @@ pub fn any_steps() -> impl Strategy<Value = Vec<Step>> {
         2 => (0u8..6).prop_map(StepOp::Release),
         2 => (0u8..3, proptest::option::of(0u8..6)).prop_map(|(k, lease)| StepOp::Refund(k, lease)),
         1 => Just(StepOp::Reset),
+        2 => Just(StepOp::Record),
     ];
     let dt = prop_oneof![3 => Just(0u64), 3 => 0u64..100_000, 2 => 0u64..3_000_000];
-    let cost = prop_oneof![5 => Just(1u64), 2 => 0u64..15];
+    let cost = prop_oneof![5 => Just(1u64), 2 => 0u64..15, 1 => 0u64..60];
     let costs = proptest::option::weighted(0.2, (0u64..8, 0u64..8));
     prop::collection::vec(
         (dt, 0u8..2, cost, op, costs, 0u8..3).prop_map(|(dt, key, cost, op, costs, policy)| Step {
@@ -169,6 +183,7 @@ pub async fn replay<S: Store>(store: &S, policies: &[Policy], steps: &[Step], su
                 at: Timestamp::from_micros(instants[instants.len().saturating_sub(1 + usize::from(back))]),
                 lease: lease.map(|lease| format!("lease-{lease}")),
             },
+            StepOp::Record => Op::Record,
             StepOp::Reset => {
                 answers.push(format!(
                     "{:?}",

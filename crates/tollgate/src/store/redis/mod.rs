@@ -82,7 +82,7 @@ use self::url::Target;
 use super::{spread, Store};
 use crate::clock::{micros, Clock, Sleep, Timestamp};
 use crate::decision::{Decision, Outcome};
-use crate::engine::{ACQUIRE, CHECK, CHECK_AT_MOST, REFUND, RELEASE, RESERVE, RESET};
+use crate::engine::{ACQUIRE, CHECK, CHECK_AT_MOST, RECORD, REFUND, RELEASE, RESERVE, RESET};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
@@ -120,6 +120,7 @@ fn op_code(op: &Op) -> u64 {
         Op::Acquire { .. } => ACQUIRE,
         Op::Release { .. } => RELEASE,
         Op::Refund { .. } => REFUND,
+        Op::Record => RECORD,
     }
 }
 
@@ -731,7 +732,7 @@ impl RedisStore {
             Op::Release { lease } => (None, lease.as_str()),
             // A refund sends the instant the units were taken where others send max_wait.
             Op::Refund { at, lease } => (Some(at.as_micros()), lease.as_deref().unwrap_or("")),
-            Op::Check | Op::CheckAtMost => (None, ""),
+            Op::Check | Op::CheckAtMost | Op::Record => (None, ""),
         };
         let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(max_wait).unwrap_or(i64::MAX));
         let now = request

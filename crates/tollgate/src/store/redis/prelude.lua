@@ -90,8 +90,26 @@ local function deny(limit, remaining, retry_after, reset_after)
   return slot
 end
 
--- What a request asks of each limit (the op codes of store/redis/mod.rs).
-local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET, REFUND = 1, 2, 3, 4, 5, 6, 7
+-- What a request asks of each limit (the op codes of engine.rs).
+local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET, REFUND, RECORD = 1, 2, 3, 4, 5, 6, 7, 8
+-- Added to a limit's algorithm id when a check it refuses still records its
+-- cost (engine.rs's RECORDS_OVERAGE).
+local RECORDS_OVERAGE = 128
+
+-- A record (RECORD: units spent already, counted whether or not they fit),
+-- as core.rs's record_whole: a check when they fit; otherwise the state
+-- forced(p, s, now, cost) returns with them counted (as loaded, then as the
+-- change to store), and the decision a check of the same cost gets on it.
+local function record_whole(decide, forced, p, s, now, cost)
+  local d, change = decide(p, s, now, CHECK, cost)
+  -- A record of nothing is a peek.
+  if d[1] == 1 or cost == 0 then
+    return d, change
+  end
+  local after
+  after, change = forced(p, s, now, cost)
+  return (decide(p, after, now, CHECK, cost)), change
+end
 
 -- How a borrowing or shaping limit (reservation, leaky bucket) runs an
 -- action, as their Rust twins' `decide` do: a release only reports (never
@@ -209,7 +227,7 @@ end
 -- A string holding some algorithm's state (another one's, when the caller
 -- did not recognise it) counts as none; anything else is FOREIGN.
 local function other_state(value)
-  if find(value, "^[filrs]?%d+:?%d*:?%d*$") or find(value, "^%-%d%d%d%d+$") then
+  if find(value, "^[filrs]?%d+:?%d*:?%d*$") or find(value, "^%-%d%d%d%d+$") or find(value, "^i%-%d+:%d+:%d+$") then
     return nil
   end
   return FOREIGN

@@ -52,9 +52,13 @@ local function limit_of(text)
     return p
   end
   local n = numbers(text)
+  local records_overage = n[1] >= RECORDS_OVERAGE
+  if records_overage then
+    n[1] = n[1] - RECORDS_OVERAGE
+  end
   local algorithm = ALGORITHMS[n[1]]
   p = algorithm.params(n)
-  p.algorithm, p.cost = algorithm, n[#n]
+  p.algorithm, p.cost, p.records_overage = algorithm, n[#n], records_overage
   return keep(text, p)
 end
 
@@ -165,14 +169,19 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease)
       allowed = false
     end
   end
-  if not allowed then
-    -- Nothing is consumed: limits that would have admitted report as a peek.
+  if not allowed and op ~= RECORD then
+    -- Nothing is consumed: limits that would have admitted report as a
+    -- peek; a refusing one that records its overage counts it.
     for i = 1, n do
+      local p = LIMITS[i]
       if SLOTS[i][1] == 1 then
-        local p = LIMITS[i]
         use_slot(i)
         local _
         _, CHANGES[i] = p.algorithm.decide(p, STATES[i], now, action, 0, max_wait, lease)
+      elseif p.records_overage and action == CHECK then
+        use_slot(i)
+        local _
+        _, CHANGES[i] = p.algorithm.decide(p, STATES[i], now, RECORD, COSTS[i], max_wait, lease)
       end
     end
   end
@@ -181,7 +190,7 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease)
       store(keys[first + i], LIMITS[i], STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
     end
   end
-  answer(allowed and 1 or 0, allowed and cost or 0, now, n)
+  answer(allowed and 1 or 0, (allowed or op == RECORD) and cost or 0, now, n)
 end
 
 -- decide() for one limit (not check_at_most, refund or reset), without the
@@ -196,10 +205,13 @@ local function decide_one(key, now, op, cost, max_wait, lease)
   end
   use_slot(1)
   local d, change = algorithm.decide(p, s, now, op, p.cost, max_wait, lease)
+  if d[1] == 0 and p.records_overage and op == CHECK then
+    d, change = algorithm.decide(p, s, now, RECORD, p.cost, max_wait, lease)
+  end
   if change ~= nil then
     store(key, p, s, change, now, d[5], stale)
   end
-  answer(d[1], d[1] == 1 and cost or 0, now, 1)
+  answer(d[1], (d[1] == 1 or op == RECORD) and cost or 0, now, 1)
 end
 
 -- struct.pack formats of 1 … PACK_CHUNK integers, made once each; longer
