@@ -139,6 +139,8 @@ fn status(error: ServiceError) -> Status {
     match error {
         ServiceError::InvalidArgument(message) => Status::invalid_argument(message),
         ServiceError::Unavailable(message) => Status::unavailable(message),
+        ServiceError::NotFound(message) => Status::not_found(message),
+        ServiceError::Conflict(message) => Status::failed_precondition(message),
     }
 }
 

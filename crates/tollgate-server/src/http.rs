@@ -5,6 +5,12 @@
 //! - `POST /v1/check`: Tollgate's own — descriptors, or a subject and a named
 //!   rule, with a cost — answering a decision with `RateLimit` /
 //!   `Retry-After` headers, 429 when denied;
+//! - `POST /v1/reserve` (the body of `/v1/check`, its `cost` the estimate,
+//!   and an optional `ttl`): answered as `/v1/check`, plus the
+//!   `reservation` id when admitted; `POST /v1/settle` (`{"reservation":
+//!   id, "actual": n}`): the limits after the unused part went back or the
+//!   excess was recorded (404 for an unknown or expired id, 409 for one
+//!   settled with another amount);
 //! - `GET /metrics` (Prometheus), `GET /healthz`, `GET /v1/config`;
 //! - `GET /healthcheck`: envoyproxy/ratelimit's (`OK`, or 500 when unhealthy);
 //! - `GET /rlconfig`: envoyproxy/ratelimit's debug view of the loaded
@@ -43,6 +49,8 @@ pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/json", post(envoy_json))
         .route("/v1/check", post(check))
+        .route("/v1/reserve", post(reserve))
+        .route("/v1/settle", post(settle))
         .route("/v1/config", get(config))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -73,6 +81,8 @@ fn service_error(failure: &ServiceError) -> Response {
     match failure {
         ServiceError::InvalidArgument(message) => error(StatusCode::BAD_REQUEST, message),
         ServiceError::Unavailable(message) => error(StatusCode::SERVICE_UNAVAILABLE, message),
+        ServiceError::NotFound(message) => error(StatusCode::NOT_FOUND, message),
+        ServiceError::Conflict(message) => error(StatusCode::CONFLICT, message),
     }
 }
 
@@ -330,6 +340,10 @@ struct CheckBody {
     limit: Option<String>,
     #[serde(default)]
     cost: Option<u64>,
+    /// `/v1/reserve` only: how long the reservation waits for its
+    /// settlement (`"10m"`).
+    #[serde(default)]
+    ttl: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -349,10 +363,66 @@ async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {
         Ok(parsed) => parsed,
         Err(failure) => return service_error(&failure),
     };
-    let answer = match service.should_rate_limit(&request).await {
-        Ok(answer) => answer,
+    match service.should_rate_limit(&request).await {
+        Ok(answer) => check_answer(&answer, named, None, false),
+        Err(failure) => service_error(&failure),
+    }
+}
+
+async fn reserve(State(service): State<Arc<Service>>, body: Body) -> Response {
+    let mut body: CheckBody = match read_json(body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let ttl = match body
+        .ttl
+        .take()
+        .as_deref()
+        .map(tollgate::duration::parse_duration)
+        .transpose()
+    {
+        Ok(ttl) => ttl,
+        Err(failure) => return error(StatusCode::BAD_REQUEST, format!("ttl: {failure}")),
+    };
+    let (request, named) = match body.into_check() {
+        Ok(parsed) => parsed,
         Err(failure) => return service_error(&failure),
     };
+    match service.reserve(&request, ttl).await {
+        Ok(reserved) => {
+            let reservation = reserved.id.map(|id| ReservationJson {
+                id,
+                ttl_ms: reserved.ttl.as_millis(),
+            });
+            check_answer(&reserved.response, named, reservation, false)
+        }
+        Err(failure) => service_error(&failure),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleBody {
+    reservation: String,
+    actual: u64,
+}
+
+async fn settle(State(service): State<Arc<Service>>, body: Body) -> Response {
+    let body: SettleBody = match read_json(body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    match service.settle(&body.reservation, body.actual).await {
+        // Settled (200): the request went through; the decision says
+        // whether the limits admit more now.
+        Ok(answer) => check_answer(&answer, false, None, true),
+        Err(failure) => service_error(&failure),
+    }
+}
+
+/// `/v1/check`'s answer (and `/v1/reserve`'s, with its `reservation`);
+/// 429 when refused, unless `settled` (always 200).
+fn check_answer(answer: &CheckResponse, named: bool, reservation: Option<ReservationJson>, settled: bool) -> Response {
     // The request's decision: the most restrictive descriptor's (the
     // denying one with the longest retry_after, else the one with the
     // fewest remaining).
@@ -378,7 +448,7 @@ async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {
         decision.retry_after = Some(std::time::Duration::ZERO);
     }
     let headers = rate_limit_headers(&answer.statuses, overall);
-    let status = if decision.allowed {
+    let status = if decision.allowed || settled {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
@@ -397,6 +467,7 @@ async fn check(State(service): State<Arc<Service>>, body: Body) -> Response {
     let json = CheckJson {
         decision: DecisionJson::from(&decision),
         descriptors,
+        reservation,
     };
     with_headers((status, axum::Json(json)).into_response(), &headers)
 }
@@ -405,6 +476,11 @@ impl CheckBody {
     /// The service's request, and whether it is the named form (answered
     /// without the per-descriptor list).
     fn into_check(self) -> Result<(CheckRequest, bool), ServiceError> {
+        if self.ttl.is_some() {
+            return Err(ServiceError::InvalidArgument(
+                "ttl: only a reservation (/v1/reserve) has one".to_owned(),
+            ));
+        }
         // Here, unlike Envoy's hits_addend, a cost of 0 is a peek.
         let hits = self.cost.unwrap_or(1);
         let (descriptors, named) = match (self.descriptors, self.subject, self.limit) {
@@ -459,6 +535,15 @@ struct CheckJson {
     decision: DecisionJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     descriptors: Option<Vec<DescriptorJson>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reservation: Option<ReservationJson>,
+}
+
+/// An admitted reservation: its id, and how long it waits to be settled.
+#[derive(Serialize)]
+struct ReservationJson {
+    id: String,
+    ttl_ms: u128,
 }
 
 #[derive(Serialize)]

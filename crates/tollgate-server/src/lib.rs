@@ -14,9 +14,10 @@
 //! [`Server::run`] takes bound listeners and a shutdown future, so tests start
 //! it on port 0 and stop it when they are done.
 //!
-//! One deliberate difference from envoyproxy/ratelimit: the descriptors of a
-//! request are decided all-or-nothing, so a request that is over any limit
-//! consumes from none (see [`service`]).
+//! It counts as envoyproxy/ratelimit does (a descriptor that goes over still
+//! adds its hits: a token report is usage that happened; see [`service`]),
+//! and offers what a gateway cannot: reserve an estimate, then settle the
+//! actual ([`reservations`]).
 
 // The store futures nest deeply (a resilient store over Redis, in `AnyStore`,
 // in the gRPC and HTTP handlers): the compiler needs more room to lay them out.
@@ -26,6 +27,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod reservations;
 pub mod service;
 pub mod settings;
 pub mod unit;

@@ -207,6 +207,9 @@ pub struct CheckResponse {
     /// `hitsAddend`), the request's `hitsAddend`, and the `metadata` of the
     /// rules of the descriptors that passed, merged (the first wins).
     pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The instant the store decided at (µs since the epoch; the latest,
+    /// over several calls), when it was asked.
+    pub decided_at: Option<u64>,
 }
 
 /// Why a request was not decided; each kind has its status code.
@@ -217,6 +220,12 @@ pub enum ServiceError {
     /// The store failed or did not answer in time (503 / `UNAVAILABLE`, so
     /// Envoy's `failure_mode_deny` decides).
     Unavailable(String),
+    /// What the request names is not there: an unknown or expired
+    /// reservation (404 / `NOT_FOUND`).
+    NotFound(String),
+    /// The request contradicts what was done: a reservation settled
+    /// already with another amount (409 / `FAILED_PRECONDITION`).
+    Conflict(String),
 }
 
 impl ServiceError {
@@ -234,7 +243,10 @@ impl ServiceError {
 impl std::fmt::Display for ServiceError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::InvalidArgument(message) | Self::Unavailable(message) => f.write_str(message),
+            Self::InvalidArgument(message)
+            | Self::Unavailable(message)
+            | Self::NotFound(message)
+            | Self::Conflict(message) => f.write_str(message),
         }
     }
 }
@@ -328,6 +340,8 @@ pub struct Service {
     options: Options,
     healthy: watch::Sender<bool>,
     health: std::sync::Mutex<Health>,
+    /// Open reservations (`/v1/reserve`, `/v1/settle`).
+    pub(crate) reservations: crate::reservations::Reservations,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -429,6 +443,7 @@ impl Service {
             options,
             healthy: watch::channel(!health.no_config).0,
             health: std::sync::Mutex::new(health),
+            reservations: crate::reservations::Reservations::default(),
         }
     }
 
@@ -689,6 +704,17 @@ impl Service {
     /// A malformed request ([`ServiceError::InvalidArgument`]), or a store
     /// fault ([`ServiceError::Unavailable`], counted as one).
     pub async fn should_rate_limit(&self, request: &CheckRequest) -> Result<CheckResponse, ServiceError> {
+        self.decide_request(request, Cost::Hits).await
+    }
+
+    /// [`Service::should_rate_limit`], each descriptor's hits weighed as
+    /// `hits` says: [`Cost::Hits`], or [`Cost::Estimate`] for a reservation
+    /// (all-or-nothing, a refused estimate counts nowhere).
+    pub(crate) async fn decide_request(
+        &self,
+        request: &CheckRequest,
+        hits: Cost,
+    ) -> Result<CheckResponse, ServiceError> {
         if let Err(error) = self.validate(request) {
             self.metrics.service_error();
             return Err(error);
@@ -703,7 +729,7 @@ impl Service {
                 return Err(error);
             }
         };
-        let decided_at = match self.decide_all(&mut items).await {
+        let decided_at = match self.decide_all(&mut items, hits).await {
             Ok(decided_at) => decided_at,
             Err(error) if error.is_invalid() => {
                 self.metrics.service_error();
@@ -718,7 +744,7 @@ impl Service {
         // the store (only blocked or unlimited rules), from the host's.
         let now = decided_at.unwrap_or_else(unix_now);
         for item in &mut items {
-            self.settle(&request.domain, item, now);
+            self.answer(&request.domain, item, now, true);
         }
         let mut overall = overall_code(&items);
         if overall == Code::OverLimit && self.options.shadow_mode {
@@ -738,12 +764,64 @@ impl Service {
             statuses,
             headers,
             dynamic_metadata,
+            decided_at,
+        })
+    }
+
+    /// Runs `adjustment` for each descriptor's hits on every limit that
+    /// applies to `request` (shadow rules too): what settles a reservation.
+    /// Answers each limit as it stands after; a refund is not counted as
+    /// hits in the metrics, a record is.
+    ///
+    /// # Errors
+    ///
+    /// As [`Service::should_rate_limit`].
+    pub(crate) async fn adjust(
+        &self,
+        request: &CheckRequest,
+        adjustment: Adjustment,
+    ) -> Result<CheckResponse, ServiceError> {
+        self.validate(request)?;
+        let config = self.config.load();
+        let domain = config.domains.get(&request.domain);
+        let mut items = self.match_rules(request, domain)?;
+        let limited: Vec<usize> = (0..items.len())
+            .filter(|&index| items[index].limited().is_some())
+            .collect();
+        let mut decided_at = None;
+        if !limited.is_empty() {
+            let cost = match adjustment {
+                Adjustment::Refund { at } => Cost::Refund { at },
+                Adjustment::Record => Cost::Record,
+            };
+            let (decisions, at) = self.decide_together(&items, &limited, cost).await.map_err(|error| {
+                if !error.is_invalid() {
+                    self.metrics.store_error(&request.domain);
+                }
+                ServiceError::from_store(&error)
+            })?;
+            set_decisions(&mut items, decisions);
+            decided_at = Some(at);
+        }
+        let now = decided_at.unwrap_or_else(unix_now);
+        let count = adjustment == Adjustment::Record;
+        for item in &mut items {
+            self.answer(&request.domain, item, now, count);
+        }
+        let overall = overall_code(&items);
+        let statuses: Vec<DescriptorStatus> = items.into_iter().map(|item| item.status).collect();
+        Ok(CheckResponse {
+            overall,
+            headers: Vec::new(),
+            statuses,
+            dynamic_metadata: None,
+            decided_at,
         })
     }
 
     /// Fills in `item`'s status from what was decided, `now` being the
-    /// decision's instant, and counts it.
-    fn settle(&self, domain: &str, item: &mut Item<'_>, now: u64) {
+    /// decision's instant, and counts its hits in the metrics when `count`.
+    fn answer(&self, domain: &str, item: &mut Item<'_>, now: u64, count: bool) {
         let over = item.is_over();
         match &item.matched {
             Matched::Nothing => {}
@@ -765,18 +843,22 @@ impl Service {
                     over: item.hits > 0,
                     shadow: item.shadow,
                 };
-                self.metrics.record(domain, &item.stat_key, item.hits, usage);
+                if count {
+                    self.metrics.record(domain, &item.stat_key, item.hits, usage);
+                }
             }
             Matched::Limited(limited) => {
                 let Some(decision) = limited.decision.clone() else {
                     return;
                 };
-                self.metrics.record(
-                    domain,
-                    &item.stat_key,
-                    item.hits,
-                    Usage::of(&decision, item.hits, item.shadow),
-                );
+                if count {
+                    self.metrics.record(
+                        domain,
+                        &item.stat_key,
+                        item.hits,
+                        Usage::of(&decision, item.hits, item.shadow),
+                    );
+                }
                 let status = &mut item.status;
                 status.code = if over && !item.shadow {
                     Code::OverLimit
@@ -798,19 +880,14 @@ impl Service {
     /// Decides the limits of `items` (see [`Service::should_rate_limit`]),
     /// leaving each one's decision in it; the instant the store decided at
     /// (the latest, over several calls), if it was asked.
-    async fn decide_all(&self, items: &mut [Item<'_>]) -> Result<Option<u64>, tollgate::Error> {
+    async fn decide_all(&self, items: &mut [Item<'_>], hits: Cost) -> Result<Option<u64>, tollgate::Error> {
         let mut decided_at: Option<u64> = None;
         let note = |seen: Option<u64>, at: u64| Some(seen.map_or(at, |seen| seen.max(at)));
         // Shadow descriptors: each alone (they never refuse the others).
         let shadows: Vec<usize> = (0..items.len())
             .filter(|&index| items[index].limited().is_some() && items[index].shadow)
             .collect();
-        let outcomes = join_all(
-            shadows
-                .chunks(1)
-                .map(|one| self.decide_together(&*items, one, Cost::Hits)),
-        )
-        .await;
+        let outcomes = join_all(shadows.chunks(1).map(|one| self.decide_together(&*items, one, hits))).await;
         for outcome in outcomes {
             let (decisions, at) = outcome?;
             decided_at = note(decided_at, at);
@@ -827,7 +904,7 @@ impl Service {
             .filter(|item| item.quota && matches!(item.matched, Matched::Blocked) && item.is_over())
             .count();
         let mut batch: Vec<usize> = (0..items.len()).filter(|&index| items[index].is_enforced()).collect();
-        if !self.options.stop_increment_when_over {
+        if !self.options.stop_increment_when_over && hits == Cost::Hits {
             // Upstream's default: every descriptor counted as upstream counts
             // adds its hits, over or not, whatever the others say.
             let recording: Vec<usize> = batch
@@ -864,7 +941,7 @@ impl Service {
             if batch.is_empty() {
                 return Ok(decided_at);
             }
-            let (decisions, at) = self.decide_together(&*items, &batch, Cost::Hits).await?;
+            let (decisions, at) = self.decide_together(&*items, &batch, hits).await?;
             decided_at = note(decided_at, at);
             set_decisions(items, decisions);
             let mut enforced_denied = false;
@@ -911,12 +988,17 @@ impl Service {
                 .entry((&limited.subject, limited.name.as_str()))
                 .or_insert(next);
             let hits = match cost {
-                Cost::Hits | Cost::Record => item.hits,
+                Cost::Hits | Cost::Estimate | Cost::Record | Cost::Refund { .. } => item.hits,
                 Cost::Peek => 0,
             };
             if slot == next {
                 subjects.push(limited.subject.clone());
-                limits.push((limited.name.clone(), limited.limit.clone()));
+                let limit = if cost == Cost::Estimate {
+                    limited.limit.clone().refusing_overage()
+                } else {
+                    limited.limit.clone()
+                };
+                limits.push((limited.name.clone(), limit));
                 costs.push(hits);
             } else {
                 costs[slot] = costs[slot].saturating_add(hits);
@@ -925,8 +1007,12 @@ impl Service {
         }
         let policy = Policy::spread(limits)?;
         let op = match cost {
-            Cost::Hits => gateway_op(&policy),
+            Cost::Hits | Cost::Estimate => gateway_op(&policy),
             Cost::Record => Op::Record,
+            Cost::Refund { at } => Op::Refund {
+                at: tollgate::Timestamp::from_micros(at),
+                lease: None,
+            },
             Cost::Peek => Op::Check,
         };
         let request = Request::new(op, costs.iter().copied().max().unwrap_or(0)).with_costs(costs);
@@ -940,13 +1026,27 @@ impl Service {
     }
 }
 
+/// How [`Service::adjust`] changes a request's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Adjustment {
+    /// Give back the hits taken at `at` (µs since the epoch).
+    Refund { at: u64 },
+    /// Count the hits, whether or not they fit.
+    Record,
+}
+
 /// What the limits of a request are decided for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cost {
+pub(crate) enum Cost {
     /// Each descriptor's hits.
     Hits,
+    /// Each descriptor's hits, an estimate: all-or-nothing, a limit that
+    /// records its overage counts nothing when refused.
+    Estimate,
     /// Each descriptor's hits, counted whether or not they fit.
     Record,
+    /// Each descriptor's hits given back, taken at `at` (µs).
+    Refund { at: u64 },
     /// Nothing: a look at each limit (the request is refused already).
     Peek,
 }

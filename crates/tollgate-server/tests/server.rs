@@ -613,6 +613,101 @@ async fn a_blocked_request_consumes_nothing(store: Store) {
     server.stop().await;
 }
 
+/// Reserve an estimate, then settle the actual (`/v1/reserve`,
+/// `/v1/settle`): the unused part comes back, an excess is recorded (past the
+/// limit too), settling again with the same amount answers the same, with
+/// another is a conflict, and an unknown id is not found.
+async fn reservations_settle_to_the_actual(store: Store) {
+    const BUDGET: &str = "
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+";
+    let server = start_with(store, Options::default(), BUDGET).await;
+    let reserve = |cost: u64| {
+        json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}], "cost": cost})
+            .to_string()
+    };
+    let answer = |response: reqwest::Response| async move {
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    };
+    let (status, first) = answer(server.post("/v1/reserve", reserve(400)).await).await;
+    assert_eq!((status, first["remaining"].clone()), (200, json!(600)), "{first}");
+    let first_id = first["reservation"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(first["reservation"]["ttl_ms"], 600_000, "{first}");
+    let (_, second) = answer(server.post("/v1/reserve", reserve(400)).await).await;
+    let second_id = second["reservation"]["id"].as_str().unwrap().to_owned();
+    let (status, third) = answer(server.post("/v1/reserve", reserve(400)).await).await;
+    assert_eq!(status, 429, "200 left: {third}");
+    assert!(
+        third.get("reservation").is_none(),
+        "a refused estimate is not kept: {third}"
+    );
+
+    let settle = |id: &str, actual: u64| json!({"reservation": id, "actual": actual}).to_string();
+    let (status, settled) = answer(server.post("/v1/settle", settle(&first_id, 100)).await).await;
+    assert_eq!(
+        (status, settled["remaining"].clone()),
+        (200, json!(500)),
+        "300 came back: {settled}"
+    );
+    let (status, again) = answer(server.post("/v1/settle", settle(&first_id, 100)).await).await;
+    assert_eq!((status, &again), (200, &settled), "settling is idempotent");
+    let (status, conflict) = answer(server.post("/v1/settle", settle(&first_id, 50)).await).await;
+    assert_eq!(status, 409, "{conflict}");
+    assert!(
+        conflict["error"].as_str().unwrap().contains("settled with 100"),
+        "{conflict}"
+    );
+
+    // 950 used where 400 were reserved: the excess counts, past the limit.
+    let (status, over) = answer(server.post("/v1/settle", settle(&second_id, 950)).await).await;
+    assert_eq!(status, 200, "a settlement is never refused: {over}");
+    assert_eq!(
+        (over["allowed"].clone(), over["remaining"].clone()),
+        (json!(false), json!(0)),
+        "{over}"
+    );
+    let peek = json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}], "cost": 0});
+    assert_eq!(
+        server.post("/v1/check", peek.to_string()).await.status(),
+        429,
+        "1 050 of 1 000 spent"
+    );
+
+    let (status, unknown) = answer(server.post("/v1/settle", settle("nope", 1)).await).await;
+    assert_eq!(status, 404, "{unknown}");
+    assert!(
+        unknown["error"].as_str().unwrap().contains("unknown or has expired"),
+        "{unknown}"
+    );
+    let bad = [
+        (json!({"reservation": first_id}).to_string(), "actual"),
+        (json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "b"}]}], "cost": 1, "ttl": "0s"}).to_string(), "ttl"),
+        (json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "b"}], "cost": 2}]}).to_string(), "cost"),
+    ];
+    for (body, field) in bad {
+        let path = if body.contains("reservation") {
+            "/v1/settle"
+        } else {
+            "/v1/reserve"
+        };
+        let (status, refused) = answer(server.post(path, body.clone()).await).await;
+        assert_eq!(status, 400, "{body}: {refused}");
+        assert!(refused["error"].as_str().unwrap().contains(field), "{body}: {refused}");
+    }
+    let with_ttl =
+        json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "b"}]}], "ttl": "1m"});
+    assert_eq!(
+        server.post("/v1/check", with_ttl.to_string()).await.status(),
+        400,
+        "ttl is a reservation's"
+    );
+    server.stop().await;
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -637,6 +732,7 @@ on_both_stores!(
     a_blocked_request_consumes_nothing,
     descriptors_are_capped,
     resets_come_from_the_store_clock,
+    reservations_settle_to_the_actual,
 );
 
 /// A 100 000-descriptor request is refused (the default cap is 1 000), and

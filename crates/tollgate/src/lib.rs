@@ -64,7 +64,7 @@ pub use algorithm::{
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
 pub use decision::{Decision, Outcome, Path, Restrictiveness};
 pub use error::{Error, ErrorKind, Result};
-pub use limiter::{Acquired, Limiter, Permit};
+pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
 pub use policy::{Op, Policy, Request};
 pub use store::{
     AnyStore, LeaseStats, LeasedStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore,

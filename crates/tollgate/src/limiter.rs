@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::Timestamp;
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
 use crate::policy::{Op, Policy, Request};
@@ -76,6 +77,84 @@ impl<S: Store> Permit<S> {
             }
             None => Ok(None),
         }
+    }
+}
+
+/// What [`Limiter::estimate`] got.
+#[derive(Debug)]
+#[must_use = "an admitted estimate is settled with the actual cost (dropped, it stays at the estimate)"]
+pub enum Estimated<S: Store = MemoryStore> {
+    /// Admitted: the estimate is taken; settle it with the actual cost.
+    Admitted(Settlement<S>),
+    /// Refused: nothing is taken.
+    Denied(Decision),
+}
+
+impl<S: Store> Estimated<S> {
+    /// True when the request was admitted.
+    pub fn is_admitted(&self) -> bool {
+        matches!(self, Self::Admitted(_))
+    }
+
+    /// The decision on the estimate.
+    pub fn decision(&self) -> &Decision {
+        match self {
+            Self::Admitted(settlement) => &settlement.decision,
+            Self::Denied(decision) => decision,
+        }
+    }
+}
+
+/// An admitted request whose cost is known only later (an LLM completion's
+/// tokens): its estimate is taken; [`Settlement::settle`] gives back the
+/// unused part or records the excess, in one store call. Dropped unsettled,
+/// it stays at the estimate (nothing to do).
+#[derive(Debug)]
+pub struct Settlement<S: Store = MemoryStore> {
+    limiter: Limiter<S>,
+    subject: Subject,
+    estimate: u64,
+    /// When the estimate was taken (the store's instant): a refund gives
+    /// back units taken then.
+    taken_at: Timestamp,
+    decision: Decision,
+}
+
+impl<S: Store> Settlement<S> {
+    /// The decision that admitted the estimate.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The units taken up front.
+    pub fn estimate(&self) -> u64 {
+        self.estimate
+    }
+
+    /// Settles with `actual` units: below the estimate the rest is given
+    /// back ([`Op::Refund`] of the units taken at the estimate's instant:
+    /// windows give back while they still count them, buckets and TATs up
+    /// to full); above it the excess is recorded ([`Op::Record`]: counted
+    /// whether or not it fits). Returns the limits as they stand after; at
+    /// exactly the estimate nothing is asked of the store, and the answer
+    /// is the admitting decision.
+    ///
+    /// # Errors
+    ///
+    /// A store fault (the estimate then stays taken).
+    pub async fn settle(self, actual: u64) -> Result<Decision> {
+        let (op, cost) = match actual.cmp(&self.estimate) {
+            std::cmp::Ordering::Equal => return Ok(self.decision),
+            std::cmp::Ordering::Less => (
+                Op::Refund {
+                    at: self.taken_at,
+                    lease: None,
+                },
+                self.estimate - actual,
+            ),
+            std::cmp::Ordering::Greater => (Op::Record, actual - self.estimate),
+        };
+        self.limiter.decision(&self.subject, op, cost).await
     }
 }
 
@@ -183,6 +262,29 @@ impl<S: Store> Limiter<S> {
     /// requests in flight, not usage).
     pub async fn record(&self, subject: &Subject, cost: u64) -> Result<Decision> {
         self.decision(subject, Op::Record, cost).await
+    }
+
+    /// Takes `estimate` units for a request whose cost is known only later,
+    /// as a check of `estimate` does (so that concurrent requests cannot all
+    /// pass while the budget has room for one); settle the admitted
+    /// [`Settlement`] with the actual cost once it is known. Overspend is
+    /// then at most the excess of the actual costs over their estimates.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check`].
+    pub async fn estimate(&self, subject: &Subject, estimate: u64) -> Result<Estimated<S>> {
+        let outcome = self.decide(subject, &Request::new(Op::Check, estimate)).await?;
+        if !outcome.decision.allowed {
+            return Ok(Estimated::Denied(outcome.decision));
+        }
+        Ok(Estimated::Admitted(Settlement {
+            limiter: self.clone(),
+            subject: subject.clone(),
+            estimate,
+            taken_at: outcome.decided_at,
+            decision: outcome.decision,
+        }))
     }
 
     /// Admits as many units as are available, up to `cost`

@@ -373,6 +373,20 @@ impl Limit {
         Ok(self)
     }
 
+    /// This limit, refusing its overage again: a check it refuses counts
+    /// nothing (the default).
+    #[must_use]
+    pub fn refusing_overage(mut self) -> Self {
+        if self.records_overage {
+            self.records_overage = false;
+            #[cfg(feature = "redis")]
+            {
+                self.script_params = dispatch!(&self.kind, p => script_params(p, false)).into();
+            }
+        }
+        self
+    }
+
     /// Whether a check this limit refuses still counts
     /// ([`Limit::recording_overage`]).
     pub fn records_overage(&self) -> bool {

@@ -563,4 +563,93 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     huge_waits_are_unbounded(make().await).await;
     a_refund_undoes_a_check(make().await).await;
     a_spread_decision_is_all_or_nothing(make().await).await;
+    estimates_settle_to_the_actual(make().await).await;
+    usage_is_recorded_past_the_limit(make().await).await;
+}
+
+/// Reserve an estimate, then settle the actual: the unused part comes back,
+/// an excess is recorded, an exact estimate costs no call; what is never
+/// settled stays at its estimate. (The store's own clock: limits of an hour,
+/// so that nothing refills meanwhile.)
+pub async fn estimates_settle_to_the_actual<S: Store>(store: S) {
+    let hour = Duration::from_secs(3600);
+    for limit in [
+        Limit::sliding_log(1000, hour).unwrap(),
+        Limit::gcra(1000, hour, 1000).unwrap(),
+        Limit::token_bucket(1000, 1000, hour).unwrap(),
+    ] {
+        let name = limit.algorithm();
+        let limiter = Limiter::new(store.clone(), limit);
+        let subject = Subject::new("settle").and(name);
+        let remaining = |estimated: &tollgate::Estimated<S>| estimated.decision().remaining;
+
+        let first = limiter.estimate(&subject, 100).await.unwrap();
+        assert_eq!(remaining(&first), 900, "{name}");
+        let tollgate::Estimated::Admitted(first) = first else {
+            panic!("{name}: admitted")
+        };
+        assert_eq!(first.settle(30).await.unwrap().remaining, 970, "{name}: 70 came back");
+
+        let tollgate::Estimated::Admitted(second) = limiter.estimate(&subject, 100).await.unwrap() else {
+            panic!("{name}: admitted")
+        };
+        let after = second.settle(250).await.unwrap();
+        assert_eq!(after.remaining, 720, "{name}: 150 more recorded");
+
+        let tollgate::Estimated::Admitted(exact) = limiter.estimate(&subject, 100).await.unwrap() else {
+            panic!("{name}: admitted")
+        };
+        let admitted = exact.decision().clone();
+        assert_eq!(exact.settle(100).await.unwrap(), admitted, "{name}: nothing to settle");
+
+        // Never settled: the estimate stays taken.
+        drop(limiter.estimate(&subject, 20).await.unwrap());
+        assert_eq!(limiter.peek(&subject).await.unwrap().remaining, 600, "{name}");
+        let denied = limiter.estimate(&subject, 700).await.unwrap();
+        assert!(!denied.is_admitted(), "{name}: 700 do not fit in 600");
+        assert_eq!(
+            limiter.peek(&subject).await.unwrap().remaining,
+            600,
+            "{name}: a denial takes nothing"
+        );
+    }
+}
+
+/// Usage that already happened is counted whether or not it fits; a
+/// concurrency limit refuses it by name.
+pub async fn usage_is_recorded_past_the_limit<S: Store>(store: S) {
+    let limiter = Limiter::new(
+        store.clone(),
+        Limit::fixed_window(1000, Duration::from_secs(60)).unwrap(),
+    );
+    let subject = Subject::new("record");
+    let at = |ms: u64| T0 + ms * 1000;
+    assert!(
+        decide(&limiter, &subject, Op::Record, 800, at(0))
+            .await
+            .decision
+            .allowed
+    );
+    let over = decide(&limiter, &subject, Op::Record, 800, at(1)).await;
+    assert!(!over.decision.allowed, "did not fit");
+    assert_eq!(over.granted, 800, "counted all the same");
+    assert!(
+        !check(&limiter, &subject, 0, at(2)).await.allowed,
+        "over: even a peek is refused"
+    );
+    // The window (aligned on the epoch) ends: the count is gone.
+    let end = at(2) - at(2) % 60_000_000 + 60_000_000;
+    assert!(check(&limiter, &subject, 1000, end).await.allowed);
+
+    let policy = Policy::new([
+        ("tokens", Limit::fixed_window(1000, Duration::from_secs(60)).unwrap()),
+        ("in_flight", Limit::concurrency(5, Duration::from_secs(60)).unwrap()),
+    ])
+    .unwrap();
+    let refused = Limiter::new(store, policy)
+        .decide(&subject, &Request::new(Op::Record, 5))
+        .await
+        .unwrap_err();
+    assert!(refused.is_invalid(), "{refused}");
+    assert!(refused.to_string().contains("in_flight"), "{refused}");
 }

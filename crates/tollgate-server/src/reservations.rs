@@ -1,0 +1,208 @@
+//! Reserve an estimate, then settle the actual: for a request whose cost is
+//! known only when it is done (an LLM completion's tokens).
+//!
+//! `reserve` decides the request with its estimate as every descriptor's
+//! hits, as a check does (so N concurrent requests cannot all pass while the
+//! budget has room for one) but all-or-nothing even on rules that count as
+//! envoyproxy/ratelimit (a refused estimate was never spent), and, when
+//! admitted, keeps it under a
+//! random id until its time to live ends. `settle(id, actual)` then gives
+//! back the unused part ([`Op::Refund`](tollgate::Op::Refund) of the units
+//! taken at the reservation's instant) or records the excess
+//! ([`Op::Record`](tollgate::Op::Record): counted whether or not it fits),
+//! one store call either way (at the estimate exactly, a look).
+//!
+//! Settling is idempotent: the same id settled again with the same amount
+//! gets the first answer, with another amount a conflict. An unknown or
+//! expired id is not found; a reservation nobody settles before its time to
+//! live ends is settled at its estimate (it is forgotten: the estimate
+//! stays counted). Open reservations are bounded ([`MAX_OPEN`]); expired
+//! ones are swept as new ones come.
+//!
+//! The bound on overspend: at most the excess of the actual costs over their
+//! estimates (check-then-report, without a reservation: the usage of every
+//! request in flight).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::service::{Adjustment, CheckRequest, CheckResponse, Code, Cost, Service, ServiceError};
+
+/// The most reservations open at once; more is refused (503).
+pub const MAX_OPEN: usize = 100_000;
+
+/// How long a reservation waits for its settlement by default.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
+
+/// The longest a reservation may wait.
+pub const MAX_TTL: Duration = Duration::from_secs(86_400);
+
+/// The open reservations of a service.
+#[derive(Debug, Default)]
+pub struct Reservations {
+    open: Mutex<HashMap<String, Arc<Reservation>>>,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    /// The request, with the estimate as its hits.
+    request: CheckRequest,
+    /// The store's instant when the estimate was taken (µs).
+    taken_at: u64,
+    expires: Instant,
+    /// The settlement once made: the actual, and the answer.
+    settled: tokio::sync::Mutex<Option<(u64, CheckResponse)>>,
+}
+
+/// What a reservation was answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserved {
+    /// The decision on the estimate, as a check answers it.
+    pub response: CheckResponse,
+    /// The reservation's id, when it was admitted.
+    pub id: Option<String>,
+    /// How long it waits for its settlement.
+    pub ttl: Duration,
+}
+
+impl Reservations {
+    /// Keeps `reservation` under a new id; `None` when too many are open.
+    fn open(&self, reservation: Reservation) -> Option<String> {
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if open.len() >= MAX_OPEN / 2 {
+            let now = Instant::now();
+            open.retain(|_, reservation| reservation.expires > now);
+        }
+        if open.len() >= MAX_OPEN {
+            return None;
+        }
+        let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        open.insert(id.clone(), Arc::new(reservation));
+        Some(id)
+    }
+
+    /// The open reservation `id`, unless it has expired (then it goes).
+    fn get(&self, id: &str) -> Option<Arc<Reservation>> {
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let reservation = open.get(id)?;
+        if reservation.expires <= Instant::now() {
+            open.remove(id);
+            return None;
+        }
+        Some(Arc::clone(reservation))
+    }
+
+    /// How many are open (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// True when none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Service {
+    /// Decides `request` (its `hits` the estimate; no per-descriptor hits)
+    /// as a check, and when admitted keeps it open for `ttl` (default
+    /// [`DEFAULT_TTL`]) under the id it answers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Service::should_rate_limit`]; per-descriptor hits, a `ttl` of
+    /// zero or above [`MAX_TTL`] are invalid; too many open reservations is
+    /// unavailable.
+    pub async fn reserve(&self, request: &CheckRequest, ttl: Option<Duration>) -> Result<Reserved, ServiceError> {
+        let ttl = ttl.unwrap_or(DEFAULT_TTL);
+        if ttl.is_zero() || ttl > MAX_TTL {
+            return Err(ServiceError::InvalidArgument(format!(
+                "ttl must be more than zero and at most {} s",
+                MAX_TTL.as_secs()
+            )));
+        }
+        if let Some(index) = request
+            .descriptors
+            .iter()
+            .position(|descriptor| descriptor.hits_addend.is_some())
+        {
+            return Err(ServiceError::InvalidArgument(format!(
+                "descriptors[{index}].cost: a reservation takes one estimate for the request (its cost)"
+            )));
+        }
+        let response = self.decide_request(request, Cost::Estimate).await?;
+        let id = match (response.overall, response.decided_at) {
+            (Code::Ok, Some(taken_at)) => {
+                let reservation = Reservation {
+                    request: request.clone(),
+                    taken_at,
+                    expires: Instant::now() + ttl,
+                    settled: tokio::sync::Mutex::new(None),
+                };
+                let id = self.reservations.open(reservation).ok_or_else(|| {
+                    ServiceError::Unavailable(format!("{MAX_OPEN} reservations are open: settle some first"))
+                })?;
+                Some(id)
+            }
+            _ => None,
+        };
+        Ok(Reserved { response, id, ttl })
+    }
+
+    /// Settles reservation `id` with the `actual` cost: the unused part of
+    /// the estimate goes back, an excess is recorded; answers the limits as
+    /// they stand after (at the estimate exactly, nothing changes: a look).
+    ///
+    /// # Errors
+    ///
+    /// Not found for an unknown or expired id; a conflict when it was
+    /// settled with another amount; a store fault (then it may be settled
+    /// again).
+    pub async fn settle(&self, id: &str, actual: u64) -> Result<CheckResponse, ServiceError> {
+        let reservation = self.reservations.get(id).ok_or_else(|| {
+            ServiceError::NotFound(format!(
+                "reservation \"{id}\" is unknown or has expired (an expired one is settled at its estimate)"
+            ))
+        })?;
+        let mut settled = reservation.settled.lock().await;
+        if let Some((settled_with, response)) = &*settled {
+            return if *settled_with == actual {
+                Ok(response.clone())
+            } else {
+                Err(ServiceError::Conflict(format!(
+                    "reservation \"{id}\" was settled with {settled_with}, not {actual}"
+                )))
+            };
+        }
+        let estimate = reservation.request.hits;
+        let response = if actual == estimate {
+            self.should_rate_limit(&CheckRequest {
+                hits: 0,
+                ..reservation.request.clone()
+            })
+            .await?
+        } else {
+            let (adjustment, units) = if actual < estimate {
+                (
+                    Adjustment::Refund {
+                        at: reservation.taken_at,
+                    },
+                    estimate - actual,
+                )
+            } else {
+                (Adjustment::Record, actual - estimate)
+            };
+            let request = CheckRequest {
+                hits: units,
+                ..reservation.request.clone()
+            };
+            self.adjust(&request, adjustment).await?
+        };
+        *settled = Some((actual, response.clone()));
+        Ok(response)
+    }
+}
