@@ -708,6 +708,38 @@ descriptors:
     server.stop().await;
 }
 
+/// A budget that follows the calendar (Tollgate's `algorithm` block): a day
+/// in Asia/Tokyo ends at 15:00 UTC, and the answer's reset says so.
+async fn calendar_budgets_reset_with_the_zone(store: Store) {
+    const DAILY: &str = "
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: day
+      requests_per_unit: 1000
+      algorithm: {algorithm: fixed_window, limit: 1000, calendar: day, time_zone: Asia/Tokyo, overage: record}
+";
+    let server = start_with(store, Options::default(), DAILY).await;
+    let body = |cost: u64| {
+        json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}], "cost": cost})
+            .to_string()
+    };
+    let response = server.post("/v1/check", body(800)).await;
+    assert_eq!(response.status(), 200);
+    let decision: Value = response.json().await.unwrap();
+    // Noon UTC is 21:00 in Tokyo: three hours to its midnight.
+    assert_eq!(decision["reset_after_ms"], 10_800_000.0, "{decision}");
+    // 800 more: over, and (overage: record) counted all the same.
+    let response = server.post("/v1/check", body(800)).await;
+    assert_eq!(response.status(), 429);
+    let response = server.post("/v1/check", body(0)).await;
+    assert_eq!(response.status(), 429, "1 600 of 1 000 spent");
+    let decision: Value = response.json().await.unwrap();
+    assert_eq!(decision["retry_after_ms"], 10_800_000.0, "{decision}");
+    server.stop().await;
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -733,6 +765,7 @@ on_both_stores!(
     descriptors_are_capped,
     resets_come_from_the_store_clock,
     reservations_settle_to_the_actual,
+    calendar_budgets_reset_with_the_zone,
 );
 
 /// A 100 000-descriptor request is refused (the default cap is 1 000), and

@@ -100,6 +100,27 @@ pub fn format_duration(duration: Duration) -> String {
     format!("{}{name}", micros / scale)
 }
 
+/// Serde support: an optional duration field written as text (with
+/// `#[serde(default)]`: absent is `None`).
+pub mod serde_text_option {
+    use serde::{Deserializer, Serializer};
+    use std::time::Duration;
+
+    /// Reads `"1.5s"` as `Some`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+        super::serde_text::deserialize(deserializer).map(Some)
+    }
+
+    /// Writes `Some` as text, `None` as null.
+    #[allow(clippy::ref_option)] // serde's `with` passes the field by reference
+    pub fn serialize<S: Serializer>(duration: &Option<Duration>, serializer: S) -> Result<S::Ok, S::Error> {
+        match duration {
+            Some(duration) => super::serde_text::serialize(duration, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+}
+
 /// Serde support: a duration field written as text, like `"10s"`.
 pub mod serde_text {
     use super::{format_duration, parse_duration};

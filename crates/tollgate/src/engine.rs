@@ -324,6 +324,11 @@ fn decide_policy(
             }
         }
     }
+    if policy.limits().any(|(_, limit)| !limit.decides_at(now)) {
+        return Err(invalid(
+            "a calendar window's periods do not hold the server's time (the client's clock is a period away)",
+        ));
+    }
     let held: Inline<Option<&State>> = states.iter().map(Option::as_ref).collect();
     let mut writes: Inline<_> = SmallVec::new();
     let outcome = policy

@@ -58,8 +58,8 @@ pub mod tower;
 pub mod wire;
 
 pub use algorithm::{
-    ConcurrencySpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Refill, ReservationSpec, SlidingWindowSpec,
-    TokenBucketSpec, WindowSpec,
+    ConcurrencySpec, FixedWindowSpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Period, Refill, ReservationSpec,
+    SlidingWindowSpec, TokenBucketSpec, WindowSpec,
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
 pub use decision::{Decision, Outcome, Path, Restrictiveness};

@@ -106,12 +106,13 @@ pub enum Quota {
 }
 
 impl Quota {
-    /// The window of a fixed-window limit (what envoyproxy/ratelimit counts
-    /// in), whose `duration_until_reset` is the time to the window's end.
+    /// The window of a fixed-window limit aligned on the epoch (what
+    /// envoyproxy/ratelimit counts in), whose `duration_until_reset` is the
+    /// time to the window's end (a calendar window's is its decision's).
     pub fn fixed_window(&self) -> Option<Duration> {
         match self {
             Self::Limited(limit) => match limit.spec() {
-                LimitSpec::FixedWindow(spec) => Some(spec.window),
+                LimitSpec::FixedWindow(spec) => spec.window,
                 _ => None,
             },
             Self::Unlimited | Self::Blocked => None,

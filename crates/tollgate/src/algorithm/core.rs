@@ -129,6 +129,14 @@ pub(crate) trait Algorithm: Copy {
     /// Units that would be admitted now (`u64::MAX`: any cost).
     fn available(&self, state: Option<&Self::State>, now: u64) -> u64;
 
+    /// Whether the limit can decide at `now`: false only for a calendar
+    /// window sent to the engine with bounds that do not hold `now` (the
+    /// client's clock a whole period away from the server's).
+    #[cfg_attr(not(feature = "engine"), allow(dead_code))]
+    fn decides_at(&self, _now: u64) -> bool {
+        true
+    }
+
     /// Whether this limit can run `action` for `cost` units, beyond what
     /// every limit checks ([`Limit`](super::Limit) refuses `reserve` on a
     /// limit that neither borrows nor shapes): by default, anything.
@@ -154,6 +162,16 @@ pub(crate) trait Algorithm: Copy {
     #[cfg(feature = "engine")]
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     fn script_params(&self) -> impl IntoIterator<Item = u64>;
+
+    /// The numbers the Lua twin's `params` reads for a decision near `now`
+    /// (the client's time), when they depend on the time (a calendar
+    /// window's periods); `None`: [`script_params`](Self::script_params)
+    /// hold at any time.
+    #[cfg(feature = "engine")]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn script_params_near(&self, _now: u64) -> Option<Vec<u64>> {
+        None
+    }
 
     /// The spec whose parameters give these numbers of
     /// [`script_params`](Self::script_params) (`None`: not as many as this

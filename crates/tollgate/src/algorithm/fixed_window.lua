@@ -1,10 +1,30 @@
--- fixed_window.rs: a counter per epoch-aligned window, "f<end>:<count>";
--- it says nothing once its window has ended.
+-- fixed_window.rs: a counter per window, "f<end>:<count>"; it says nothing
+-- once its window has ended. Windows are aligned on the epoch, or follow the
+-- calendar: then the window is 0 and the client sends the starts of four
+-- consecutive periods around its clock, the server picking its own.
 
 local fixed_window = {}
 
 function fixed_window.params(n)
-  return { limit = n[2], window = n[3] }
+  local p = { limit = n[2], window = n[3] }
+  if p.window == 0 then
+    p.bounds = { n[4], n[5], n[6], n[7] }
+  end
+  return p
+end
+
+-- The end of the window holding `at`; nil outside the bounds sent.
+local function end_of(p, at)
+  local b = p.bounds
+  if b == nil then
+    return at - imod(at, p.window) + p.window
+  end
+  for i = 1, 3 do
+    if b[i] <= at and at < b[i + 1] then
+      return b[i + 1]
+    end
+  end
+  return nil
 end
 
 function fixed_window.load(key, p, now)
@@ -29,7 +49,11 @@ local function current(p, s, now)
   if s then
     return s.window_end, s.count
   end
-  return now - imod(now, p.window) + p.window, 0
+  local window_end = end_of(p, now)
+  if window_end == nil then
+    error({ err = "ERR tollgate: a calendar window's periods do not hold the server's time (the client's clock is a period away)" })
+  end
+  return window_end, 0
 end
 
 function fixed_window.available(p, s, now)
@@ -78,7 +102,7 @@ end
 -- Gives back units taken at `at` from the count of the window holding `at`,
 -- when that window is still the one counted; reports as a peek after.
 function fixed_window.refund(p, s, now, at, cost)
-  if s == nil or at >= s.window_end or at + p.window < s.window_end or cost == 0 then
+  if s == nil or end_of(p, at) ~= s.window_end or cost == 0 then
     return fixed_window.decide(p, s, now, RELEASE, 0)
   end
   local left = { window_end = s.window_end, count = sat_sub(s.count, cost) }

@@ -4,9 +4,11 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::calendar::Period;
 use super::core::{Action, Algorithm, Step, Update, WindowSpec};
 #[cfg(feature = "engine")]
 use super::encoding::{Encoded, Loaded, Value};
+use super::fixed_window::FixedWindowSpec;
 use super::gcra::Gcra;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, Refill, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
@@ -111,7 +113,23 @@ impl Limit {
     ///
     /// When `limit` is zero or `window` is not a positive whole number of microseconds.
     pub fn fixed_window(limit: u64, window: Duration) -> Result<Self> {
-        LimitSpec::FixedWindow(WindowSpec { limit, window }).build()
+        LimitSpec::FixedWindow(FixedWindowSpec::new(limit, window)).build()
+    }
+
+    /// A fixed window counter that follows the calendar: at most `limit`
+    /// units per `period` (day, ISO week, month, year) in the time zone
+    /// named `time_zone` (an IANA name such as `"Europe/Paris"`; `"UTC"`),
+    /// with DST and month lengths exact — a monthly token budget that
+    /// resets with the billing month. JSON: `{"algorithm": "fixed_window",
+    /// "limit": 1000000, "calendar": "month", "time_zone": "Europe/Paris"}`.
+    ///
+    /// **Bound:** within one period the admitted cost is at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// When `limit` is zero or the time zone is unknown (naming `time_zone`).
+    pub fn calendar_window(limit: u64, period: Period, time_zone: &str) -> Result<Self> {
+        LimitSpec::FixedWindow(FixedWindowSpec::calendar(limit, period, Some(time_zone))).build()
     }
 
     /// A sliding window counter of `limit` units per `window`, in `buckets` sub-intervals.
@@ -515,6 +533,12 @@ impl Limit {
         &self.kind
     }
 
+    /// Whether the limit can decide at `now` (see [`Algorithm::decides_at`]).
+    #[cfg(feature = "engine")]
+    pub(crate) fn decides_at(&self, now: u64) -> bool {
+        dispatch!(&self.kind, p => p.decides_at(now))
+    }
+
     /// Units that would be admitted now (`u64::MAX`: any cost).
     pub(crate) fn available(&self, state: Option<&State>, now: u64) -> u64 {
         dispatch!(&self.kind, p => available(p, state, now))
@@ -565,11 +589,18 @@ impl Limit {
         dispatch!(&self.kind, p => encode(p, state, expires))
     }
 
-    /// The limit as the Redis library reads it: its algorithm's id, then
-    /// the numbers its Lua twin's `params` reads, joined by ':'.
+    /// The limit as the Redis library reads it for a decision near `now`
+    /// (µs; the client's time, or the caller's): its algorithm's id, then
+    /// the numbers its Lua twin's `params` reads, joined by ':'. Written
+    /// once, but for a calendar window (its periods around `now`).
     #[cfg(feature = "redis")]
-    pub(crate) fn script_params(&self) -> &str {
-        &self.script_params
+    pub(crate) fn script_params_near(&self, now: impl FnOnce() -> u64) -> std::borrow::Cow<'_, str> {
+        if self.script_params.ends_with(":0") {
+            if let Some(params) = dispatch!(&self.kind, p => p.script_params_near(now())) {
+                return script_text(dispatch!(&self.kind, p => id_of(p)), self.records_overage, params).into();
+            }
+        }
+        std::borrow::Cow::Borrowed(&self.script_params)
     }
 }
 
@@ -613,14 +644,26 @@ fn encode<A: Registered>(algorithm: &A, state: &State, expires: u64) -> Option<E
 /// overage), then what the Lua twin's `params` reads.
 #[cfg(feature = "redis")]
 fn script_params<A: Algorithm>(algorithm: &A, records_overage: bool) -> String {
+    script_text(A::ID, records_overage, algorithm.script_params())
+}
+
+/// `A`'s Lua id.
+#[cfg(feature = "redis")]
+fn id_of<A: Algorithm>(_: &A) -> u8 {
+    A::ID
+}
+
+/// The text of a limit of Lua id `id` with `params`.
+#[cfg(feature = "redis")]
+fn script_text(id: u8, records_overage: bool, params: impl IntoIterator<Item = u64>) -> String {
     use std::fmt::Write as _;
     let flag = if records_overage {
         crate::engine::RECORDS_OVERAGE
     } else {
         0
     };
-    let mut text = (u64::from(A::ID) + flag).to_string();
-    for param in algorithm.script_params() {
+    let mut text = (u64::from(id) + flag).to_string();
+    for param in params {
         let _ = write!(text, ":{param}");
     }
     text

@@ -27,7 +27,8 @@
 //!
 //! **Layers.** `core` holds the [`Algorithm`] trait and the helpers the
 //! algorithm files share; each algorithm file imports `core` (and the
-//! exact-rate arithmetic of [`rate`]) and nothing else. `registry` imports
+//! exact-rate arithmetic of [`rate`], and for windows the calendar periods of
+//! [`calendar`]) and nothing else. `registry` imports
 //! the algorithm files and builds the enums and the table; `limit` builds
 //! [`Limit`] on the registry. The arrows run one way.
 //!
@@ -43,6 +44,7 @@
 // The trait and its helpers; the registry (whose `dispatch!` the limits
 // use, hence first); the limits. Arrows run one way: the algorithm files
 // import `core` only.
+pub(crate) mod calendar;
 pub(crate) mod core;
 #[cfg(feature = "engine")]
 pub(crate) mod encoding;
@@ -63,6 +65,7 @@ pub(crate) mod token_bucket;
 #[cfg(test)]
 mod properties;
 
+pub use self::calendar::Period;
 pub use self::concurrency::ConcurrencySpec;
 pub use self::core::WindowSpec;
 pub(crate) use self::core::{Action, Algorithm, Step, Update};
@@ -70,6 +73,7 @@ pub(crate) use self::core::{Action, Algorithm, Step, Update};
 pub use self::encoding::Value;
 #[cfg(feature = "engine")]
 pub(crate) use self::encoding::{number, Encoded, Loaded};
+pub use self::fixed_window::FixedWindowSpec;
 pub use self::gcra::GcraSpec;
 pub use self::leaky_bucket::LeakyBucketSpec;
 pub use self::limit::Limit;

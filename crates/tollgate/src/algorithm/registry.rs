@@ -8,6 +8,7 @@ use std::borrow::{Borrow, BorrowMut};
 use serde::Serialize;
 
 use super::core::{Algorithm, Edit as _, WindowSpec};
+use super::fixed_window::FixedWindowSpec;
 use super::{concurrency, fixed_window, gcra, leaky_bucket, reservation, sliding_log, sliding_window, token_bucket};
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
 use crate::error::{Error, Result};
@@ -166,7 +167,7 @@ macro_rules! registry {
 }
 
 registry! {
-    FixedWindow(WindowSpec) => fixed_window::FixedWindow,
+    FixedWindow(FixedWindowSpec) => fixed_window::FixedWindow,
     SlidingWindow(SlidingWindowSpec) => sliding_window::SlidingWindow,
     SlidingLog(WindowSpec) => sliding_log::SlidingLog,
     TokenBucket(TokenBucketSpec) => token_bucket::TokenBucket,

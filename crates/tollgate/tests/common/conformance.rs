@@ -565,6 +565,47 @@ pub async fn run_all<S: Store, F: std::future::Future<Output = S>>(make: impl Fn
     a_spread_decision_is_all_or_nothing(make().await).await;
     estimates_settle_to_the_actual(make().await).await;
     usage_is_recorded_past_the_limit(make().await).await;
+    calendar_windows_follow_the_zone(make().await).await;
+}
+
+/// A day in Europe/Paris across the spring DST change (23 hours) and a
+/// month of 28 days in Asia/Tokyo: a window's count lasts exactly until the
+/// zone's midnight, and `reset_after` says so.
+pub async fn calendar_windows_follow_the_zone<S: Store>(store: S) {
+    use tollgate::Period;
+    // 2026-03-29 10:00 UTC (12:00 CEST); Paris's midnight is 22:00 UTC.
+    let noon = 1_774_778_400_000_000;
+    let midnight = 1_774_821_600_000_000;
+    let day = Limiter::new(
+        store.clone(),
+        Limit::calendar_window(2, Period::Day, "Europe/Paris").unwrap(),
+    );
+    let subject = Subject::new("calendar").and("day");
+    let first = check(&day, &subject, 2, noon).await;
+    assert!(first.allowed);
+    assert_eq!(
+        first.reset_after,
+        Duration::from_micros(midnight - noon),
+        "until Paris's midnight"
+    );
+    let over = check(&day, &subject, 1, midnight - 1).await;
+    assert!(!over.allowed);
+    assert_eq!(over.retry_after, Some(Duration::from_micros(1)));
+    assert!(check(&day, &subject, 2, midnight).await.allowed, "a new day in Paris");
+
+    // February 2027 in Tokyo: 28 days, ending 2027-02-28T15:00Z.
+    let month = Limiter::new(store, Limit::calendar_window(10, Period::Month, "Asia/Tokyo").unwrap());
+    let subject = Subject::new("calendar").and("month");
+    let february = 1_801_407_600_000_000; // 2027-01-31T15:00:00Z: Tokyo's 1 February
+    let march = february + 28 * 86_400_000_000;
+    let taken = decide(&month, &subject, Op::Record, 25, february + 5).await;
+    assert!(!taken.decision.allowed, "25 of 10: recorded all the same");
+    assert_eq!(taken.decision.reset_after, Duration::from_micros(march - february - 5));
+    assert!(
+        !check(&month, &subject, 0, march - 1).await.allowed,
+        "over until the month ends"
+    );
+    assert!(check(&month, &subject, 10, march).await.allowed, "March in Tokyo");
 }
 
 /// Reserve an estimate, then settle the actual: the unused part comes back,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Limit, LimitSpec, MemoryStore, Op, Policy, Refill, Request, ReservationSpec, Store, Subject, Timestamp,
+    Limit, LimitSpec, MemoryStore, Op, Period, Policy, Refill, Request, ReservationSpec, Store, Subject, Timestamp,
     TokenBucketSpec,
 };
 
@@ -59,6 +59,12 @@ fn any_base_limit() -> impl Strategy<Value = Limit> {
     let period = 1u64..3_000_000;
     prop_oneof![
         (count.clone(), period.clone()).prop_map(|(limit, window)| Limit::fixed_window(limit, micros(window)).unwrap()),
+        (
+            count.clone(),
+            prop::sample::select(vec![Period::Day, Period::Week, Period::Month, Period::Year]),
+            prop::sample::select(vec!["UTC", "Europe/Paris", "Asia/Tokyo", "America/New_York"])
+        )
+            .prop_map(|(limit, period, zone)| Limit::calendar_window(limit, period, zone).unwrap()),
         (count.clone(), 1u64..8, 1u64..300_000).prop_map(|(limit, buckets, sub)| Limit::sliding_window(
             limit,
             micros(buckets * sub),

@@ -107,7 +107,7 @@ fn bound(limit: &Limit, a: u64, b: u64) -> u128 {
     let micros = |duration: Duration| u64::try_from(duration.as_micros()).unwrap();
     match limit.spec() {
         LimitSpec::FixedWindow(spec) => {
-            let window = micros(spec.window);
+            let window = micros(spec.window.expect("an epoch window"));
             u128::from(spec.limit) * u128::from(b / window - a / window + 1)
         }
         LimitSpec::SlidingWindow(spec) => {

@@ -80,7 +80,7 @@ pub use self::connection::EngineChoice;
 use self::connection::{Connection, Engine, Followed};
 use self::url::Target;
 use super::{spread, Store};
-use crate::clock::{micros, Clock, Sleep, Timestamp};
+use crate::clock::{micros, Clock, Sleep, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::engine::{ACQUIRE, CHECK, CHECK_AT_MOST, RECORD, REFUND, RELEASE, RESERVE, RESET};
 use crate::error::{Error, ErrorKind, Result};
@@ -759,7 +759,9 @@ impl RedisStore {
             args.push(lease.to_owned());
         }
         for (index, (_, limit)) in policy.limits().enumerate() {
-            let params = limit.script_params();
+            let params =
+                limit.script_params_near(|| now.map_or_else(|| SystemClock.now().as_micros(), i64::cast_unsigned));
+            let params = params.as_ref();
             let mut arg = String::with_capacity(params.len() + 21);
             arg.push_str(params);
             arg.push(':');
