@@ -154,6 +154,10 @@ pub struct Args {
     /// Units each request weighs (with --target: its hits_addend)
     #[arg(long, value_name = "UNITS", default_value_t = 1)]
     cost: u64,
+    /// Store runs: each request weighs a number of units drawn evenly from
+    /// --cost to this (token usage that varies)
+    #[arg(long, value_name = "UNITS", conflicts_with = "target")]
+    cost_max: Option<u64>,
     /// Redis: the prefix of every key [default: tollgate-bench]
     #[arg(long, value_name = "PREFIX")]
     prefix: Option<String>,
@@ -198,6 +202,14 @@ pub enum HttpRequest {
 pub enum BenchOp {
     /// Decide and consume when allowed
     Check,
+    /// Count the cost as spent already, whether or not it fits
+    Record,
+    /// A gateway's token budget: a check of 0, and when it passes a record
+    /// of the cost (two store calls)
+    CheckThenRecord,
+    /// Reserve then settle: take the cost as an estimate, then settle half
+    /// of it (two store calls: a check and a refund)
+    Settle,
     /// Take a lease on the concurrency limits and release it right away
     /// (or after --hold-ms)
     Acquire,
@@ -207,6 +219,9 @@ impl BenchOp {
     fn name(self) -> &'static str {
         match self {
             Self::Check => "check",
+            Self::Record => "record",
+            Self::CheckThenRecord => "check-then-record",
+            Self::Settle => "settle",
             Self::Acquire => "acquire",
         }
     }
@@ -261,7 +276,8 @@ struct Plan {
     until: Until,
     op: BenchOp,
     hold: Duration,
-    cost: u64,
+    /// Each request's cost is drawn from this range (both ends included).
+    cost: (u64, u64),
     /// With `--rate`: the time between two requests of one task.
     pace: Option<Duration>,
     batch: Option<u32>,
@@ -282,6 +298,9 @@ impl Plan {
         if store == StoreUrl::Memory && args.on_store_error.is_some() {
             return Err(UsageError("--on-store-error applies only to a Redis store".to_owned()));
         }
+        if args.cost_max.is_some_and(|most| most < args.cost) {
+            return Err(UsageError("--cost-max must be at least --cost".to_owned()));
+        }
         if args.hold_ms > 0 && args.op != BenchOp::Acquire {
             return Err(UsageError("--hold-ms applies only to --op acquire".to_owned()));
         }
@@ -295,7 +314,7 @@ impl Plan {
             keys: args.keys.unwrap_or(1),
             op: args.op,
             hold: Duration::from_millis(args.hold_ms),
-            cost: args.cost,
+            cost: (args.cost, args.cost_max.unwrap_or(args.cost)),
             pace: args
                 .rate
                 .map(|rate| Duration::from_secs_f64(f64::from(args.tasks) / rate as f64)),
@@ -379,6 +398,9 @@ struct Shared {
 /// What one task counted.
 struct Tally {
     allowed: u64,
+    /// Units the store counted (granted, recorded, less what settlements
+    /// gave back).
+    units: u64,
     denied: u64,
     errors: u64,
     first_error: Option<String>,
@@ -404,6 +426,7 @@ impl Tally {
     fn new() -> Self {
         Self {
             allowed: 0,
+            units: 0,
             denied: 0,
             errors: 0,
             first_error: None,
@@ -616,15 +639,29 @@ struct Worker {
     until: Deadline,
     op: BenchOp,
     hold: Duration,
-    cost: u64,
+    /// Each request's cost is drawn from this range (both ends included).
+    cost: (u64, u64),
     /// With `--rate`: the time between two requests, and when the first goes.
     pace: Option<(Duration, Instant)>,
 }
 
 impl Worker {
-    fn request(&self) -> Request {
+    /// This request's cost.
+    fn cost(&self) -> u64 {
+        let (least, most) = self.cost;
+        if least == most {
+            least
+        } else {
+            fastrand::u64(least..=most)
+        }
+    }
+
+    fn request(&self, cost: u64) -> Request {
         match self.op {
-            BenchOp::Check => Request::new(Op::Check, self.cost),
+            BenchOp::Check | BenchOp::Settle => Request::new(Op::Check, cost),
+            BenchOp::Record => Request::new(Op::Record, cost),
+            // The check first; the record follows when it passes.
+            BenchOp::CheckThenRecord => Request::new(Op::Check, 0),
             BenchOp::Acquire => {
                 // Unique among processes too: a repeated name would renew a
                 // lease instead of taking a new one.
@@ -633,8 +670,25 @@ impl Worker {
                     lease,
                     max_wait: Some(Duration::ZERO),
                 };
-                Request::new(op, self.cost)
+                Request::new(op, cost)
             }
+        }
+    }
+
+    /// What follows a request the limit admitted: a record of its cost
+    /// (`check-then-record`), or the settlement of its estimate at half of
+    /// it (`settle`, a refund of the units taken at `taken_at`).
+    fn follow_up(&self, cost: u64, taken_at: tollgate::Timestamp) -> Option<Request> {
+        match self.op {
+            BenchOp::CheckThenRecord => Some(Request::new(Op::Record, cost)),
+            BenchOp::Settle => Some(Request::new(
+                Op::Refund {
+                    at: taken_at,
+                    lease: None,
+                },
+                cost - cost / 2,
+            )),
+            _ => None,
         }
     }
 
@@ -653,9 +707,24 @@ impl Worker {
             }
             let subject = &self.subjects[key];
             key = (key + stride.max(1)) % keys;
-            let request = self.request();
+            let cost = self.cost();
+            let request = self.request(cost);
             let sent = Instant::now();
-            let result = self.limiter.decide(subject, &request).await;
+            let mut result = self.limiter.decide(subject, &request).await;
+            if let Ok(outcome) = &result {
+                if outcome.decision.allowed || self.op == BenchOp::Record {
+                    tally.units += outcome.granted;
+                }
+                if let (true, Some(follow_up)) = (outcome.decision.allowed, self.follow_up(cost, outcome.decided_at)) {
+                    let granted = outcome.granted;
+                    match self.limiter.decide(subject, &follow_up).await {
+                        Ok(after) if self.op == BenchOp::CheckThenRecord => tally.units += after.granted,
+                        // The settlement gave back what it did not use.
+                        Ok(_) => tally.units -= granted.min(follow_up.cost),
+                        Err(error) => result = Err(error),
+                    }
+                }
+            }
             let latency = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
             tally.latency.saturating_record(latency);
             self.shared.answered.fetch_add(1, Ordering::Relaxed);

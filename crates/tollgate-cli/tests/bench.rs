@@ -7,7 +7,7 @@ use common::redis_server::{free_port, RedisServer};
 use common::{bench, bench_failure};
 use serde_json::Value;
 
-const FIELDS: [&str; 18] = [
+const FIELDS: [&str; 19] = [
     "store",
     "op",
     "tasks",
@@ -15,6 +15,7 @@ const FIELDS: [&str; 18] = [
     "requests",
     "allowed",
     "denied",
+    "units",
     "errors",
     "elapsed_s",
     "decisions_per_s",
@@ -92,6 +93,49 @@ fn memory_bench_sends_exactly_the_requests_asked_for() {
     // The default limit admits nearly everything.
     assert_eq!(count(&summary, "allowed"), 2000);
     assert!(number(&summary, "decisions_per_s") > 0.0);
+}
+
+/// The token budget's operations: a record counts every unit, fitting or
+/// not; check-then-record stops recording once the budget is spent;
+/// settle keeps half of each estimate.
+#[test]
+fn budget_operations_count_their_units() {
+    let limit = r#"{"algorithm":"fixed_window","limit":100,"window":"3650d"}"#;
+    let run = |op: &str| {
+        bench_json(&[
+            "--limit",
+            limit,
+            "--requests",
+            "50",
+            "--tasks",
+            "1",
+            "--op",
+            op,
+            "--cost",
+            "4",
+        ])
+    };
+    let record = run("record");
+    assert_consistent(&record);
+    assert_eq!(count(&record, "units"), 200, "{record}");
+    assert_eq!(
+        (count(&record, "allowed"), count(&record, "denied")),
+        (25, 25),
+        "{record}"
+    );
+    let reported = run("check-then-record");
+    // Checks of 0 pass while no more than 100 are spent (at 100 too): 26
+    // reports of 4, the last one past the budget.
+    assert_eq!(count(&reported, "units"), 104, "{reported}");
+    assert_eq!(count(&reported, "allowed"), 26, "{reported}");
+    let settled = run("settle");
+    // Estimates of 4 settled at 2: 49 fit (98 spent), and a 50th estimate
+    // of 4 would go past 100.
+    assert_eq!(count(&settled, "units"), 98, "{settled}");
+    assert_eq!((count(&settled, "allowed"), count(&settled, "denied")), (49, 1), "{settled}");
+    let error = bench(&["--limit", limit, "--requests", "5", "--cost", "5", "--cost-max", "4"]);
+    assert!(!error.status.success());
+    assert!(String::from_utf8_lossy(&error.stderr).contains("--cost-max"));
 }
 
 #[test]

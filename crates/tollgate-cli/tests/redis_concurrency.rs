@@ -380,3 +380,86 @@ fn processes_sharing_a_limit_on_a_cluster_never_exceed_its_bound() {
     );
     println!("all Cluster scenarios in {:.1} s", began.elapsed().as_secs_f64());
 }
+
+/// A token budget kept by four processes as a gateway keeps it (a check of
+/// 0, then a record of the tokens used, 1 to 20 at random), over one million
+/// operations: the store's count is exactly the sum of what the processes
+/// recorded, the budget was spent, and the overspend stays within the bound
+/// the README states — at most one report per request in flight when the
+/// budget ran out (here 4 × 64 tasks, 20 tokens each).
+#[test]
+fn processes_recording_token_usage_count_every_token() {
+    const BUDGET: u64 = 5_000_000;
+    const REQUESTS: &str = "200000";
+    const TASKS: u64 = 64;
+    const MOST: u64 = 20;
+    let _serial = one_at_a_time();
+    let began = Instant::now();
+    let redis = RedisServer::start();
+    let url = with_engine(&redis.url());
+    // One window for the whole run (windows of 10 years, aligned on the epoch).
+    let limit = format!(r#"{{"algorithm":"fixed_window","limit":{BUDGET},"window":"3650d"}}"#);
+    let children: Vec<Child> = (0..PROCESSES)
+        .map(|_| {
+            tollgate(&["bench", "--store", &url, "--prefix", "budget", "--limit", &limit])
+                .args([
+                    "--op",
+                    "check-then-record",
+                    "--cost",
+                    "1",
+                    "--cost-max",
+                    &MOST.to_string(),
+                ])
+                .args([
+                    "--tasks",
+                    &TASKS.to_string(),
+                    "--requests",
+                    REQUESTS,
+                    "--keys",
+                    "1",
+                    "--json",
+                    "--quiet",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("the tollgate binary starts")
+        })
+        .collect();
+    let (mut recorded, mut checks, mut admitted) = (0, 0, 0);
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "exit {:?}: {stderr}", output.status);
+        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let field = |name: &str| summary[name].as_u64().unwrap_or_else(|| panic!("{name} in {summary}"));
+        assert_eq!(field("errors"), 0, "{summary}");
+        assert_eq!(summary["engine"], engine(), "{summary}");
+        recorded += field("units");
+        checks += field("allowed") + field("denied");
+        admitted += field("allowed");
+    }
+    // Every admitted check was followed by a record.
+    let operations = checks + admitted;
+    let keys = redis.cli(&["--scan", "--pattern", "budget:*"]);
+    let keys: Vec<&str> = keys.lines().filter(|key| !key.is_empty()).collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let value = redis.cli(&["GET", keys[0]]);
+    let count: u64 = value.rsplit(':').next().unwrap().trim().parse().unwrap();
+    let bound = BUDGET + PROCESSES as u64 * TASKS * MOST;
+    println!(
+        "budget {BUDGET}: {operations} operations ({checks} checks, {admitted} admitted and recorded), \
+         recorded {recorded}, the store holds {count}; bound {bound}; {:?}",
+        began.elapsed()
+    );
+    assert!(operations >= 1_000_000, "{operations} operations");
+    assert_eq!(count, recorded, "every recorded token is counted, exactly");
+    assert!(count > BUDGET, "the budget was spent ({count} of {BUDGET})");
+    assert!(
+        count <= bound,
+        "overspend {} beyond the bound {}",
+        count - BUDGET,
+        bound - BUDGET
+    );
+}

@@ -40,6 +40,8 @@ pub struct Report {
     pub requests: u64,
     /// Allowed (a server's OK).
     allowed: u64,
+    /// Store runs: the units the store counted.
+    units: u64,
     /// Denied (a server's OVER_LIMIT).
     denied: u64,
     pub errors: u64,
@@ -201,6 +203,7 @@ impl Report {
             keys,
             requests: 0,
             allowed: 0,
+            units: 0,
             denied: 0,
             errors: 0,
             first_error: None,
@@ -216,6 +219,7 @@ impl Report {
         };
         for tally in tallies {
             report.allowed += tally.allowed;
+            report.units += tally.units;
             report.denied += tally.denied;
             report.errors += tally.errors;
             if report.first_error.is_none() {
@@ -298,6 +302,9 @@ impl Report {
         };
         put(allowed, self.allowed.into());
         put(denied, self.denied.into());
+        if let Kind::Store { .. } = self.kind {
+            put("units", self.units.into());
+        }
         put("errors", self.errors.into());
         put("elapsed_s", self.elapsed.as_secs_f64().into());
         put("decisions_per_s", self.decisions_per_s().into());
