@@ -41,6 +41,7 @@ fn policies() -> Vec<(&'static str, Policy)> {
         interval: Duration::from_millis(10),
         mode: Refill::Interval,
         initial: None,
+        max_debt: None,
     })
     .build();
     let limits = [

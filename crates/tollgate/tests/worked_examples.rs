@@ -262,6 +262,7 @@ fn token_bucket(capacity: u64, refill: u64, interval: Duration, mode: Refill, in
         interval,
         mode,
         initial,
+        max_debt: None,
     })
     .build()
     .unwrap()
@@ -1006,6 +1007,7 @@ fn invalid_limits_are_refused_naming_the_field() {
             interval: second,
             mode: Refill::Smooth,
             initial: Some(6),
+            max_debt: None,
         })
         .build(),
     );

@@ -290,6 +290,25 @@ pub(crate) fn positive(duration: Duration, field: &str) -> Result<u64> {
     Ok(value)
 }
 
+/// A cap on debt of `cells` units (`None`: as much as exact arithmetic
+/// allows), in ticks of `rate`.
+pub(crate) fn max_debt(cells: Option<u64>, rate: super::rate::Rate) -> Result<u64> {
+    match cells {
+        None => Ok(MAX_TICKS),
+        Some(cells) => rate
+            .ticks(cells)
+            .filter(|&ticks| ticks <= MAX_TICKS)
+            .ok_or_else(|| Error::invalid_limit(format!("max_debt must be at most {}", MAX_TICKS / rate.unit))),
+    }
+}
+
+/// The cap on debt that `ticks` (ticks of `unit` per unit) write, as the
+/// spec says it (`None`: no cap but exact arithmetic's).
+#[cfg(feature = "engine")]
+pub(crate) fn debt_cells(ticks: u64, unit: u64) -> Option<u64> {
+    (ticks < MAX_TICKS).then(|| ticks / unit.max(1))
+}
+
 pub(crate) fn at_most(value: Option<u64>, ceiling: u64, field: &str, ceiling_field: &str) -> Result<u64> {
     match value {
         Some(value) if value > ceiling => Err(Error::invalid_limit(format!(

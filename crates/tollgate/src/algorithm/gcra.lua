@@ -6,7 +6,7 @@ local gcra = { tat = tat_encoding("") }
 -- τ + T: how far ahead of now the TAT may run, in ticks, is p.horizon.
 function gcra.params(n)
   local burst, unit = n[2], n[3]
-  return { burst = burst, unit = unit, per_micro = n[4], horizon = burst * unit }
+  return { burst = burst, unit = unit, per_micro = n[4], horizon = burst * unit, max_debt = n[5] }
 end
 
 function gcra.load(key, p, now)
@@ -21,9 +21,9 @@ function gcra.available(p, s, now)
   return units(p, sat_sub(p.horizon, ahead))
 end
 
--- Debt: the TAT runs past the horizon by the overspend.
+-- Debt: the TAT runs past the horizon by the overspend, at most max_debt ticks.
 local function forced(p, s, now, cost)
-  local ahead = min((s or 0) + cost * p.unit, p.horizon + MAX_TICKS)
+  local ahead = min((s or 0) + cost * p.unit, p.horizon + p.max_debt)
   return ahead, ahead
 end
 

@@ -15,12 +15,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, positive, record_whole, refund_whole, Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+use super::core::debt_cells;
+use super::core::{at_least_one, max_debt, positive, record_whole, refund_whole, Action, Algorithm, Step, Update};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
 use super::encoding::TatEncoding;
-use super::rate::{Rate, Tat, MAX_TICKS};
+use super::rate::{Rate, Tat};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
@@ -39,6 +41,10 @@ pub struct GcraSpec {
     pub period: Duration,
     /// Cells admitted at once.
     pub burst: u64,
+    /// The most cells of debt usage recorded past the limit may leave
+    /// (absent: as much as exact arithmetic allows, 2^52 ticks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_debt: Option<u64>,
 }
 
 /// Parameters of a GCRA limit, validated.
@@ -49,6 +55,8 @@ pub struct Gcra {
     pub(crate) burst: u64,
     /// `emission_interval = rate.unit` ticks; a microsecond is `rate.per_micro` ticks.
     pub(crate) ticks: Rate,
+    /// The most debt, in ticks past the horizon.
+    pub(crate) max_debt: u64,
 }
 
 /// The theoretical arrival time of the next conforming cell.
@@ -112,11 +120,13 @@ impl Algorithm for Gcra {
         let period = positive(spec.period, "period")?;
         let burst = at_least_one(spec.burst, "burst")?;
         let ticks = Rate::new(rate, period, burst, ["rate", "period", "burst"])?;
+        let max_debt = max_debt(spec.max_debt, ticks)?;
         Ok(Self {
             rate,
             period,
             burst,
             ticks,
+            max_debt,
         })
     }
 
@@ -146,7 +156,7 @@ impl Algorithm for Gcra {
                 cost,
                 || {
                     let ahead = state.map_or(0, |tat| tat.backlog(now, self.ticks));
-                    let most = self.horizon() + MAX_TICKS;
+                    let most = self.horizon() + self.max_debt;
                     let ahead = ahead.saturating_add(cost.saturating_mul(self.ticks.unit)).min(most);
                     Tat::after(now, ahead, self.ticks)
                 },
@@ -158,12 +168,12 @@ impl Algorithm for Gcra {
 
     #[cfg(feature = "engine")]
     fn script_params(&self) -> impl IntoIterator<Item = u64> {
-        [self.burst, self.ticks.unit, self.ticks.per_micro]
+        [self.burst, self.ticks.unit, self.ticks.per_micro, self.max_debt]
     }
 
     #[cfg(feature = "engine")]
     fn script_spec(params: &[u64]) -> Option<Self::Spec> {
-        let &[burst, unit, per_micro] = params else {
+        let &[burst, unit, per_micro, max_debt] = params else {
             return None;
         };
         // The rate comes back reduced: `per_micro` per `unit` µs.
@@ -171,6 +181,7 @@ impl Algorithm for Gcra {
             burst,
             rate: per_micro,
             period: Duration::from_micros(unit),
+            max_debt: debt_cells(max_debt, unit),
         })
     }
 

@@ -204,6 +204,7 @@ impl Limit {
             interval,
             mode: Refill::Smooth,
             initial: None,
+            max_debt: None,
         })
         .build()
     }
@@ -280,7 +281,13 @@ impl Limit {
     ///
     /// When a value is zero or the rate cannot be computed exactly.
     pub fn gcra(rate: u64, period: Duration, burst: u64) -> Result<Self> {
-        LimitSpec::Gcra(GcraSpec { rate, period, burst }).build()
+        LimitSpec::Gcra(GcraSpec {
+            rate,
+            period,
+            burst,
+            max_debt: None,
+        })
+        .build()
     }
 
     /// At most `limit` units in flight; leases end by themselves after `ttl`.

@@ -386,7 +386,7 @@ proptest! {
     #[test]
     fn token_bucket_smooth_properties(capacity in 1u64..20, refill in 1u64..10, interval_us in 1u64..3_000_000, trace in steps(1_000_000, 25, checks())) {
         let algorithm = crate::LimitSpec::TokenBucket(crate::TokenBucketSpec {
-            capacity, refill, interval: std::time::Duration::from_micros(interval_us), mode: crate::Refill::Smooth, initial: None,
+            capacity, refill, interval: std::time::Duration::from_micros(interval_us), mode: crate::Refill::Smooth, initial: None, max_debt: None,
         }).build().unwrap();
         let harness = run(&algorithm, &trace, true);
         harness.assert_bound(|a, b| u128::from(capacity) + refilled(b - a, refill, interval_us));
@@ -396,7 +396,7 @@ proptest! {
     fn token_bucket_interval_properties(capacity in 1u64..20, refill in 1u64..10, interval_ms in 1u64..2_000, trace in steps(1_000_000, 25, checks())) {
         let interval = interval_ms * 1_000;
         let algorithm = crate::LimitSpec::TokenBucket(crate::TokenBucketSpec {
-            capacity, refill, interval: ms(interval_ms), mode: crate::Refill::Interval, initial: None,
+            capacity, refill, interval: ms(interval_ms), mode: crate::Refill::Interval, initial: None, max_debt: None,
         }).build().unwrap();
         let harness = run(&algorithm, &trace, true);
         harness.assert_bound(|a, b| u128::from(capacity) + u128::from(refill) * u128::from(b / interval - a / interval));
@@ -407,7 +407,7 @@ proptest! {
         let initial = capacity * initial_part / 100;
         let mode = if mode_interval { crate::Refill::Interval } else { crate::Refill::Smooth };
         let algorithm = crate::LimitSpec::TokenBucket(crate::TokenBucketSpec {
-            capacity, refill, interval: std::time::Duration::from_micros(interval_us), mode, initial: Some(initial),
+            capacity, refill, interval: std::time::Duration::from_micros(interval_us), mode, initial: Some(initial), max_debt: None,
         }).build().unwrap();
         let harness = run(&algorithm, &trace, false);
         let boundaries = |a: u64, b: u64| u128::from(refill) * u128::from(b / interval_us - a / interval_us);
@@ -609,6 +609,35 @@ mod records {
             run(&recording, &mut recorded, START, Action::Record, debt);
             prop_assert!(!outcome.decision.allowed);
             prop_assert_eq!(checked, recorded);
+        }
+
+        /// With `max_debt`, a record leaves at most that much debt: the next
+        /// admission waits the refill time of the cap, not of the overspend.
+        #[test]
+        fn debt_is_capped_by_max_debt(
+            rate in 1u64..50,
+            period_us in 1u64..5_000_000,
+            burst in 1u64..20,
+            cap in 0u64..10,
+            debt in 10u64..40,
+            bucket: bool,
+        ) {
+            let period = std::time::Duration::from_micros(period_us);
+            let limit = if bucket {
+                crate::LimitSpec::TokenBucket(crate::TokenBucketSpec {
+                    capacity: burst, refill: rate, interval: period, mode: crate::Refill::Smooth, initial: None,
+                    max_debt: Some(cap),
+                })
+            } else {
+                crate::LimitSpec::Gcra(crate::GcraSpec { rate, period, burst, max_debt: Some(cap) })
+            }
+            .build()
+            .unwrap();
+            let mut state = None;
+            run(&limit, &mut state, START, Action::Record, burst + debt);
+            let denied = run(&limit, &mut state, START, Action::Check, 1);
+            let wait = ((cap + 1) * period_us).div_ceil(rate);
+            prop_assert_eq!(denied.retry_after, Some(std::time::Duration::from_micros(wait)));
         }
     }
 }

@@ -7,7 +7,7 @@ local token_bucket = { tat = tat_encoding("s") }
 
 function token_bucket.params(n)
   local p = { capacity = n[2], refill = n[3], interval = n[4], smooth = n[5] == 0, initial = n[6] }
-  p.unit, p.per_micro = n[7], n[8]
+  p.unit, p.per_micro, p.max_debt = n[7], n[8], n[9]
   return p
 end
 
@@ -135,15 +135,15 @@ local function check_interval(p, s, now, cost)
   return decision, { tokens = tokens, boundary = boundary }
 end
 
--- Units spent already: a debt the refill pays back, capped at MAX_TICKS
--- ticks (smooth) or tokens (interval) so that every sum stays exact.
+-- Units spent already: a debt the refill pays back, capped at max_debt
+-- ticks (smooth) or whole tokens of them (interval).
 local function forced(p, s, now, cost)
   if p.smooth then
-    local d = min(deficit(p, s) + cost * p.unit, p.capacity * p.unit + MAX_TICKS)
+    local d = min(deficit(p, s) + cost * p.unit, p.capacity * p.unit + p.max_debt)
     return d, d
   end
   local tokens, boundary = tokens_at(p, s, now)
-  local level = { tokens = max(tokens - cost, -MAX_TICKS), boundary = boundary }
+  local level = { tokens = max(tokens - cost, -idiv(p.max_debt, p.unit)), boundary = boundary }
   return level, level
 end
 

@@ -21,7 +21,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, at_most, positive, record_whole, refund_whole, Action, Algorithm, Step, Update};
+#[cfg(feature = "engine")]
+use super::core::debt_cells;
+use super::core::{
+    at_least_one, at_most, max_debt, positive, record_whole, refund_whole, Action, Algorithm, Step, Update,
+};
 #[cfg(feature = "engine")]
 use super::encoding::{numbers, other_state, Encoded, Loaded, TatEncoding, Value};
 use super::rate::{Rate, Tat, MAX_TICKS};
@@ -64,6 +68,10 @@ pub struct TokenBucketSpec {
     /// Tokens of a key with no state (default `capacity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial: Option<u64>,
+    /// The most tokens of debt usage recorded past the limit may leave
+    /// (absent: as much as exact arithmetic allows, 2^52 ticks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_debt: Option<u64>,
 }
 
 /// Parameters of a token bucket, validated.
@@ -76,6 +84,8 @@ pub struct TokenBucket {
     pub(crate) initial: u64,
     /// The smooth refill as ticks (capacity checked to fit).
     pub(crate) rate: Rate,
+    /// The most debt, in ticks of `rate` (interval mode: whole tokens of it).
+    pub(crate) max_debt: u64,
 }
 
 /// The bucket's level.
@@ -217,13 +227,13 @@ impl TokenBucket {
         match self.mode {
             Refill::Smooth => {
                 let rate = self.rate;
-                let most = self.capacity * rate.unit + MAX_TICKS;
+                let most = self.capacity * rate.unit + self.max_debt;
                 let deficit = self.deficit(state, now).saturating_add(cost.saturating_mul(rate.unit));
                 TokenBucketState::Smooth(Tat::after(now, deficit.min(most), rate))
             }
             Refill::Interval => {
                 let (tokens, boundary) = self.tokens(state, now);
-                let least = -(MAX_TICKS.cast_signed());
+                let least = -((self.max_debt / self.rate.unit).cast_signed());
                 let tokens = tokens.saturating_sub(cost.min(MAX_TICKS * 2).cast_signed()).max(least);
                 TokenBucketState::Interval { tokens, boundary }
             }
@@ -265,6 +275,7 @@ impl Algorithm for TokenBucket {
         let interval = positive(spec.interval, "interval")?;
         let initial = at_most(spec.initial, capacity, "initial", "capacity")?;
         let rate = Rate::new(refill, interval, capacity, ["refill", "interval", "capacity"])?;
+        let max_debt = max_debt(spec.max_debt, rate)?;
         Ok(Self {
             capacity,
             refill,
@@ -272,6 +283,7 @@ impl Algorithm for TokenBucket {
             mode: spec.mode,
             initial,
             rate,
+            max_debt,
         })
     }
 
@@ -320,12 +332,13 @@ impl Algorithm for TokenBucket {
             self.initial,
             self.rate.unit,
             self.rate.per_micro,
+            self.max_debt,
         ]
     }
 
     #[cfg(feature = "engine")]
     fn script_spec(params: &[u64]) -> Option<Self::Spec> {
-        let &[capacity, refill, interval, interval_mode, initial, _, _] = params else {
+        let &[capacity, refill, interval, interval_mode, initial, unit, _, max_debt] = params else {
             return None;
         };
         Some(TokenBucketSpec {
@@ -338,6 +351,7 @@ impl Algorithm for TokenBucket {
                 Refill::Smooth
             },
             initial: Some(initial),
+            max_debt: debt_cells(max_debt, unit),
         })
     }
 

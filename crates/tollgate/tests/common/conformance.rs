@@ -348,6 +348,7 @@ pub async fn a_refund_undoes_a_check<S: Store>(store: S) {
             interval: second,
             mode: tollgate::Refill::Interval,
             initial: Some(4),
+            max_debt: None,
         })
         .build()
         .unwrap(),

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Limit, LimitSpec, MemoryStore, Op, Period, Policy, Refill, Request, ReservationSpec, Store, Subject, Timestamp,
-    TokenBucketSpec,
+    GcraSpec, Limit, LimitSpec, MemoryStore, Op, Period, Policy, Refill, Request, ReservationSpec, Store, Subject,
+    Timestamp, TokenBucketSpec,
 };
 
 #[derive(Debug, Clone)]
@@ -72,8 +72,15 @@ fn any_base_limit() -> impl Strategy<Value = Limit> {
         )
         .unwrap()),
         (count.clone(), period.clone()).prop_map(|(limit, window)| Limit::sliding_log(limit, micros(window)).unwrap()),
-        (count.clone(), 1u64..10, period.clone(), any::<bool>(), 0u64..=100).prop_map(
-            |(capacity, refill, interval, interval_mode, initial)| {
+        (
+            count.clone(),
+            1u64..10,
+            period.clone(),
+            any::<bool>(),
+            0u64..=100,
+            proptest::option::weighted(0.3, 0u64..10),
+        )
+            .prop_map(|(capacity, refill, interval, interval_mode, initial, max_debt)| {
                 LimitSpec::TokenBucket(TokenBucketSpec {
                     capacity,
                     refill,
@@ -84,11 +91,11 @@ fn any_base_limit() -> impl Strategy<Value = Limit> {
                         Refill::Smooth
                     },
                     initial: Some(capacity * initial / 100),
+                    max_debt,
                 })
                 .build()
                 .unwrap()
-            }
-        ),
+            }),
         (1u64..50, period.clone(), 0u64..10, 0u64..=100).prop_map(|(rate, period, max_burst, initial)| {
             LimitSpec::Reservation(ReservationSpec {
                 rate,
@@ -105,12 +112,20 @@ fn any_base_limit() -> impl Strategy<Value = Limit> {
             capacity
         )
         .unwrap()),
-        (1u64..50, period.clone(), count.clone()).prop_map(|(rate, period, burst)| Limit::gcra(
-            rate,
-            micros(period),
-            burst
+        (
+            1u64..50,
+            period.clone(),
+            count.clone(),
+            proptest::option::weighted(0.3, 0u64..10)
         )
-        .unwrap()),
+            .prop_map(|(rate, period, burst, max_debt)| LimitSpec::Gcra(GcraSpec {
+                rate,
+                period: micros(period),
+                burst,
+                max_debt,
+            })
+            .build()
+            .unwrap()),
         (count, period).prop_map(|(limit, ttl)| Limit::concurrency(limit, micros(ttl)).unwrap()),
     ]
 }

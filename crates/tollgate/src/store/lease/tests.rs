@@ -157,6 +157,7 @@ fn any_leasable() -> impl Strategy<Value = (Limit, u64)> {
                 interval: Duration::from_micros(interval),
                 mode: if whole { Refill::Interval } else { Refill::Smooth },
                 initial: None,
+                max_debt: None,
             };
             (LimitSpec::TokenBucket(spec).build().unwrap(), interval)
         });

@@ -68,9 +68,11 @@ local function head_of(text)
   if head then
     return head
   end
-  local n = numbers(text)
-  head = { n[1], n[2], n[3], n[4] >= 0 and n[4] or nil, n[5] }
-  if n[5] ~= nil or n[1] == REFUND then
+  local op, cost, n, max_wait, now = match(text, "^(%d+):(%d+):(%d+):(%-?%d+):(%d*)$")
+  op, max_wait = tonumber(op), tonumber(max_wait)
+  head = { op, tonumber(cost), tonumber(n), max_wait >= 0 and max_wait or nil, tonumber(now) }
+  -- A head with an explicit now, or a refund's (its instant), is seldom seen twice.
+  if now ~= "" or op == REFUND then
     return head
   end
   return keep(text, head)

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Token budgets: what reserve + settle costs against a plain check, and
+# the gateway's check + report, in one sitting, on the memory store and on
+# one redis-server this script starts with Tollgate's module loaded (free
+# port, no persistence, a temporary directory), each engine forced in turn;
+# redis-benchmark's INCR (-P 16) on the same server is the anchor. Prints
+# Markdown.
+#
+# Each run: `tollgate bench --op OP --cost 10 --cost-max 20`, one key, a
+# fixed window of 10^12 units (nothing is ever refused), 1 task on memory
+# and 64 on Redis; OP is check (one decision), settle (an estimate, then its
+# settlement at half: a check and a refund, one store call each) or
+# check-then-record (a check of 0, then a record of the cost). The target: a
+# reserve + settle pair costs at most 2 x one check.
+#
+# Usage: scripts/bench-budget.sh
+# Environment: REQUESTS (default 2000000 on memory, 400000 on Redis).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source-path=SCRIPTDIR source=lib/bench.sh
+source scripts/lib/bench.sh
+
+no_arguments "$@"
+need python3 "Debian: apt-get install -y python3"
+need redis-benchmark "Debian: apt-get install -y redis-tools"
+
+bench_init
+build_release
+build_module
+REDIS_EXTRA_ARGS=(--loadmodule "$MODULE_SO")
+start_redis
+
+LIMIT='{"algorithm":"fixed_window","limit":1000000000000,"window":"3650d"}'
+run=0
+bench() { # STORE TASKS REQUESTS OP: one run; prints operations/s and ns per operation
+  local store=$1 tasks=$2 requests=$3 op=$4 prefix=()
+  run=$((run + 1))
+  [ "$store" = memory ] || prefix=(--prefix "budget-$run")
+  "$TOLLGATE" bench --store "$store" --tasks "$tasks" --keys 1 --limit "$LIMIT" --requests "$requests" \
+    --op "$op" --cost 10 --cost-max 20 --json --quiet ${prefix[@]+"${prefix[@]}"} >"$BENCH_TMP/run-$run"
+  python3 - "$BENCH_TMP/run-$run" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+rate = r["decisions_per_s"]
+print(f"{rate:.0f}", f"{1e9 / rate:.0f}")
+PY
+}
+
+MEMORY_REQUESTS=${REQUESTS:-2000000}
+REDIS_REQUESTS=${REQUESTS:-400000}
+note "memory"
+read -r m_check m_check_ns < <(bench memory 1 "$MEMORY_REQUESTS" check)
+read -r m_settle m_settle_ns < <(bench memory 1 "$MEMORY_REQUESTS" settle)
+read -r m_report m_report_ns < <(bench memory 1 "$MEMORY_REQUESTS" check-then-record)
+note "redis, module"
+read -r r_check r_check_ns < <(bench "$REDIS_URL?engine=module" 64 "$REDIS_REQUESTS" check)
+read -r r_settle r_settle_ns < <(bench "$REDIS_URL?engine=module" 64 "$REDIS_REQUESTS" settle)
+read -r r_report r_report_ns < <(bench "$REDIS_URL?engine=module" 64 "$REDIS_REQUESTS" check-then-record)
+note "redis, lua"
+read -r l_check l_check_ns < <(bench "$REDIS_URL?engine=lua" 64 "$REDIS_REQUESTS" check)
+read -r l_settle l_settle_ns < <(bench "$REDIS_URL?engine=lua" 64 "$REDIS_REQUESTS" settle)
+read -r l_report l_report_ns < <(bench "$REDIS_URL?engine=lua" 64 "$REDIS_REQUESTS" check-then-record)
+note "anchor: redis-benchmark INCR -P 16"
+incr=$(redis-benchmark -p "$REDIS_PORT" -c 50 -n 1000000 -P 16 -q -t incr | sed -n 's/.*INCR: \([0-9.]*\) requests per second.*/\1/p')
+
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+echo "## Token budgets: reserve + settle against a check, redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p'), $(machine)"
+echo
+echo "| store | op | per second | ns each | × one check |"
+echo "|---|---|---:|---:|---:|"
+echo "| memory, 1 task | check | $m_check | $m_check_ns | 1.00 |"
+echo "| memory, 1 task | settle (estimate + settle) | $m_settle | $m_settle_ns | $(ratio "$m_settle_ns" "$m_check_ns") |"
+echo "| memory, 1 task | check-then-record | $m_report | $m_report_ns | $(ratio "$m_report_ns" "$m_check_ns") |"
+echo "| Redis module, 64 tasks | check | $r_check | $r_check_ns | 1.00 |"
+echo "| Redis module, 64 tasks | settle (estimate + settle) | $r_settle | $r_settle_ns | $(ratio "$r_settle_ns" "$r_check_ns") |"
+echo "| Redis module, 64 tasks | check-then-record | $r_report | $r_report_ns | $(ratio "$r_report_ns" "$r_check_ns") |"
+echo "| Redis Lua, 64 tasks | check | $l_check | $l_check_ns | 1.00 |"
+echo "| Redis Lua, 64 tasks | settle (estimate + settle) | $l_settle | $l_settle_ns | $(ratio "$l_settle_ns" "$l_check_ns") |"
+echo "| Redis Lua, 64 tasks | check-then-record | $l_report | $l_report_ns | $(ratio "$l_report_ns" "$l_check_ns") |"
+echo
+echo "Anchor, same server and sitting: redis-benchmark -c 50 -P 16 INCR, $incr requests/s."
