@@ -132,7 +132,11 @@ fn budget_operations_count_their_units() {
     // Estimates of 4 settled at 2: 49 fit (98 spent), and a 50th estimate
     // of 4 would go past 100.
     assert_eq!(count(&settled, "units"), 98, "{settled}");
-    assert_eq!((count(&settled, "allowed"), count(&settled, "denied")), (49, 1), "{settled}");
+    assert_eq!(
+        (count(&settled, "allowed"), count(&settled, "denied")),
+        (49, 1),
+        "{settled}"
+    );
     let error = bench(&["--limit", limit, "--requests", "5", "--cost", "5", "--cost-max", "4"]);
     assert!(!error.status.success());
     assert!(String::from_utf8_lossy(&error.stderr).contains("--cost-max"));

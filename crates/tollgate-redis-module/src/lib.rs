@@ -32,11 +32,7 @@ use redis_module::{
     raw::{self, KeyType, ModuleOptions},
     redis_module, CallOptionsBuilder, CallResult, Context, NextArg, RedisError, RedisResult, RedisString, RedisValue,
 };
-use tollgate::engine::{Engine, Keyspace, Value};
-
-/// The calling convention's version, answered by `TOLLGATE.VERSION`: a
-/// client checks it before using the module.
-const PROTOCOL: i64 = 2;
+use tollgate::engine::{Engine, Keyspace, Value, PROTOCOL};
 
 thread_local! {
     /// The engine, with the limits it has parsed; commands run on the

@@ -51,6 +51,10 @@ pub(crate) const RESET: u64 = 6;
 pub(crate) const REFUND: u64 = 7;
 pub(crate) const RECORD: u64 = 8;
 
+/// The calling convention's version: the module answers it to
+/// `TOLLGATE.VERSION`, and a client uses a module only when it is its own.
+pub const PROTOCOL: i64 = 3;
+
 /// Added to a limit's algorithm id when a check it refuses still records
 /// its cost ([`Limit::recording_overage`]).
 pub(crate) const RECORDS_OVERAGE: u64 = 128;
@@ -91,8 +95,10 @@ struct Head {
     op: u64,
     cost: u64,
     limits: usize,
-    /// µs (`None`: -1); for a refund, the instant the units were taken.
+    /// µs (`None`: -1).
     max_wait: Option<u64>,
+    /// A refund's instant (µs), the argument after its lease.
+    refund_at: u64,
     /// µs (`None`: the server's time).
     now: Option<u64>,
 }
@@ -115,6 +121,7 @@ impl Head {
             cost: unsigned(cost, "cost")?,
             limits: usize::try_from(unsigned(limits, "the number of limits")?)
                 .map_err(|_| invalid("too many limits"))?,
+            refund_at: 0,
             max_wait: if max_wait == b"-1" {
                 None
             } else {
@@ -146,7 +153,7 @@ impl Head {
                 lease: lease.unwrap_or_default(),
             },
             REFUND => Op::Refund {
-                at: Timestamp::from_micros(self.max_wait.unwrap_or(0)),
+                at: Timestamp::from_micros(self.refund_at),
                 lease,
             },
             RECORD => Op::Record,
@@ -234,7 +241,7 @@ impl Engine {
         let mut server_now = None;
         for _ in 0..count {
             let (&head, tail) = rest.split_first().ok_or_else(|| invalid("a decision is missing"))?;
-            let head = Head::parse(head)?;
+            let mut head = Head::parse(head)?;
             rest = tail;
             let lease = if matches!(head.op, ACQUIRE | RELEASE | REFUND) {
                 let (&lease, tail) = rest.split_first().ok_or_else(|| invalid("a lease is missing"))?;
@@ -243,6 +250,13 @@ impl Engine {
             } else {
                 None
             };
+            if head.op == REFUND {
+                let (&at, tail) = rest
+                    .split_first()
+                    .ok_or_else(|| invalid("a refund's instant is missing"))?;
+                rest = tail;
+                head.refund_at = unsigned(at, "a refund's instant")?;
+            }
             if rest.len() < head.limits || keys.len() < head.limits {
                 return Err(invalid("fewer limits or keys than the head says"));
             }

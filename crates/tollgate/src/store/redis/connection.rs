@@ -43,7 +43,7 @@ pub enum EngineChoice {
 
 /// The calling convention's version the module must answer to
 /// `TOLLGATE.VERSION`.
-const MODULE_PROTOCOL: i64 = 2;
+const MODULE_PROTOCOL: i64 = crate::engine::PROTOCOL;
 
 /// How decisions are made on this server.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -726,13 +726,14 @@ impl RedisStore {
 
     /// Encodes one decision in the library's calling convention.
     fn encode(&self, keys: Vec<String>, policy: &Policy, request: &Request, op: u64) -> Encoded {
-        let (max_wait, lease) = match &request.op {
-            Op::Reserve { max_wait } => (max_wait.map(micros), ""),
-            Op::Acquire { lease, max_wait } => (max_wait.map(micros), lease.as_str()),
-            Op::Release { lease } => (None, lease.as_str()),
-            // A refund sends the instant the units were taken where others send max_wait.
-            Op::Refund { at, lease } => (Some(at.as_micros()), lease.as_deref().unwrap_or("")),
-            Op::Check | Op::CheckAtMost | Op::Record => (None, ""),
+        let (max_wait, lease, refund_at) = match &request.op {
+            Op::Reserve { max_wait } => (max_wait.map(micros), "", None),
+            Op::Acquire { lease, max_wait } => (max_wait.map(micros), lease.as_str(), None),
+            Op::Release { lease } => (None, lease.as_str(), None),
+            // The instant the units were taken: an argument of its own, so
+            // that the head stays the same from call to call.
+            Op::Refund { at, lease } => (None, lease.as_deref().unwrap_or(""), Some(at.as_micros())),
+            Op::Check | Op::CheckAtMost | Op::Record => (None, "", None),
         };
         let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(max_wait).unwrap_or(i64::MAX));
         let now = request
@@ -757,6 +758,11 @@ impl RedisStore {
         args.push(head);
         if op == ACQUIRE || op == RELEASE || op == REFUND {
             args.push(lease.to_owned());
+        }
+        if let Some(at) = refund_at {
+            let mut arg = String::with_capacity(20);
+            push_number(&mut arg, at);
+            args.push(arg);
         }
         for (index, (_, limit)) in policy.limits().enumerate() {
             let params =

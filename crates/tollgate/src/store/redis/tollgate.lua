@@ -4,10 +4,11 @@
 -- Calling convention (few arguments: Redis turns each into a Lua string):
 --   KEYS: the keys of every limit of every decision, in order.
 --   args[1]: the number of decisions; then per decision:
---     "<op>:<cost>:<n>:<max_wait>:<now>": op (CHECK … REFUND), cost, n
---     limits, max_wait in µs (-1: none; for REFUND, the instant the units
---     were taken), now in µs (empty: the server's TIME);
+--     "<op>:<cost>:<n>:<max_wait>:<now>": op (CHECK … RECORD), cost, n
+--     limits, max_wait in µs (-1: none), now in µs (empty: the server's
+--     TIME);
 --     the lease name, for ACQUIRE, RELEASE and REFUND only (empty: none);
+--     for REFUND, then the instant the units were taken (µs);
 --     per limit: "<algorithm id>:<its parameters>:<cost it sees>".
 --   Texts are parsed once and kept (a server sees few distinct limits and
 --   requests), except a head with an explicit now.
@@ -71,8 +72,8 @@ local function head_of(text)
   local op, cost, n, max_wait, now = match(text, "^(%d+):(%d+):(%d+):(%-?%d+):(%d*)$")
   op, max_wait = tonumber(op), tonumber(max_wait)
   head = { op, tonumber(cost), tonumber(n), max_wait >= 0 and max_wait or nil, tonumber(now) }
-  -- A head with an explicit now, or a refund's (its instant), is seldom seen twice.
-  if now ~= "" or op == REFUND then
+  -- A head with an explicit now is seldom seen twice.
+  if now ~= "" then
     return head
   end
   return keep(text, head)
@@ -195,8 +196,9 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease)
   answer(allowed and 1 or 0, (allowed or op == RECORD) and cost or 0, now, n)
 end
 
--- decide() for one limit (not check_at_most, refund or reset), without the
--- loops: with one limit a denial has nothing to give back.
+-- decide() for one limit (not check_at_most or reset), without the loops:
+-- with one limit a denial has nothing to give back. For a refund, max_wait
+-- is the instant the units were taken.
 local function decide_one(key, now, op, cost, max_wait, lease)
   local p = LIMITS[1]
   local algorithm = p.algorithm
@@ -206,6 +208,14 @@ local function decide_one(key, now, op, cost, max_wait, lease)
     return
   end
   use_slot(1)
+  if op == REFUND then
+    local _, change = algorithm.refund(p, s, now, max_wait, p.cost, lease)
+    if change ~= nil then
+      store(key, p, s, change, now, SLOTS[1][5], stale)
+    end
+    answer(1, cost, now, 1)
+    return
+  end
   local d, change = algorithm.decide(p, s, now, op, p.cost, max_wait, lease)
   if d[1] == 0 and p.records_overage and op == CHECK then
     d, change = algorithm.decide(p, s, now, RECORD, p.cost, max_wait, lease)
@@ -268,13 +278,18 @@ local function run(keys, args)
       if lease == "" then
         lease = nil
       end
+      if op == REFUND then
+        -- The instant the units were taken, in max_wait's place below.
+        max_wait = tonumber(args[at])
+        at = at + 1
+      end
     end
     for i = 1, n do
       local p = limit_of(args[at])
       LIMITS[i], COSTS[i] = p, p.cost
       at = at + 1
     end
-    if n == 1 and op ~= CHECK_AT_MOST and op ~= REFUND and op ~= RESET then
+    if n == 1 and op ~= CHECK_AT_MOST and op ~= RESET then
       decide_one(keys[first + 1], now, op, cost, max_wait, lease)
     elseif op == RESET then
       for i = 1, n do
