@@ -116,7 +116,10 @@ async fn bad_calls_are_errors_not_crashes() {
         assert!(answer.contains("ERR"), "{args:?}: {answer}");
     }
     assert_eq!(server.cli(&["PING"]).trim(), "PONG");
-    assert_eq!(server.cli(&["TOLLGATE.VERSION"]).trim(), tollgate::engine::PROTOCOL.to_string());
+    assert_eq!(
+        server.cli(&["TOLLGATE.VERSION"]).trim(),
+        tollgate::engine::PROTOCOL.to_string()
+    );
 }
 
 /// A `WATCH`ed key counts as changed when a decision writes it, never when

@@ -43,10 +43,8 @@ const TOTAL: &[u8] = b"\0n";
 /// The prefix of the member scored minus a lease's units, when other than one.
 #[cfg(feature = "engine")]
 const COST: &[u8] = b"\0c";
-/// Numbers a Lua double holds exactly: units at or above this were not
-/// written by Tollgate.
 #[cfg(feature = "engine")]
-const EXACT: u64 = 1 << 53;
+use super::encoding::EXACT;
 
 /// Parameters of a concurrency limiter, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,6 +214,9 @@ impl Algorithm for Concurrency {
     const NAME: &'static str = "concurrency";
     #[cfg(feature = "engine")]
     const ID: u8 = 8;
+    // A sorted set the module would read whole: Lua decides it.
+    #[cfg(feature = "redis")]
+    const MODULE_DECIDES: bool = false;
     const LEASES: bool = true;
 
     fn build(spec: &ConcurrencySpec) -> Result<Self> {

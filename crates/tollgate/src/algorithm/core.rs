@@ -110,6 +110,14 @@ pub(crate) trait Algorithm: Copy {
     const SHAPING: bool = false;
     /// True for a limit taken with leases.
     const LEASES: bool = false;
+    /// True when a process may take blocks of the limit in one call and hand
+    /// them out itself ([`Limit::with_lease`](super::Limit::with_lease)):
+    /// the limits `check_at_most` takes from.
+    const LEASABLE: bool = false;
+    /// False for a limit whose state grows with traffic into a sorted set
+    /// that the Redis module reads whole: the Lua library decides those.
+    #[cfg(feature = "redis")]
+    const MODULE_DECIDES: bool = true;
 
     /// Validates `spec`.
     ///
@@ -124,6 +132,19 @@ pub(crate) trait Algorithm: Copy {
     /// The window a count-per-window limit counts over.
     fn window(&self) -> Option<Duration> {
         None
+    }
+
+    /// The most of `units` taken `elapsed` µs ago whose effect may have
+    /// lapsed since: what a bucket or a TAT may have refilled meanwhile,
+    /// which a refund must not give back again. Windows give back only what
+    /// still counts by themselves (none lapses); a limit that cannot be
+    /// leased gives nothing back (all of it).
+    fn lapsed(&self, units: u64, _elapsed: u64) -> u64 {
+        if Self::LEASABLE {
+            0
+        } else {
+            units
+        }
     }
 
     /// Units that would be admitted now (`u64::MAX`: any cost).
@@ -236,6 +257,12 @@ pub(crate) fn edit<S: Default, E: Edit<S>>(state: Option<&S>, step: Step<E>) -> 
             Update::Put(new)
         }
     })
+}
+
+/// Units `per` each `every` µs refill in `elapsed` µs, rounded up.
+pub(crate) fn refilled(elapsed: u64, per: u64, every: u64) -> u64 {
+    let refilled = (u128::from(elapsed) * u128::from(per)).div_ceil(u128::from(every.max(1)));
+    u64::try_from(refilled).unwrap_or(u64::MAX)
 }
 
 /// `limit` units per `window` (fixed window, sliding log).

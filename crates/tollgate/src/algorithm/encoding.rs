@@ -211,6 +211,10 @@ pub(crate) fn numbers<const N: usize>(text: &[u8]) -> Option<[u64; N]> {
     parts.next().is_none().then_some(out)
 }
 
+/// Integers below this are exact in a Lua number (a double): what a state
+/// read back from Redis may hold.
+pub(crate) const EXACT: u64 = 1 << 53;
+
 /// An integer as text.
 pub(crate) fn text(n: impl itoa::Integer) -> Vec<u8> {
     itoa::Buffer::new().format(n).as_bytes().to_vec()

@@ -186,6 +186,7 @@ impl Algorithm for FixedWindow {
     const NAME: &'static str = "fixed_window";
     #[cfg(feature = "engine")]
     const ID: u8 = 1;
+    const LEASABLE: bool = true;
 
     fn build(spec: &FixedWindowSpec) -> Result<Self> {
         let limit = at_least_one(spec.limit, "limit")?;

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "engine")]
 use super::core::debt_cells;
-use super::core::{at_least_one, max_debt, positive, record_whole, refund_whole, Action, Algorithm, Step, Update};
+use super::core::{
+    at_least_one, max_debt, positive, record_whole, refilled, refund_whole, Action, Algorithm, Step, Update,
+};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
@@ -114,6 +116,7 @@ impl Algorithm for Gcra {
     const NAME: &'static str = "gcra";
     #[cfg(feature = "engine")]
     const ID: u8 = 7;
+    const LEASABLE: bool = true;
 
     fn build(spec: &GcraSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;
@@ -132,6 +135,11 @@ impl Algorithm for Gcra {
 
     fn capacity(&self) -> u64 {
         self.burst
+    }
+
+    /// What `elapsed` µs refilled: `rate` cells per `period`, rounded up.
+    fn lapsed(&self, units: u64, elapsed: u64) -> u64 {
+        refilled(elapsed, self.rate, self.period).min(units)
     }
 
     fn available(&self, state: Option<&GcraState>, now: u64) -> u64 {

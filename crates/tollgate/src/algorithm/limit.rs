@@ -440,11 +440,12 @@ impl Limit {
                 "lease: a limit recording its overage cannot be leased",
             ));
         }
-        if self.is_shaping() || self.is_concurrency() {
+        if !self.is_leasable() {
+            let leasable = ALGORITHMS.iter().filter(|entry| entry.leasable).map(|entry| entry.name);
             return Err(Error::invalid_limit(format!(
-                "lease: a {} limit cannot be leased (leasable: fixed_window, sliding_window, sliding_log, \
-                 token_bucket, gcra)",
-                self.algorithm()
+                "lease: a {} limit cannot be leased (leasable: {})",
+                self.algorithm(),
+                listed(leasable, ", ")
             )));
         }
         if lease.is_zero() || !lease.subsec_nanos().is_multiple_of(1_000) {
@@ -466,25 +467,25 @@ impl Limit {
     /// refund must not give back again (windows give back only what still
     /// counts by themselves: none).
     pub(crate) fn lapsed(&self, units: u64, elapsed: Duration) -> u64 {
-        let elapsed = elapsed.as_micros();
-        let refilled = |per: u64, every: Duration| -> u64 {
-            let every = every.as_micros().max(1);
-            u64::try_from((elapsed * u128::from(per)).div_ceil(every)).unwrap_or(u64::MAX)
-        };
-        let lapsed = match &self.spec {
-            LimitSpec::Gcra(spec) => refilled(spec.rate, spec.period),
-            LimitSpec::TokenBucket(spec) if spec.mode == Refill::Interval => {
-                // Whole refills at interval boundaries: one more than the
-                // intervals elapsed may have been crossed.
-                let crossed = elapsed / spec.interval.as_micros().max(1) + 1;
-                u64::try_from(crossed * u128::from(spec.refill)).unwrap_or(u64::MAX)
-            }
-            LimitSpec::TokenBucket(spec) => refilled(spec.refill, spec.interval),
-            LimitSpec::FixedWindow(_) | LimitSpec::SlidingWindow(_) | LimitSpec::SlidingLog(_) => 0,
-            // Not leasable: nothing to give back.
-            _ => units,
-        };
-        lapsed.min(units)
+        let elapsed = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        dispatch!(&self.kind, p => p.lapsed(units, elapsed))
+    }
+
+    /// True when the limit may be leased ([`Limit::with_lease`]).
+    pub fn is_leasable(&self) -> bool {
+        fn leasable<A: Algorithm>(_: &A) -> bool {
+            A::LEASABLE
+        }
+        dispatch!(&self.kind, p => leasable(p))
+    }
+
+    /// False for a limit the Redis module leaves to the Lua library.
+    #[cfg(feature = "redis")]
+    pub(crate) fn module_decides(&self) -> bool {
+        fn decides<A: Algorithm>(_: &A) -> bool {
+            A::MODULE_DECIDES
+        }
+        dispatch!(&self.kind, p => decides(p))
     }
 
     /// The parameters this limit was built from.

@@ -131,6 +131,7 @@ macro_rules! registry {
                 Entry {
                     name: <$module::$algorithm as Algorithm>::NAME,
                     shaping: <$module::$algorithm as Algorithm>::SHAPING,
+                    leasable: <$module::$algorithm as Algorithm>::LEASABLE,
                     parse: |fields| parse_fields(fields).map(LimitSpec::$variant),
                 },
             )*
@@ -193,6 +194,8 @@ pub(crate) struct Entry {
     pub(crate) name: &'static str,
     /// Whether it borrows or shapes.
     pub(crate) shaping: bool,
+    /// Whether it can be leased.
+    pub(crate) leasable: bool,
     /// Reads its spec from the fields of a JSON object.
     pub(crate) parse: fn(serde_json::Value) -> Result<LimitSpec>,
 }

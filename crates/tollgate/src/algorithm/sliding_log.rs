@@ -33,10 +33,8 @@ const EXPIRES: &[u8] = b"\0x";
 /// The member scored with the base (second).
 #[cfg(feature = "engine")]
 const BASE: &[u8] = b"\0b";
-/// Numbers a Lua double holds exactly: an instant, or the units of the live
-/// entries, at or above this was not written by Tollgate.
 #[cfg(feature = "engine")]
-const EXACT: u64 = 1 << 53;
+use super::encoding::EXACT;
 
 /// Parameters of a sliding log, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,6 +258,10 @@ impl Algorithm for SlidingLog {
     const NAME: &'static str = "sliding_log";
     #[cfg(feature = "engine")]
     const ID: u8 = 3;
+    // A sorted set the module would read whole: Lua decides it.
+    #[cfg(feature = "redis")]
+    const MODULE_DECIDES: bool = false;
+    const LEASABLE: bool = true;
 
     fn build(spec: &WindowSpec) -> Result<Self> {
         Ok(Self {

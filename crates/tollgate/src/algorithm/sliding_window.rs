@@ -45,10 +45,8 @@ fn default_buckets() -> u64 {
     10
 }
 
-/// Numbers a Lua double holds exactly: a start, count or total at or above
-/// this was not written by Tollgate.
 #[cfg(feature = "engine")]
-const EXACT: u64 = 1 << 53;
+use super::encoding::EXACT;
 
 /// The number in `text` when Lua holds it exactly.
 #[cfg(feature = "engine")]
@@ -197,6 +195,7 @@ impl Algorithm for SlidingWindow {
     const NAME: &'static str = "sliding_window";
     #[cfg(feature = "engine")]
     const ID: u8 = 2;
+    const LEASABLE: bool = true;
 
     fn build(spec: &SlidingWindowSpec) -> Result<Self> {
         let limit = at_least_one(spec.limit, "limit")?;

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "engine")]
 use super::core::debt_cells;
 use super::core::{
-    at_least_one, at_most, max_debt, positive, record_whole, refund_whole, Action, Algorithm, Step, Update,
+    at_least_one, at_most, max_debt, positive, record_whole, refilled, refund_whole, Action, Algorithm, Step, Update,
 };
 #[cfg(feature = "engine")]
 use super::encoding::{numbers, other_state, Encoded, Loaded, TatEncoding, Value};
@@ -268,6 +268,7 @@ impl Algorithm for TokenBucket {
     const NAME: &'static str = "token_bucket";
     #[cfg(feature = "engine")]
     const ID: u8 = 4;
+    const LEASABLE: bool = true;
 
     fn build(spec: &TokenBucketSpec) -> Result<Self> {
         let capacity = at_least_one(spec.capacity, "capacity")?;
@@ -289,6 +290,17 @@ impl Algorithm for TokenBucket {
 
     fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// What `elapsed` µs refilled: smoothly, `refill` per `interval`
+    /// rounded up; by intervals, one boundary more than the intervals
+    /// elapsed may have been crossed.
+    fn lapsed(&self, units: u64, elapsed: u64) -> u64 {
+        let lapsed = match self.mode {
+            Refill::Smooth => refilled(elapsed, self.refill, self.interval),
+            Refill::Interval => (elapsed / self.interval + 1).saturating_mul(self.refill),
+        };
+        lapsed.min(units)
     }
 
     fn available(&self, state: Option<&TokenBucketState>, now: u64) -> u64 {

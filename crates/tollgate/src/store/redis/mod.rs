@@ -779,10 +779,9 @@ impl RedisStore {
         } else {
             REPLY_HEAD + 6 * policy.len()
         };
-        // The module reads a sorted set whole: the library decides these.
-        let lua = policy
-            .limits()
-            .any(|(_, limit)| matches!(limit.algorithm(), "sliding_log" | "concurrency"));
+        // Limits the module leaves to the library (it would read their
+        // sorted sets whole).
+        let lua = policy.limits().any(|(_, limit)| !limit.module_decides());
         Encoded {
             keys,
             args,
