@@ -13,8 +13,11 @@
 # check-then-record (a check of 0, then a record of the cost). The target: a
 # reserve + settle pair costs at most 2 x one check.
 #
+# Each figure is the median of ROUNDS runs (default 3), the checks and the
+# pairs taking turns.
+#
 # Usage: scripts/bench-budget.sh
-# Environment: REQUESTS (default 2000000 on memory, 400000 on Redis).
+# Environment: REQUESTS (default 2000000 on memory, 400000 on Redis), ROUNDS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source-path=SCRIPTDIR source=lib/bench.sh
@@ -32,34 +35,45 @@ start_redis
 
 LIMIT='{"algorithm":"fixed_window","limit":1000000000000,"window":"3650d"}'
 run=0
-bench() { # STORE TASKS REQUESTS OP: one run; prints operations/s and ns per operation
-  local store=$1 tasks=$2 requests=$3 op=$4 prefix=()
-  run=$((run + 1))
-  [ "$store" = memory ] || prefix=(--prefix "budget-$run")
+once() { # OUT STORE TASKS REQUESTS OP: one run, its JSON summary in OUT
+  local out=$1 store=$2 tasks=$3 requests=$4 op=$5 prefix=()
+  [ "$store" = memory ] || prefix=(--prefix "budget-${store##*=}-${out##*-}")
   "$TOLLGATE" bench --store "$store" --tasks "$tasks" --keys 1 --limit "$LIMIT" --requests "$requests" \
-    --op "$op" --cost 10 --cost-max 20 --json --quiet ${prefix[@]+"${prefix[@]}"} >"$BENCH_TMP/run-$run"
-  python3 - "$BENCH_TMP/run-$run" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-rate = r["decisions_per_s"]
-print(f"{rate:.0f}", f"{1e9 / rate:.0f}")
+    --op "$op" --cost 10 --cost-max 20 --json --quiet ${prefix[@]+"${prefix[@]}"} >"$out"
+}
+three() { # STORE TASKS REQUESTS: ROUNDS rounds of check, settle, check-then-record taking turns;
+  # prints, per op, the median operations/s and ns per operation (six numbers)
+  local store=$1 tasks=$2 requests=$3 round checks=() settles=() reports=()
+  for round in $(seq "$ROUNDS"); do
+    run=$((run + 1))
+    checks+=("$BENCH_TMP/run-$run")
+    once "$BENCH_TMP/run-$run" "$store" "$tasks" "$requests" check
+    run=$((run + 1))
+    settles+=("$BENCH_TMP/run-$run")
+    once "$BENCH_TMP/run-$run" "$store" "$tasks" "$requests" settle
+    run=$((run + 1))
+    reports+=("$BENCH_TMP/run-$run")
+    once "$BENCH_TMP/run-$run" "$store" "$tasks" "$requests" check-then-record
+  done
+  python3 - "${checks[*]}" "${settles[*]}" "${reports[*]}" <<'PY'
+import json, statistics, sys
+out = []
+for paths in sys.argv[1:]:
+    rate = statistics.median(json.load(open(path))["decisions_per_s"] for path in paths.split())
+    out += [f"{rate:.0f}", f"{1e9 / rate:.0f}"]
+print(*out)
 PY
 }
 
+ROUNDS=${ROUNDS:-3}
 MEMORY_REQUESTS=${REQUESTS:-2000000}
 REDIS_REQUESTS=${REQUESTS:-400000}
 note "memory"
-read -r m_check m_check_ns < <(bench memory 1 "$MEMORY_REQUESTS" check)
-read -r m_settle m_settle_ns < <(bench memory 1 "$MEMORY_REQUESTS" settle)
-read -r m_report m_report_ns < <(bench memory 1 "$MEMORY_REQUESTS" check-then-record)
+read -r m_check m_check_ns m_settle m_settle_ns m_report m_report_ns < <(three memory 1 "$MEMORY_REQUESTS")
 note "redis, module"
-read -r r_check r_check_ns < <(bench "$REDIS_URL?engine=module" 64 "$REDIS_REQUESTS" check)
-read -r r_settle r_settle_ns < <(bench "$REDIS_URL?engine=module" 64 "$REDIS_REQUESTS" settle)
-read -r r_report r_report_ns < <(bench "$REDIS_URL?engine=module" 64 "$REDIS_REQUESTS" check-then-record)
+read -r r_check r_check_ns r_settle r_settle_ns r_report r_report_ns < <(three "$REDIS_URL?engine=module" 64 "$REDIS_REQUESTS")
 note "redis, lua"
-read -r l_check l_check_ns < <(bench "$REDIS_URL?engine=lua" 64 "$REDIS_REQUESTS" check)
-read -r l_settle l_settle_ns < <(bench "$REDIS_URL?engine=lua" 64 "$REDIS_REQUESTS" settle)
-read -r l_report l_report_ns < <(bench "$REDIS_URL?engine=lua" 64 "$REDIS_REQUESTS" check-then-record)
+read -r l_check l_check_ns l_settle l_settle_ns l_report l_report_ns < <(three "$REDIS_URL?engine=lua" 64 "$REDIS_REQUESTS")
 note "anchor: redis-benchmark INCR -P 16"
 incr=$(redis-benchmark -p "$REDIS_PORT" -c 50 -n 1000000 -P 16 -q -t incr | sed -n 's/.*INCR: \([0-9.]*\) requests per second.*/\1/p')
 
