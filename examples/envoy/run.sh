@@ -59,7 +59,11 @@ if $redis; then
   store=(--redis "redis://127.0.0.1:$redis_port")
 fi
 
-target/release/tollgate serve --config examples/config --response-headers \
+# Another example's rules and Envoy configuration (examples/envoy-llm/run.sh).
+config=${TOLLGATE_CONFIG:-examples/config}
+envoy_config=${ENVOY_CONFIG:-examples/envoy/envoy.yaml}
+
+target/release/tollgate serve --config "$config" --response-headers \
   --http "127.0.0.1:$tollgate_http" --grpc "127.0.0.1:$tollgate_grpc" "${store[@]}" \
   --on-store-error local 2> >(tee "$work/tollgate.log" >&2) &
 pids+=($!)
@@ -69,7 +73,7 @@ until grep -q "tollgate serve is ready" "$work/tollgate.log" 2>/dev/null; do
 done
 
 sed -e "s/\${ADMIN_PORT}/$admin_port/; s/\${HTTP_PORT}/$envoy_port/; s/\${TCP_PORT}/$envoy_tcp_port/; s/\${GRPC_PORT}/$tollgate_grpc/" \
-  examples/envoy/envoy.yaml >"$work/envoy.yaml"
+  "$envoy_config" >"$work/envoy.yaml"
 "$venv/bin/envoy" -c "$work/envoy.yaml" --concurrency 1 --disable-hot-restart --log-level warn &
 pids+=($!)
 

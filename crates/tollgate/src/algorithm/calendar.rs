@@ -18,7 +18,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
-use jiff::{Timestamp, ToSpan};
+use jiff::{Span, Timestamp, ToSpan};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -51,27 +51,25 @@ impl Period {
         }
     }
 
-    /// The first day of the period after the one starting on `start`.
-    fn next(self, start: Date) -> Option<Date> {
-        let span = match self {
+    /// One period, in civil time.
+    fn span(self) -> Span {
+        match self {
             Self::Day => 1.day(),
             Self::Week => 1.week(),
             Self::Month => 1.month(),
             Self::Year => 1.year(),
-        };
-        start.checked_add(span).ok()
+        }
+    }
+
+    /// The first day of the period after the one starting on `start`.
+    fn next(self, start: Date) -> Option<Date> {
+        start.checked_add(self.span()).ok()
     }
 
     /// The first day of the period before the one starting on `start`.
     #[cfg_attr(not(feature = "engine"), allow(dead_code))]
     fn previous(self, start: Date) -> Option<Date> {
-        let span = match self {
-            Self::Day => 1.day(),
-            Self::Week => 1.week(),
-            Self::Month => 1.month(),
-            Self::Year => 1.year(),
-        };
-        start.checked_sub(span).ok()
+        start.checked_sub(self.span()).ok()
     }
 }
 

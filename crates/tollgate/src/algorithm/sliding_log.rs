@@ -173,23 +173,25 @@ impl SlidingLog {
         if cost == 0 {
             return Step::unchanged(Decision::allow(self.limit, remaining, reset_after, 0));
         }
-        // Kept in order of time: when the clock went back, at the newest instant.
-        let newest = live.as_ref().and_then(|live| live.state.entries.back());
-        let at = newest.map_or(now, |&(newest, _)| newest.max(now));
-        let change = LogChange::Admit {
-            expired: live.as_ref().map_or(0, |live| live.expired),
-            at,
-            units: cost,
-        };
+        let (at, change) = Self::admission(live.as_ref(), now, cost);
         let decision = Decision::allow(self.limit, remaining - cost, at + self.window - now, 0);
         Step::changed(decision, change)
     }
 
-    /// Gives back units admitted at `at`: they leave the entry stamped `at`,
-    /// while it counts, and every later total drops by them. (An admission
-    /// made after the clock went back is stamped at the newest entry's
-    /// instant: its refund finds no entry at `at` and gives nothing back.)
-    /// Costs O(log n + entries newer than `at`). Reports as a peek after.
+    /// The instant `cost` units logged at `now` are stamped at, and the
+    /// change that logs them. Kept in order of time: when the clock went
+    /// back, at the newest instant.
+    fn admission(live: Option<&Live<'_>>, now: u64, cost: u64) -> (u64, LogChange) {
+        let newest = live.and_then(|live| live.state.entries.back());
+        let at = newest.map_or(now, |&(newest, _)| newest.max(now));
+        let change = LogChange::Admit {
+            expired: live.map_or(0, |live| live.expired),
+            at,
+            units: cost,
+        };
+        (at, change)
+    }
+
     /// Logs `cost` units that were already spent, whether or not they fit
     /// (a check when they do). Over the limit, the decision is a check of
     /// the same cost on the log with them in it, found without building it.
@@ -201,13 +203,7 @@ impl SlidingLog {
         }
         let live = state.map(|state| self.live(state, now));
         let total = live.as_ref().map_or(0, |live| live.total);
-        let newest = live.as_ref().and_then(|live| live.state.entries.back());
-        let at = newest.map_or(now, |&(newest, _)| newest.max(now));
-        let change = LogChange::Admit {
-            expired: live.as_ref().map_or(0, |live| live.expired),
-            at,
-            units: cost,
-        };
+        let (at, change) = Self::admission(live.as_ref(), now, cost);
         // A request of `cost` after them waits until enough units have
         // left: the logged ones first, then these.
         let retry_after = (cost <= self.limit).then(|| {
@@ -221,6 +217,11 @@ impl SlidingLog {
         Step::changed(decision, change)
     }
 
+    /// Gives back units admitted at `at`: they leave the entry stamped `at`,
+    /// while it counts, and every later total drops by them. (An admission
+    /// made after the clock went back is stamped at the newest entry's
+    /// instant: its refund finds no entry at `at` and gives nothing back.)
+    /// Costs O(log n + entries newer than `at`). Reports as a peek after.
     pub(crate) fn refund(&self, state: Option<&SlidingLogState>, now: u64, at: u64, cost: u64) -> Step<LogChange> {
         let peek = || self.check(state, now, 0);
         let Some(state) = state.filter(|_| cost > 0) else {
