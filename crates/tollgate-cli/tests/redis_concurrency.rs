@@ -105,27 +105,8 @@ struct Run {
 
 /// Starts the processes together, waits for all, and adds up their reports.
 fn run(url: &str, prefix: &str, limit: &str, extra: &[&str]) -> Run {
-    let children: Vec<Child> = (0..PROCESSES)
-        .map(|_| {
-            tollgate(&["bench", "--store", url, "--prefix", prefix, "--limit", limit])
-                .args([
-                    "--tasks",
-                    TASKS,
-                    "--duration",
-                    DURATION,
-                    "--keys",
-                    "1",
-                    "--json",
-                    "--quiet",
-                ])
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("the tollgate binary starts")
-        })
-        .collect();
+    let mut args = vec!["--tasks", TASKS, "--duration", DURATION];
+    args.extend_from_slice(extra);
     let mut run = Run {
         allowed: Vec::new(),
         requests: 0,
@@ -134,14 +115,8 @@ fn run(url: &str, prefix: &str, limit: &str, extra: &[&str]) -> Run {
         start: u64::MAX,
         end: 0,
     };
-    for child in children {
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "exit {:?}: {stderr}", output.status);
-        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    for summary in bench_together(url, prefix, limit, &args) {
         let field = |name: &str| summary[name].as_u64().unwrap_or_else(|| panic!("{name} in {summary}"));
-        assert_eq!(field("errors"), 0, "{summary}");
-        assert_eq!(summary["engine"], engine(), "{summary}");
         run.allowed.push(field("allowed"));
         run.requests += field("requests");
         run.decisions += field("allowed") + field("denied");
@@ -150,6 +125,36 @@ fn run(url: &str, prefix: &str, limit: &str, extra: &[&str]) -> Run {
         run.end = run.end.max(field("server_time_end_us"));
     }
     run
+}
+
+/// Runs [`PROCESSES`] `tollgate bench` processes at once on one key of
+/// `limit` at `url`, with `args`; their JSON summaries, each checked for
+/// no errors and the engine [`engine`] demands.
+fn bench_together(url: &str, prefix: &str, limit: &str, args: &[&str]) -> Vec<Value> {
+    let children: Vec<Child> = (0..PROCESSES)
+        .map(|_| {
+            tollgate(&["bench", "--store", url, "--prefix", prefix, "--limit", limit])
+                .args(["--keys", "1", "--json", "--quiet"])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("the tollgate binary starts")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|child| {
+            let output = child.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "exit {:?}: {stderr}", output.status);
+            let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+            assert_eq!(summary["errors"], 0, "{summary}");
+            assert_eq!(summary["engine"], engine(), "{summary}");
+            summary
+        })
+        .collect()
 }
 
 /// Runs one scenario and checks `bound/2 <= Σ allowed <= bound`.
@@ -399,43 +404,23 @@ fn processes_recording_token_usage_count_every_token() {
     let url = with_engine(&redis.url());
     // One window for the whole run (windows of 10 years, aligned on the epoch).
     let limit = format!(r#"{{"algorithm":"fixed_window","limit":{BUDGET},"window":"3650d"}}"#);
-    let children: Vec<Child> = (0..PROCESSES)
-        .map(|_| {
-            tollgate(&["bench", "--store", &url, "--prefix", "budget", "--limit", &limit])
-                .args([
-                    "--op",
-                    "check-then-record",
-                    "--cost",
-                    "1",
-                    "--cost-max",
-                    &MOST.to_string(),
-                ])
-                .args([
-                    "--tasks",
-                    &TASKS.to_string(),
-                    "--requests",
-                    REQUESTS,
-                    "--keys",
-                    "1",
-                    "--json",
-                    "--quiet",
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("the tollgate binary starts")
-        })
-        .collect();
+    let most = MOST.to_string();
+    let tasks = TASKS.to_string();
+    let args = [
+        "--op",
+        "check-then-record",
+        "--cost",
+        "1",
+        "--cost-max",
+        &most,
+        "--tasks",
+        &tasks,
+        "--requests",
+        REQUESTS,
+    ];
     let (mut recorded, mut checks, mut admitted) = (0, 0, 0);
-    for child in children {
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "exit {:?}: {stderr}", output.status);
-        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    for summary in bench_together(&url, "budget", &limit, &args) {
         let field = |name: &str| summary[name].as_u64().unwrap_or_else(|| panic!("{name} in {summary}"));
-        assert_eq!(field("errors"), 0, "{summary}");
-        assert_eq!(summary["engine"], engine(), "{summary}");
         recorded += field("units");
         checks += field("allowed") + field("denied");
         admitted += field("allowed");
