@@ -22,6 +22,11 @@
 //! The bound on overspend: at most the excess of the actual costs over their
 //! estimates (check-then-report, without a reservation: the usage of every
 //! request in flight).
+//!
+//! Reservations are kept by the process that took them (the limits
+//! themselves are in the store): behind several `serve` replicas, a
+//! settlement must reach the replica that answered the reservation, or its
+//! id is not found.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
