@@ -487,7 +487,7 @@ async fn bench(plan: &Plan, progress: &ProgressBar) -> anyhow::Result<Report> {
                 builder = builder.max_batch(batch as usize);
             }
             let redis = store::connect_redis_with(builder, url).await?;
-            engine = Some(redis.engine());
+            engine = Some(redis.engine().name());
             match plan.on_store_error {
                 None => AnyStore::Redis(redis),
                 Some(on_error) => {

@@ -244,7 +244,7 @@ async fn redis_store(
 ) -> anyhow::Result<tollgate::ResilientStoreBuilder<tollgate::RedisStore>> {
     match connect_redis(url, prefix).await {
         Ok(store) => {
-            tracing::info!(engine = store.engine(), "redis: connected");
+            tracing::info!(engine = %store.engine(), "redis: connected");
             Ok(ResilientStore::builder(store))
         }
         Err(error) if on_error == OnStoreError::Error || error.is::<UsageError>() => Err(error),
@@ -259,7 +259,7 @@ async fn redis_store(
                 let (url, prefix) = (url.clone(), prefix.clone());
                 Box::pin(async move {
                     let store = crate::store::redis_builder(&url, &prefix).connect().await?;
-                    tracing::info!(engine = store.engine(), "redis: connected");
+                    tracing::info!(engine = %store.engine(), "redis: connected");
                     Ok(store)
                 })
             })))

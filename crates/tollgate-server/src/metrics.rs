@@ -25,7 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
-use tollgate::Path;
+use tollgate::{EngineKind, Path};
 
 use crate::service::Usage;
 
@@ -44,9 +44,6 @@ struct PathLabels {
 struct EngineLabels {
     engine: &'static str,
 }
-
-/// The engines a Redis store decides with, as `RedisStore::engine` names them.
-const ENGINES: [&str; 2] = ["module", "lua"];
 
 /// Registers `decisions_by_path` and returns its counters, in the order of [`Path::ALL`].
 fn register_paths(registry: &mut Registry) -> [Counter; Path::ALL.len()] {
@@ -444,12 +441,12 @@ impl Metrics {
         }
     }
 
-    /// Marks `engine` (`module` or `lua`) as the one deciding in Redis.
-    pub fn engine(&self, engine: &str) {
-        for name in ENGINES {
+    /// Marks `engine` as the one deciding in Redis.
+    pub fn engine(&self, engine: EngineKind) {
+        for kind in EngineKind::ALL {
             self.engine
-                .get_or_create(&EngineLabels { engine: name })
-                .set(i64::from(name == engine));
+                .get_or_create(&EngineLabels { engine: kind.name() })
+                .set(i64::from(kind == engine));
         }
     }
 

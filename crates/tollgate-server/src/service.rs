@@ -490,9 +490,9 @@ impl Service {
         self.store.inner()
     }
 
-    /// The engine deciding in Redis (`module` or `lua`); `None` on the
-    /// memory store, or before a Redis store has connected.
-    pub fn engine(&self) -> Option<&'static str> {
+    /// The engine deciding in Redis; `None` on the memory store, or before a
+    /// Redis store has connected.
+    pub fn engine(&self) -> Option<tollgate::EngineKind> {
         match self.store.inner() {
             AnyStore::Redis(redis) => Some(redis.engine()),
             AnyStore::Resilient(resilient) => resilient.store().map(tollgate::RedisStore::engine),

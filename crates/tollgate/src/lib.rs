@@ -76,5 +76,5 @@ pub use store::{
 pub struct ReadmeDoctests;
 
 #[cfg(feature = "redis")]
-pub use store::{EngineChoice, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use store::{EngineChoice, EngineKind, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use subject::{Subject, MAX_KEY_LEN};

@@ -199,7 +199,7 @@ fn a_cluster_store_takes_the_module_only_when_every_master_has_it() {
     let url = cluster.url();
 
     let lua = runtime.block_on(store(&format!("{url}?engine=auto")));
-    assert_eq!(lua.engine(), "lua");
+    assert_eq!(lua.engine(), tollgate::EngineKind::Lua);
     admits_exactly_its_limit(&runtime, &lua, 5);
     for master in cluster.masters() {
         assert!(
@@ -216,7 +216,7 @@ fn a_cluster_store_takes_the_module_only_when_every_master_has_it() {
 
     assert_eq!(cluster.node(0).cli(&["MODULE", "LOAD", &module]), "OK");
     let native = runtime.block_on(store(&url));
-    assert_eq!(native.engine(), "module");
+    assert_eq!(native.engine(), tollgate::EngineKind::Module);
     admits_exactly_its_limit(&runtime, &native, 5);
     for master in cluster.masters() {
         assert!(

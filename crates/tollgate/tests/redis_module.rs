@@ -34,16 +34,28 @@ async fn store(server: &RedisServer, engine: &str, prefix: Option<&str>) -> Resu
 #[tokio::test]
 async fn the_store_prefers_the_module_and_falls_back_to_lua() {
     let with = RedisServer::start_with_module(&[]);
-    assert_eq!(store(&with, "auto", None).await.unwrap().engine(), "module");
-    assert_eq!(store(&with, "module", None).await.unwrap().engine(), "module");
-    assert_eq!(store(&with, "lua", None).await.unwrap().engine(), "lua");
+    assert_eq!(
+        store(&with, "auto", None).await.unwrap().engine(),
+        tollgate::EngineKind::Module
+    );
+    assert_eq!(
+        store(&with, "module", None).await.unwrap().engine(),
+        tollgate::EngineKind::Module
+    );
+    assert_eq!(
+        store(&with, "lua", None).await.unwrap().engine(),
+        tollgate::EngineKind::Lua
+    );
 
     let without = RedisServer::start_with(&[]);
     // (Under TOLLGATE_LOAD_MODULE=1 every server has it: skip that half then.)
     if without.cli(&["MODULE", "LIST"]).contains("tollgate") {
         return;
     }
-    assert_eq!(store(&without, "auto", None).await.unwrap().engine(), "lua");
+    assert_eq!(
+        store(&without, "auto", None).await.unwrap().engine(),
+        tollgate::EngineKind::Lua
+    );
     let error = store(&without, "module", None).await.unwrap_err().to_string();
     assert!(
         error.contains("no tollgate module") && error.contains("engine=module"),
@@ -63,7 +75,7 @@ async fn a_server_that_loses_the_module_is_decided_by_lua() {
     // The same key, now read and written by the library.
     let outcome = redis.decide(&subject, &policy, &check).await.unwrap();
     assert_eq!(outcome.decision.remaining, 1, "{outcome:?}");
-    assert_eq!(redis.engine(), "lua");
+    assert_eq!(redis.engine(), tollgate::EngineKind::Lua);
 }
 
 /// After a fault on its connection the store picks its engine again: a
@@ -81,7 +93,7 @@ async fn a_reconnected_store_picks_up_a_module_loaded_meanwhile() {
     let subject = Subject::new("upgraded");
     let check = Request::new(tollgate::Op::Check, 1);
     assert!(redis.decide(&subject, &policy, &check).await.unwrap().decision.allowed);
-    assert_eq!(redis.engine(), "lua");
+    assert_eq!(redis.engine(), tollgate::EngineKind::Lua);
     let module = common::redis_server::module_path().display().to_string();
     assert_eq!(server.cli(&["MODULE", "LOAD", &module]).trim(), "OK");
     // Cut the store's connection: its next call fails, and a later one
@@ -92,11 +104,11 @@ async fn a_reconnected_store_picks_up_a_module_loaded_meanwhile() {
         if let Ok(outcome) = redis.decide(&subject, &policy, &check).await {
             admitted += u64::from(outcome.decision.allowed);
         }
-        if redis.engine() == "module" {
+        if redis.engine() == tollgate::EngineKind::Module {
             break;
         }
     }
-    assert_eq!(redis.engine(), "module");
+    assert_eq!(redis.engine(), tollgate::EngineKind::Module);
     // The same key, now read and written by the module.
     let outcome = redis.decide(&subject, &policy, &check).await.unwrap();
     assert_eq!(outcome.decision.remaining, 100 - admitted - 1, "{outcome:?}");

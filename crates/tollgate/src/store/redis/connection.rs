@@ -41,6 +41,36 @@ pub enum EngineChoice {
     Lua,
 }
 
+/// The engine deciding on a Redis server.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// Tollgate's Redis module (`TOLLGATE.DECIDE`): the Rust algorithms
+    /// inside the server.
+    Module,
+    /// The Lua library (a functions library, or its script on Redis 6.2).
+    Lua,
+}
+
+impl EngineKind {
+    /// Every engine.
+    pub const ALL: [Self; 2] = [Self::Module, Self::Lua];
+
+    /// `module` or `lua`, as logs, metrics and `?engine=` name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Module => "module",
+            Self::Lua => "lua",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The calling convention's version the module must answer to
 /// `TOLLGATE.VERSION`.
 const MODULE_PROTOCOL: i64 = crate::engine::PROTOCOL;
@@ -83,11 +113,11 @@ impl Engine {
         }
     }
 
-    /// `module` or `lua`, for logs, metrics and `tollgate bench`.
-    pub(super) fn name(&self) -> &'static str {
+    /// Which engine this is.
+    pub(super) fn kind(&self) -> EngineKind {
         match self {
-            Self::Module(_) => "module",
-            Self::Function | Self::Script(_) => "lua",
+            Self::Module(_) => EngineKind::Module,
+            Self::Function | Self::Script(_) => EngineKind::Lua,
         }
     }
 

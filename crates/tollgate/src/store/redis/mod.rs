@@ -76,8 +76,8 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
-pub use self::connection::EngineChoice;
 use self::connection::{Connection, Engine, Followed};
+pub use self::connection::{EngineChoice, EngineKind};
 use self::url::Target;
 use super::{spread, Store};
 use crate::clock::{micros, Clock, Sleep, SystemClock, Timestamp};
@@ -407,7 +407,7 @@ impl Client {
             Err(error) if engine.is_module() && engine.is_lost(&error) => {
                 let found = Arc::new(self.connection.load_engine(self.choice).await?);
                 tracing::warn!(
-                    engine = found.name(),
+                    engine = %found.kind(),
                     "redis: the server no longer has the tollgate module"
                 );
                 *self.engine.write() = Arc::clone(&found);
@@ -434,9 +434,9 @@ impl Client {
         match self.connection.load_engine(self.choice).await {
             Ok(found) => {
                 let found = Arc::new(found);
-                if found.name() != self.engine.read().name() {
+                if found.kind() != self.engine.read().kind() {
                     tracing::info!(
-                        engine = found.name(),
+                        engine = %found.kind(),
                         "redis: the server now decides with another engine"
                     );
                 }
@@ -447,8 +447,8 @@ impl Client {
     }
 
     /// The engine deciding now.
-    fn engine(&self) -> &'static str {
-        self.engine.read().name()
+    fn engine(&self) -> EngineKind {
+        self.engine.read().kind()
     }
 }
 
@@ -663,12 +663,12 @@ impl RedisStore {
         &self.inner.prefix
     }
 
-    /// The engine deciding now: `"module"` (the Redis module's
-    /// `TOLLGATE.DECIDE`, the Rust algorithms inside the server) or `"lua"`
-    /// (the functions library, or its script on Redis 6.2). Chosen on
-    /// connect by `?engine=` in the URL (`auto`, the default, prefers the
-    /// module); a server that loses the module is decided by Lua from then on.
-    pub fn engine(&self) -> &'static str {
+    /// The engine deciding now: the Redis module's `TOLLGATE.DECIDE` (the
+    /// Rust algorithms inside the server) or the Lua library (the functions
+    /// library, or its script on Redis 6.2). Chosen on connect by
+    /// `?engine=` in the URL (`auto`, the default, prefers the module); a
+    /// server that loses the module is decided by Lua from then on.
+    pub fn engine(&self) -> EngineKind {
         self.inner.client.engine()
     }
 
