@@ -717,11 +717,19 @@ impl Worker {
                 }
                 if let (true, Some(follow_up)) = (outcome.decision.allowed, self.follow_up(cost, outcome.decided_at)) {
                     let granted = outcome.granted;
-                    match self.limiter.decide(subject, &follow_up).await {
-                        Ok(after) if self.op == BenchOp::CheckThenRecord => tally.units += after.granted,
+                    let followed = if self.op == BenchOp::Settle {
+                        // Through the settlement's own road (refunds of one
+                        // subject under way together go as one).
+                        let actual = cost - follow_up.cost;
+                        let settled = self.limiter.settle(subject, outcome.decided_at, cost, actual).await;
                         // The settlement gave back what it did not use.
-                        Ok(_) => tally.units -= granted.min(follow_up.cost),
-                        Err(error) => result = Err(error),
+                        settled.map(|_| tally.units -= granted.min(follow_up.cost))
+                    } else {
+                        let recorded = self.limiter.decide(subject, &follow_up).await;
+                        recorded.map(|after| tally.units += after.granted)
+                    };
+                    if let Err(error) = followed {
+                        result = Err(error);
                     }
                 }
             }

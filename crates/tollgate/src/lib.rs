@@ -51,6 +51,7 @@ pub mod engine;
 mod error;
 mod limiter;
 mod policy;
+mod settling;
 mod store;
 mod subject;
 #[cfg(feature = "tower")]

@@ -7,6 +7,7 @@ use crate::clock::Timestamp;
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
 use crate::policy::{Op, Policy, Request};
+use crate::settling::Settling;
 use crate::store::{MemoryStore, Store};
 use crate::subject::Subject;
 
@@ -18,6 +19,8 @@ use crate::subject::Subject;
 pub struct Limiter<S = MemoryStore> {
     store: S,
     policy: Arc<Policy>,
+    /// Settlements' refunds under way, shared by the clones.
+    settling: Arc<Settling>,
 }
 
 /// What [`Limiter::acquire`] got.
@@ -143,18 +146,12 @@ impl<S: Store> Settlement<S> {
     ///
     /// A store fault (the estimate then stays taken).
     pub async fn settle(self, actual: u64) -> Result<Decision> {
-        let (op, cost) = match actual.cmp(&self.estimate) {
-            std::cmp::Ordering::Equal => return Ok(self.decision),
-            std::cmp::Ordering::Less => (
-                Op::Refund {
-                    at: self.taken_at,
-                    lease: None,
-                },
-                self.estimate - actual,
-            ),
-            std::cmp::Ordering::Greater => (Op::Record, actual - self.estimate),
-        };
-        self.limiter.decision(&self.subject, op, cost).await
+        if actual == self.estimate {
+            return Ok(self.decision);
+        }
+        self.limiter
+            .settle(&self.subject, self.taken_at, self.estimate, actual)
+            .await
     }
 }
 
@@ -196,6 +193,7 @@ impl<S: Store> Limiter<S> {
         Self {
             store,
             policy: Arc::new(policy.into()),
+            settling: Arc::default(),
         }
     }
 
@@ -220,6 +218,38 @@ impl<S: Store> Limiter<S> {
 
     async fn decision(&self, subject: &Subject, op: Op, cost: u64) -> Result<Decision> {
         Ok(self.decide(subject, &Request::new(op, cost)).await?.decision)
+    }
+
+    /// Settles an estimate of `estimate` units that `subject` took at
+    /// `taken_at` (the store's instant, [`Outcome::decided_at`] of its
+    /// check) with the `actual` cost, as [`Settlement::settle`] does: for a
+    /// caller that keeps the estimate's instant rather than the settlement
+    /// (a settlement made by another task, or another request).
+    ///
+    /// On a shared store, the refunds of one subject that arrive while one
+    /// of its refunds is under way wait for it, then go to the store as one
+    /// refund of their summed cost (when every limit says such refunds add
+    /// up, [`Policy::refund_keys`]): a busy budget costs one store call per
+    /// round trip, not one per settlement. Each is answered with the limits
+    /// as they stand after the refund it went in.
+    ///
+    /// # Errors
+    ///
+    /// A store fault (the estimate then stays taken, or part of it: whether
+    /// a refund under way when its connection failed was made is unknown).
+    pub async fn settle(&self, subject: &Subject, taken_at: Timestamp, estimate: u64, actual: u64) -> Result<Decision> {
+        if actual > estimate {
+            return self.decision(subject, Op::Record, actual - estimate).await;
+        }
+        let refund = |at, cost| async move { self.decision(subject, Op::Refund { at, lease: None }, cost).await };
+        let cost = estimate - actual;
+        match self.policy.refund_keys(taken_at) {
+            Some(keys) if !self.store.in_process() => {
+                let key = (subject.clone(), keys);
+                self.settling.refund(key, taken_at, cost, refund).await
+            }
+            _ => refund(taken_at, cost).await,
+        }
     }
 
     /// Checks one unit, consuming it when allowed.

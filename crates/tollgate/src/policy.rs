@@ -277,6 +277,15 @@ impl Policy {
         self.limits.iter().map(|(name, limit)| (name.as_str(), limit))
     }
 
+    /// What a refund of units taken at `at` depends on besides its cost,
+    /// one key per limit, when every limit's refunds add up: two refunds
+    /// with the same keys, applied at one moment, do what one refund of
+    /// their summed cost does. `None` when a limit's do not (a sliding log
+    /// takes back entries of its own).
+    pub fn refund_keys(&self, at: Timestamp) -> Option<Vec<u64>> {
+        self.limits.iter().map(|(_, limit)| limit.refund_key(at)).collect()
+    }
+
     /// How many limits the policy holds.
     pub fn len(&self) -> usize {
         self.limits.len()

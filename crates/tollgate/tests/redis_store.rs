@@ -332,6 +332,53 @@ async fn concurrent_decisions_share_calls_and_stay_exact() {
     assert!(calls < 100, "100 decisions took {calls} calls");
 }
 
+/// Settlements of one subject that arrive while one of its refunds is under
+/// way go to Redis as one refund of their summed cost: 100 settlements at
+/// once take 2 refund calls (the first, then all the others), and every
+/// unit they give back comes back; a sliding log's refunds (entries of
+/// their own) still go one by one. (Batching off: each decision a call.)
+#[tokio::test]
+async fn concurrent_settlements_of_a_subject_go_as_one_refund() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url()).max_batch(1).connect().await.unwrap();
+    let hour = Duration::from_secs(3_600);
+    for (limit, refund_calls) in [
+        (Limit::fixed_window(100_000, hour).unwrap(), 2),
+        (Limit::token_bucket(100_000, 100_000, hour).unwrap(), 2),
+        (Limit::gcra(100_000, hour, 100_000).unwrap(), 2),
+        (Limit::sliding_log(100_000, hour).unwrap(), 100),
+    ] {
+        let name = limit.algorithm();
+        let limiter = tollgate::Limiter::new(redis.clone(), limit);
+        let subject = Subject::new("settle-together").and(name);
+        let mut settlements = Vec::new();
+        for _ in 0..100 {
+            match limiter.estimate(&subject, 100).await.unwrap() {
+                tollgate::Estimated::Admitted(settlement) => settlements.push(settlement),
+                tollgate::Estimated::Denied(_) => panic!("{name}: 100 × 100 fit in 100 000"),
+            }
+        }
+        assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+        // Polled together by one task: the first settlement's refund is
+        // under way while each of the others arrives.
+        let settled = futures_util::future::join_all(
+            settlements
+                .into_iter()
+                .enumerate()
+                .map(|(i, settlement)| settlement.settle(u64::try_from(i % 10).unwrap())),
+        )
+        .await;
+        assert!(settled.iter().all(Result::is_ok), "{name}: {settled:?}");
+        assert_eq!(library_calls(&server), refund_calls, "{name}: refund calls");
+        // Each used i % 10 of its 100: 100 × 4.5 used in all.
+        assert_eq!(
+            limiter.peek(&subject).await.unwrap().remaining,
+            100_000 - 450,
+            "{name}: every unused unit came back"
+        );
+    }
+}
+
 /// With batching off, every decision is a call of its own.
 #[tokio::test]
 async fn max_batch_one_sends_each_decision_alone() {

@@ -147,6 +147,15 @@ pub(crate) trait Algorithm: Copy {
         }
     }
 
+    /// What a refund of units taken at `at` depends on besides its cost,
+    /// when refunds add up: two refunds of one state with the same key,
+    /// applied at one moment, do what one refund of their summed cost does
+    /// (so concurrent settlements of a subject may go to the store as one).
+    /// `None`: they do not add up (each takes back entries of its own).
+    fn refund_key(&self, _at: u64) -> Option<u64> {
+        None
+    }
+
     /// Units that would be admitted now (`u64::MAX`: any cost).
     fn available(&self, state: Option<&Self::State>, now: u64) -> u64;
 

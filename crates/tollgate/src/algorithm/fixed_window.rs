@@ -214,6 +214,11 @@ impl Algorithm for FixedWindow {
         Ok(Self { limit, windows })
     }
 
+    /// Refunds give back to the count of the window holding `at`, and add up.
+    fn refund_key(&self, at: u64) -> Option<u64> {
+        self.windows.end_of(at)
+    }
+
     fn capacity(&self) -> u64 {
         self.limit
     }

@@ -135,6 +135,11 @@ impl Algorithm for LeakyBucket {
         })
     }
 
+    /// Refunds give back to the count and add up, whenever the units were taken.
+    fn refund_key(&self, _at: u64) -> Option<u64> {
+        Some(0)
+    }
+
     fn capacity(&self) -> u64 {
         self.capacity
     }

@@ -12,6 +12,7 @@ use super::fixed_window::FixedWindowSpec;
 use super::gcra::Gcra;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, Refill, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
+use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 
 /// A validated limit: one algorithm with its parameters.
@@ -469,6 +470,12 @@ impl Limit {
     pub(crate) fn lapsed(&self, units: u64, elapsed: Duration) -> u64 {
         let elapsed = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         dispatch!(&self.kind, p => p.lapsed(units, elapsed))
+    }
+
+    /// What a refund of units taken at `at` depends on besides its cost,
+    /// when refunds add up ([`Algorithm::refund_key`]).
+    pub(crate) fn refund_key(&self, at: Timestamp) -> Option<u64> {
+        dispatch!(&self.kind, p => p.refund_key(at.as_micros()))
     }
 
     /// True when the limit may be leased ([`Limit::with_lease`]).

@@ -163,6 +163,11 @@ impl Algorithm for Reservation {
         })
     }
 
+    /// Refunds give back to the count and add up, whenever the units were taken.
+    fn refund_key(&self, _at: u64) -> Option<u64> {
+        Some(0)
+    }
+
     fn capacity(&self) -> u64 {
         self.max_burst + 1
     }

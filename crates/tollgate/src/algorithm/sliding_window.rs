@@ -212,6 +212,11 @@ impl Algorithm for SlidingWindow {
         Ok(Self { limit, window, buckets })
     }
 
+    /// Refunds give back to the count of the sub-interval holding `at`, and add up.
+    fn refund_key(&self, at: u64) -> Option<u64> {
+        Some(at - at % self.sub())
+    }
+
     fn capacity(&self) -> u64 {
         self.limit
     }

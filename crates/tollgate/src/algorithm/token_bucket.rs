@@ -288,6 +288,11 @@ impl Algorithm for TokenBucket {
         })
     }
 
+    /// Refunds give back to the count and add up, whenever the units were taken.
+    fn refund_key(&self, _at: u64) -> Option<u64> {
+        Some(0)
+    }
+
     fn capacity(&self) -> u64 {
         self.capacity
     }
