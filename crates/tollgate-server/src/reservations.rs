@@ -30,7 +30,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Tokio's clock, which a test may pause and advance.
+use tokio::time::Instant;
 
 use crate::service::{Adjustment, CheckRequest, CheckResponse, Code, Cost, Service, ServiceError};
 

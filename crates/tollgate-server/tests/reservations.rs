@@ -1,0 +1,74 @@
+//! Reservations that nobody settles: their time to live is kept on tokio's
+//! clock, paused and advanced here (no test waits for time).
+#![recursion_limit = "256"]
+
+use std::time::Duration;
+
+use tollgate::{AnyStore, ManualClock, MemoryStore, Timestamp};
+use tollgate_server::config::Domain;
+use tollgate_server::service::{CheckRequest, Code, Descriptor, ServiceError};
+use tollgate_server::{Config, Options, Service};
+
+const BUDGET: &str = "
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 1000}
+";
+
+/// Noon, far from a day's boundary.
+const NOON: u64 = 1_699_963_200_000_000;
+
+fn service() -> Service {
+    let domain = Domain::parse(BUDGET, std::path::Path::new("budget.yaml")).expect("the config loads");
+    let config = Config {
+        domains: [(domain.domain.clone(), domain)].into(),
+    };
+    let store = MemoryStore::with_clock(ManualClock::new(Timestamp::from_micros(NOON)));
+    Service::new(config, AnyStore::Memory(store), Options::default())
+}
+
+fn request(hits: u64) -> CheckRequest {
+    CheckRequest {
+        domain: "llm".to_owned(),
+        descriptors: vec![Descriptor::entries(vec![("tenant".to_owned(), "acme".to_owned())])],
+        hits,
+        hits_addend: hits,
+    }
+}
+
+async fn remaining(service: &Service) -> u64 {
+    let peek = service.should_rate_limit(&request(0)).await.unwrap();
+    peek.statuses[0].limit_remaining
+}
+
+/// Settled before its time to live ends, a reservation gives back what was
+/// not used; once it has ended, its id is not found and the estimate stays
+/// counted (settled at its estimate); settling again says so, and nothing
+/// changes.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_nobody_settles_is_settled_at_its_estimate_when_its_ttl_ends() {
+    let service = service();
+    let ttl = Duration::from_secs(60);
+    let kept = service.reserve(&request(400), Some(ttl)).await.unwrap();
+    let lapsing = service.reserve(&request(300), Some(ttl)).await.unwrap();
+    assert_eq!(kept.response.overall, Code::Ok);
+    assert_eq!(remaining(&service).await, 300);
+
+    tokio::time::advance(Duration::from_millis(59_999)).await;
+    let settled = service.settle(kept.id.as_deref().unwrap(), 100).await.unwrap();
+    assert_eq!(settled.statuses[0].limit_remaining, 600, "300 came back in time");
+
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let late = service.settle(lapsing.id.as_deref().unwrap(), 0).await;
+    match late {
+        Err(ServiceError::NotFound(message)) => assert!(message.contains("expired"), "{message}"),
+        other => panic!("expected not found, got {other:?}"),
+    }
+    assert_eq!(remaining(&service).await, 600, "the estimate of 300 stays counted");
+    let kept_again = service.settle(kept.id.as_deref().unwrap(), 100).await;
+    assert!(
+        matches!(kept_again, Err(ServiceError::NotFound(_))),
+        "a settled reservation also lapses with its time to live: {kept_again:?}"
+    );
+}
