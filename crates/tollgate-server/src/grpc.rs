@@ -13,7 +13,7 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, ListValue, Struct, Value as ProtoValue};
 use tonic::{Request, Response, Status};
 
-use crate::service::{CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError, Target};
+use crate::service::{CheckRequest, CheckResponse, Code, Descriptor, Failure, Service, ServiceError, Target};
 use crate::unit::Unit;
 
 /// The gRPC front end.
@@ -35,14 +35,14 @@ impl Grpc {
 /// Negative hits and overrides with an unknown unit are refused.
 pub(crate) fn descriptor(index: usize, descriptor: RateLimitDescriptor) -> Result<Descriptor, ServiceError> {
     if descriptor.is_negative_hits {
-        return Err(ServiceError::InvalidArgument(format!(
+        return Err(ServiceError::invalid(format!(
             "descriptors[{index}].is_negative_hits is not supported"
         )));
     }
     let limit_override = match descriptor.limit {
         Some(limit) => {
             let unit = Unit::from_proto(limit.unit)
-                .ok_or_else(|| ServiceError::InvalidArgument(format!("descriptors[{index}].limit.unit is unknown")))?;
+                .ok_or_else(|| ServiceError::invalid(format!("descriptors[{index}].limit.unit is unknown")))?;
             Some((u64::from(limit.requests_per_unit), unit))
         }
         None => None,
@@ -135,12 +135,13 @@ fn proto_value(value: serde_json::Value) -> ProtoValue {
     ProtoValue { kind: Some(kind) }
 }
 
-fn status(error: ServiceError) -> Status {
-    match error {
-        ServiceError::InvalidArgument(message) => Status::invalid_argument(message),
-        ServiceError::Unavailable(message) => Status::unavailable(message),
-        ServiceError::NotFound(message) => Status::not_found(message),
-        ServiceError::Conflict(message) => Status::failed_precondition(message),
+fn status(error: &ServiceError) -> Status {
+    let message = error.to_string();
+    match error.kind() {
+        Failure::InvalidArgument => Status::invalid_argument(message),
+        Failure::Unavailable => Status::unavailable(message),
+        Failure::NotFound => Status::not_found(message),
+        Failure::Conflict => Status::failed_precondition(message),
     }
 }
 
@@ -157,7 +158,7 @@ impl RateLimitService for Grpc {
             .enumerate()
             .map(|(index, each)| descriptor(index, each))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(status)?;
+            .map_err(|error| status(&error))?;
         let check = CheckRequest {
             domain: request.domain,
             descriptors,
@@ -165,7 +166,7 @@ impl RateLimitService for Grpc {
             hits: u64::from(request.hits_addend).max(1),
             hits_addend: u64::from(request.hits_addend),
         };
-        let answer = self.service.should_rate_limit(&check).await.map_err(status)?;
+        let answer = self.service.should_rate_limit(&check).await.map_err(|error| status(&error))?;
         Ok(Response::new(response(answer)))
     }
 }

@@ -13,103 +13,30 @@
 //! `detailed_metric` / `value_to_metric` the request's own values.
 
 use std::hash::BuildHasher as _;
+
 use std::sync::RwLock;
+
 use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
+
 use prometheus_client::metrics::family::Family;
+
 use prometheus_client::metrics::gauge::Gauge;
+
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::metrics::{MetricType, TypedMetric};
+
 use prometheus_client::registry::Registry;
-use tollgate::{EngineKind, Path};
 
-use crate::service::Usage;
+use tollgate::{Decision, EngineKind, Path};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RuleLabels {
-    domain: String,
-    rule: String,
-}
+mod labels;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PathLabels {
-    path: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EngineLabels {
-    engine: &'static str,
-}
-
-/// Registers `decisions_by_path` and returns its counters, in the order of [`Path::ALL`].
-fn register_paths(registry: &mut Registry) -> [Counter; Path::ALL.len()] {
-    let paths = Family::<PathLabels, Counter>::default();
-    let counters = Path::ALL.map(|path| {
-        paths
-            .get_or_create(&PathLabels {
-                path: path.as_str().to_owned(),
-            })
-            .clone()
-    });
-    registry.register(
-        "decisions_by_path",
-        "Store calls by what decided them: store (Redis or memory), local (the \
-         in-process fallback while Redis fails), policy (--on-store-error open or \
-         closed), deny_cache (a denial answered again until its retry_after), \
-         leased (a block of units this process took earlier, or a denial it remembers)",
-        paths,
-    );
-    counters
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DomainLabels {
-    domain: String,
-}
-
-/// The labels envoyproxy/ratelimit's statsd exporter mapping gives its stats:
-/// the domain and the first two parts of the descriptor path (`key2` empty,
-/// so absent, for a path of one part).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KeyLabels {
-    domain: String,
-    key1: String,
-    key2: Option<String>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorLabels {
-    err_type: &'static str,
-}
-
-/// A counter exported under its bare name, as envoyproxy/ratelimit's are
-/// (OpenMetrics would add `_total` to a counter's): an untyped sample.
-#[derive(Clone, Debug, Default)]
-struct Untyped(Counter);
-
-impl Untyped {
-    fn inc_by(&self, by: u64) {
-        self.0.inc_by(by);
-    }
-}
-
-impl TypedMetric for Untyped {
-    const TYPE: MetricType = MetricType::Unknown;
-}
-
-impl EncodeMetric for Untyped {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        encoder.encode_gauge(&self.0.get())
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Unknown
-    }
-}
+use labels::{
+    register_paths, upstream_labels, DomainLabels, EngineLabels, ErrorLabels, KeyLabels, RuleLabels, Untyped,
+};
 
 type HistogramFamily = Family<DomainLabels, Histogram, fn() -> Histogram>;
 
@@ -459,85 +386,46 @@ impl Metrics {
     }
 }
 
-/// The labels of a stat key as envoyproxy/ratelimit's statsd exporter
-/// mapping makes them, after its stat name sanitizing (`:` and `|` become
-/// `_`, so do the dots of an IPv4 address).
-fn upstream_labels(domain: &str, key: &str) -> KeyLabels {
-    let full = sanitize(&format!("{domain}.{key}"));
-    let mut parts = full.split('.');
-    KeyLabels {
-        domain: parts.next().unwrap_or_default().to_owned(),
-        key1: parts.next().unwrap_or_default().to_owned(),
-        key2: parts.next().map(str::to_owned),
-    }
-}
-
-/// envoyproxy/ratelimit's `SanitizeStatName`.
-fn sanitize(name: &str) -> String {
-    let name = name.replace([':', '|'], "_");
-    let bytes = name.as_bytes();
-    let mut out = String::with_capacity(name.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        if let Some(len) = ipv4_at(&bytes[at..]) {
-            out.push_str(&name[at..at + len].replace('.', "_"));
-            at += len;
-        } else {
-            let next = name[at..].chars().next().map_or(1, char::len_utf8);
-            out.push_str(&name[at..at + next]);
-            at += next;
-        }
-    }
-    out
-}
-
-/// The length of `\d{1,3}(\.\d{1,3}){3}` at the start of `bytes`, if any
-/// (the longest match, as Go's leftmost-first regexp finds it).
-fn ipv4_at(bytes: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    for group in 0..4 {
-        if group > 0 {
-            if bytes.get(at) != Some(&b'.') {
-                return None;
-            }
-            at += 1;
-        }
-        let digits = bytes[at..]
-            .iter()
-            .take(3)
-            .take_while(|byte| byte.is_ascii_digit())
-            .count();
-        if digits == 0 {
-            return None;
-        }
-        at += digits;
-    }
-    Some(at)
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// What one descriptor did to its limit, as envoyproxy/ratelimit's stats
+/// count it: hits used before and after the request, of `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// The limit.
+    pub limit: u64,
+    /// Hits used before this request.
+    pub before: u64,
+    /// Hits used with this request's (what it would have used, when over).
+    pub after: u64,
+    /// Over the limit.
+    pub over: bool,
+    /// The rule is in shadow mode.
+    pub shadow: bool,
+}
 
-    #[test]
-    fn stat_names_are_sanitized_as_envoyproxy_ratelimit_does() {
-        assert_eq!(sanitize("d.remote_address_50.0.0.5"), "d.remote_address_50_0_0_5");
-        assert_eq!(sanitize("d.a:b|c"), "d.a_b_c");
-        assert_eq!(sanitize("d.v1.2.3"), "d.v1.2.3");
-        assert_eq!(
-            upstream_labels("d", "key1_value1.subkey1.deeper"),
-            KeyLabels {
-                domain: "d".to_owned(),
-                key1: "key1_value1".to_owned(),
-                key2: Some("subkey1".to_owned()),
-            }
-        );
-        assert_eq!(upstream_labels("d", "k").key2, None);
+impl Usage {
+    /// The usage a library decision reports, for `hits`.
+    pub fn of(decision: &Decision, hits: u64, shadow: bool) -> Self {
+        let used = decision.limit.saturating_sub(decision.remaining);
+        let (before, after) = if decision.allowed {
+            (used.saturating_sub(hits), used)
+        } else {
+            (used, used.saturating_add(hits))
+        };
+        Self {
+            limit: decision.limit,
+            before,
+            after,
+            over: !decision.allowed,
+            shadow,
+        }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -35,7 +35,7 @@ use std::time::Duration;
 // Tokio's clock, which a test may pause and advance.
 use tokio::time::Instant;
 
-use crate::service::{Adjustment, CheckRequest, CheckResponse, Code, Cost, Service, ServiceError};
+use crate::service::{Adjustment, CheckRequest, CheckResponse, Code, Cost, Failure, Service, ServiceError};
 
 /// The most reservations open at once; more is refused (503).
 pub const MAX_OPEN: usize = 100_000;
@@ -128,7 +128,7 @@ impl Service {
     pub async fn reserve(&self, request: &CheckRequest, ttl: Option<Duration>) -> Result<Reserved, ServiceError> {
         let ttl = ttl.unwrap_or(DEFAULT_TTL);
         if ttl.is_zero() || ttl > MAX_TTL {
-            return Err(ServiceError::InvalidArgument(format!(
+            return Err(ServiceError::invalid(format!(
                 "ttl must be more than zero and at most {} s",
                 MAX_TTL.as_secs()
             )));
@@ -138,7 +138,7 @@ impl Service {
             .iter()
             .position(|descriptor| descriptor.hits_addend.is_some())
         {
-            return Err(ServiceError::InvalidArgument(format!(
+            return Err(ServiceError::invalid(format!(
                 "descriptors[{index}].cost: a reservation takes one estimate for the request (its cost)"
             )));
         }
@@ -152,7 +152,10 @@ impl Service {
                     settled: tokio::sync::Mutex::new(None),
                 };
                 let id = self.reservations.open(reservation).ok_or_else(|| {
-                    ServiceError::Unavailable(format!("{MAX_OPEN} reservations are open: settle some first"))
+                    ServiceError::Refused(
+                        Failure::Unavailable,
+                        format!("{MAX_OPEN} reservations are open: settle some first"),
+                    )
                 })?;
                 Some(id)
             }
@@ -172,18 +175,20 @@ impl Service {
     /// again).
     pub async fn settle(&self, id: &str, actual: u64) -> Result<CheckResponse, ServiceError> {
         let reservation = self.reservations.get(id).ok_or_else(|| {
-            ServiceError::NotFound(format!(
-                "reservation \"{id}\" is unknown or has expired (an expired one is settled at its estimate)"
-            ))
+            ServiceError::Refused(
+                Failure::NotFound,
+                format!("reservation \"{id}\" is unknown or has expired (an expired one is settled at its estimate)"),
+            )
         })?;
         let mut settled = reservation.settled.lock().await;
         if let Some((settled_with, response)) = &*settled {
             return if *settled_with == actual {
                 Ok(response.clone())
             } else {
-                Err(ServiceError::Conflict(format!(
-                    "reservation \"{id}\" was settled with {settled_with}, not {actual}"
-                )))
+                Err(ServiceError::Refused(
+                    Failure::Conflict,
+                    format!("reservation \"{id}\" was settled with {settled_with}, not {actual}"),
+                ))
             };
         }
         let estimate = reservation.request.hits;

@@ -125,9 +125,9 @@ impl Engine {
     /// or a new master without the module).
     pub(super) fn is_lost(&self, error: &redis::RedisError) -> bool {
         match self {
-            Self::Module(_) => is_unknown_command(error),
-            Self::Function => error.to_string().contains("Function not found"),
-            Self::Script(_) => error.code() == Some("NOSCRIPT") || error.to_string().contains("NOSCRIPT"),
+            Self::Module(_) => Fault::of(error) == Fault::UnknownCommand,
+            Self::Function => Fault::of(error) == Fault::NoFunction,
+            Self::Script(_) => Fault::of(error) == Fault::NoScript,
         }
     }
 }
@@ -223,9 +223,62 @@ pub(super) async fn load_library<C: ConnectionLike + Send>(connection: &mut C) -
     }
 }
 
+/// What a Redis error means to the store, recognised here once; the rest of
+/// the store matches on the kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fault {
+    /// The server has no such command (no module) or subcommand.
+    UnknownCommand,
+    /// `FCALL` of a function the server does not hold (flushed).
+    NoFunction,
+    /// `EVALSHA` of a script the server does not hold (flushed, restarted).
+    NoScript,
+    /// The server is a replica now.
+    ReadOnly,
+    /// The connection failed, was refused or dropped.
+    Connection,
+    /// Anything else.
+    Other,
+}
+
+impl Fault {
+    /// The kind of `error`. Redis gives most a code of their own (which
+    /// redis-rs reads into its kind); an unknown command and a missing
+    /// function come as a plain `ERR` whose detail says which, and Redis
+    /// 6.2 wraps a script's `READONLY` and `NOSCRIPT` in its own `ERR
+    /// Error running script`: those are read from the detail.
+    pub(super) fn of(error: &redis::RedisError) -> Self {
+        use redis::{ErrorKind, ServerErrorKind};
+        if error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || error.is_unrecoverable_error()
+        {
+            return Self::Connection;
+        }
+        match error.kind() {
+            ErrorKind::Server(ServerErrorKind::NoScript) => return Self::NoScript,
+            ErrorKind::Server(ServerErrorKind::ReadOnly) => return Self::ReadOnly,
+            _ => {}
+        }
+        let detail = error.detail().unwrap_or_default();
+        let starts = |prefix: &str| detail.get(..prefix.len()).is_some_and(|head| head.eq_ignore_ascii_case(prefix));
+        if starts("unknown command") || starts("unknown subcommand") {
+            Self::UnknownCommand
+        } else if starts("Function not found") {
+            Self::NoFunction
+        } else if detail.contains("READONLY") {
+            Self::ReadOnly
+        } else if detail.contains("NOSCRIPT") {
+            Self::NoScript
+        } else {
+            Self::Other
+        }
+    }
+}
+
 fn is_unknown_command(error: &redis::RedisError) -> bool {
-    let text = error.to_string().to_ascii_lowercase();
-    text.contains("unknown command") || text.contains("unknown subcommand")
+    Fault::of(error) == Fault::UnknownCommand
 }
 
 /// An engine's reply: its integers as one bulk string of 8-byte
@@ -390,12 +443,7 @@ struct Master {
 /// A fault after which the master may have moved: the connection failed, or
 /// the server is now a replica.
 fn master_may_have_moved(error: &redis::RedisError) -> bool {
-    error.is_io_error()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        || error.is_unrecoverable_error()
-        || error.code() == Some("READONLY")
-        || error.to_string().contains("READONLY")
+    matches!(Fault::of(error), Fault::Connection | Fault::ReadOnly)
 }
 
 impl Followed {
@@ -510,5 +558,26 @@ mod tests {
             "WRONGTYPE Operation against a key holding the wrong kind of value",
         ));
         assert!(!master_may_have_moved(&wrong_type));
+    }
+
+    #[test]
+    fn faults_are_told_apart_by_code_and_by_the_detail_of_a_plain_err() {
+        use redis::{ErrorKind, ServerErrorKind};
+        let server = |kind: ServerErrorKind, detail: &str| redis::RedisError::from((ErrorKind::Server(kind), "", detail.to_owned()));
+        let plain = |detail: &str| {
+            redis::RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "", detail.to_owned()))
+        };
+        for (error, fault) in [
+            (server(ServerErrorKind::NoScript, "No matching script."), Fault::NoScript),
+            (server(ServerErrorKind::ReadOnly, "You can't write against a read only replica."), Fault::ReadOnly),
+            (plain("unknown command 'TOLLGATE.DECIDE', with args beginning with:"), Fault::UnknownCommand),
+            (plain("Unknown subcommand 'x'."), Fault::UnknownCommand),
+            (plain("Function not found"), Fault::NoFunction),
+            (plain("Error running script (call to f_1): @user_script:1: @user_script: 1: -READONLY You can't write against a read only replica."), Fault::ReadOnly),
+            (plain("wrong number of arguments"), Fault::Other),
+            (redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)), Fault::Connection),
+        ] {
+            assert_eq!(Fault::of(&error), fault, "{error}");
+        }
     }
 }

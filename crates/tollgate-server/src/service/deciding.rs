@@ -1,0 +1,209 @@
+//! Deciding the limits of a request's items in the store, counted as
+//! envoyproxy/ratelimit counts them (see the module above).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tollgate::{Decision, Limit, Op, Policy, Request, Store, Subject};
+
+use super::matching::{Item, Matched};
+use super::Service;
+
+impl Service {
+    /// Decides the limits of `items` (see [`Service::should_rate_limit`]),
+    /// leaving each one's decision in it; the instant the store decided at
+    /// (the latest, over several calls), if it was asked.
+    pub(super) async fn decide_all(&self, items: &mut [Item<'_>], hits: Cost) -> Result<Option<u64>, tollgate::Error> {
+        let mut decided_at: Option<u64> = None;
+        let note = |seen: Option<u64>, at: u64| Some(seen.map_or(at, |seen| seen.max(at)));
+        // Shadow descriptors: each alone (they never refuse the others).
+        let shadows: Vec<usize> = (0..items.len())
+            .filter(|&index| items[index].limited().is_some() && items[index].shadow)
+            .collect();
+        let outcomes = join_all(shadows.chunks(1).map(|one| self.decide_together(&*items, one, hits))).await;
+        for outcome in outcomes {
+            let (decisions, at) = outcome?;
+            decided_at = note(decided_at, at);
+            set_decisions(items, decisions);
+        }
+        // Quota-mode descriptors: all of them (shadow ones included), and
+        // those that already failed (blocked ones).
+        let total_quota = items
+            .iter()
+            .filter(|item| item.quota && (item.limited().is_some() || matches!(item.matched, Matched::Blocked)))
+            .count();
+        let mut failed_quota = items
+            .iter()
+            .filter(|item| item.quota && matches!(item.matched, Matched::Blocked) && item.is_over())
+            .count();
+        let mut batch: Vec<usize> = (0..items.len()).filter(|&index| items[index].is_enforced()).collect();
+        if !self.options.stop_increment_when_over && hits == Cost::Hits {
+            // Upstream's default: every descriptor counted as upstream counts
+            // adds its hits, over or not, whatever the others say.
+            let recording: Vec<usize> = batch
+                .iter()
+                .copied()
+                .filter(|&index| {
+                    items[index]
+                        .limited()
+                        .is_some_and(|limited| limited.limit.records_overage())
+                })
+                .collect();
+            if !recording.is_empty() {
+                let (decisions, at) = self.decide_together(&*items, &recording, Cost::Record).await?;
+                decided_at = note(decided_at, at);
+                set_decisions(items, decisions);
+                batch.retain(|index| !recording.contains(index));
+            }
+        }
+        // A blocking rule already refuses the request (one outside quota
+        // mode, or every quota-mode descriptor): the others are only looked
+        // at, so that a refused request consumes nothing.
+        let blocked = items
+            .iter()
+            .any(|item| !item.quota && matches!(item.matched, Matched::Blocked) && item.is_over());
+        if blocked || (total_quota > 0 && failed_quota == total_quota) {
+            if !batch.is_empty() {
+                let (decisions, at) = self.decide_together(&*items, &batch, Cost::Peek).await?;
+                decided_at = note(decided_at, at);
+                set_decisions(items, decisions);
+            }
+            return Ok(decided_at);
+        }
+        loop {
+            if batch.is_empty() {
+                return Ok(decided_at);
+            }
+            let (decisions, at) = self.decide_together(&*items, &batch, hits).await?;
+            decided_at = note(decided_at, at);
+            set_decisions(items, decisions);
+            let mut enforced_denied = false;
+            let mut newly_failed = 0;
+            for &index in &batch {
+                if items[index].is_over() {
+                    if items[index].quota {
+                        newly_failed += 1;
+                    } else {
+                        enforced_denied = true;
+                    }
+                }
+            }
+            // Refused (nothing consumed), or admitted (all consumed).
+            if enforced_denied || newly_failed == 0 || failed_quota + newly_failed == total_quota {
+                return Ok(decided_at);
+            }
+            // Some quota-mode descriptors are over but the request goes on:
+            // decide again without them, so that the others consume.
+            failed_quota += newly_failed;
+            batch.retain(|&index| !items[index].is_over());
+        }
+    }
+
+    /// Decides the limits of `items` at `indices` as one all-or-nothing
+    /// policy; each one's decision (by its index), and the store's instant.
+    pub(super) async fn decide_together(
+        &self,
+        items: &[Item<'_>],
+        indices: &[usize],
+        cost: Cost,
+    ) -> Result<(Vec<(usize, Decision)>, u64), tollgate::Error> {
+        // A descriptor sent twice is one limit, weighing the sum of its hits.
+        let mut slot_by_key: HashMap<(&Subject, &str), usize> = HashMap::with_capacity(indices.len());
+        let mut subjects: Vec<Subject> = Vec::with_capacity(indices.len());
+        let mut limits: Vec<(String, Limit)> = Vec::with_capacity(indices.len());
+        let mut costs: Vec<u64> = Vec::with_capacity(indices.len());
+        let mut slot_of = Vec::with_capacity(indices.len());
+        for &index in indices {
+            let item = &items[index];
+            let Some(limited) = item.limited() else { continue };
+            let next = limits.len();
+            let slot = *slot_by_key
+                .entry((&limited.subject, limited.name.as_str()))
+                .or_insert(next);
+            let hits = match cost {
+                Cost::Hits | Cost::Estimate | Cost::Record | Cost::Refund { .. } => item.hits,
+                Cost::Peek => 0,
+            };
+            if slot == next {
+                subjects.push(limited.subject.clone());
+                let limit = if cost == Cost::Estimate {
+                    limited.limit.clone().refusing_overage()
+                } else {
+                    limited.limit.clone()
+                };
+                limits.push((limited.name.clone(), limit));
+                costs.push(hits);
+            } else {
+                costs[slot] = costs[slot].saturating_add(hits);
+            }
+            slot_of.push((index, slot));
+        }
+        let policy = Policy::spread(limits)?;
+        let op = match cost {
+            Cost::Hits | Cost::Estimate => gateway_op(&policy),
+            Cost::Record => Op::Record,
+            Cost::Refund { at } => Op::Refund {
+                at: tollgate::Timestamp::from_micros(at),
+                lease: None,
+            },
+            Cost::Peek => Op::Check,
+        };
+        let request = Request::new(op, costs.iter().copied().max().unwrap_or(0)).with_costs(costs);
+        let outcome = self.store.decide_spread(&subjects, &policy, &request).await?;
+        self.metrics.path(outcome.path);
+        let decisions = slot_of
+            .into_iter()
+            .map(|(index, slot)| (index, outcome.limits[slot].1.clone()))
+            .collect();
+        Ok((decisions, outcome.decided_at.as_micros()))
+    }
+}
+
+/// How [`Service::adjust`] changes a request's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Adjustment {
+    /// Give back the hits taken at `at` (µs since the epoch).
+    Refund { at: u64 },
+    /// Count the hits, whether or not they fit.
+    Record,
+}
+
+/// What the limits of a request are decided for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cost {
+    /// Each descriptor's hits.
+    Hits,
+    /// Each descriptor's hits, an estimate: all-or-nothing, a limit that
+    /// records its overage counts nothing when refused.
+    Estimate,
+    /// Each descriptor's hits, counted whether or not they fit.
+    Record,
+    /// Each descriptor's hits given back, taken at `at` (µs).
+    Refund { at: u64 },
+    /// Nothing: a look at each limit (the request is refused already).
+    Peek,
+}
+
+/// Puts each decision into the item at its index.
+pub(super) fn set_decisions(items: &mut [Item<'_>], decisions: Vec<(usize, Decision)>) {
+    for (index, decision) in decisions {
+        if let Matched::Limited(limited) = &mut items[index].matched {
+            limited.decision = Some(decision);
+        }
+    }
+}
+
+/// The operation a gateway request runs on `policy`: a check, or, when a
+/// rule is a concurrency limit, an acquire whose lease ends with its ttl (a
+/// gateway request has no release).
+fn gateway_op(policy: &Policy) -> Op {
+    if policy.has_concurrency() {
+        Op::Acquire {
+            lease: format!("{:016x}", fastrand::u64(..)),
+            max_wait: Some(Duration::ZERO),
+        }
+    } else {
+        Op::Check
+    }
+}

@@ -1,0 +1,273 @@
+//! From a request to its descriptors' rules: validation, and one [`Item`]
+//! per descriptor carrying what applies to it.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tollgate::{Decision, Limit, Subject};
+
+use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_HITS, RULE};
+use crate::config::{Domain, Quota, Rule};
+
+/// One descriptor on its way through the service: what it matched, then
+/// its decision and its status.
+pub(super) struct Item<'a> {
+    /// Hits it adds (0: a peek).
+    pub(super) hits: u64,
+    /// The configured rule that applied, if any (none for Envoy's override).
+    pub(super) rule: Option<&'a Rule>,
+    /// What applies to it.
+    pub(super) matched: Matched,
+    /// envoyproxy/ratelimit's stat key, without the domain.
+    pub(super) stat_key: Cow<'a, str>,
+    /// In quota mode.
+    pub(super) quota: bool,
+    /// In shadow mode.
+    pub(super) shadow: bool,
+    /// Its rule's metadata, for the dynamic metadata.
+    pub(super) metadata: Option<&'a serde_json::Value>,
+    /// The answer, filled in as the request is decided.
+    pub(super) status: DescriptorStatus,
+}
+
+/// What applies to a descriptor.
+pub(super) enum Matched {
+    /// No rule: OK, with nothing counted.
+    Nothing,
+    /// An unlimited rule: OK, with everything remaining.
+    Unlimited,
+    /// A rule of `requests_per_unit: 0`: over (but for a peek), consuming nothing.
+    Blocked,
+    /// A limit, decided in the store.
+    Limited(Box<Limited>),
+}
+
+/// A limit that applies in this request.
+pub(super) struct Limited {
+    pub(super) limit: Limit,
+    /// The descriptor: the domain and its entries.
+    pub(super) subject: Subject,
+    /// The counter's name within the subject.
+    pub(super) name: String,
+    /// A fixed window's length (its reset is the window's end).
+    pub(super) window: Option<Duration>,
+    /// The store's decision, once made.
+    pub(super) decision: Option<Decision>,
+}
+
+impl Item<'_> {
+    pub(super) fn limited(&self) -> Option<&Limited> {
+        match &self.matched {
+            Matched::Limited(limited) => Some(limited),
+            _ => None,
+        }
+    }
+
+    /// Decided in the store, and enforced (not in shadow mode).
+    pub(super) fn is_enforced(&self) -> bool {
+        self.limited().is_some() && !self.shadow
+    }
+
+    /// Over its limit, as far as the overall code is concerned.
+    pub(super) fn is_over(&self) -> bool {
+        match &self.matched {
+            Matched::Blocked => self.hits > 0 && !self.shadow,
+            Matched::Limited(limited) => limited.decision.as_ref().is_some_and(|decision| !decision.allowed),
+            Matched::Nothing | Matched::Unlimited => false,
+        }
+    }
+}
+
+impl Service {
+    pub(super) fn validate(&self, request: &CheckRequest) -> Result<(), ServiceError> {
+        if request.domain.is_empty() {
+            return Err(ServiceError::invalid("domain must not be empty"));
+        }
+        if request.descriptors.is_empty() {
+            return Err(ServiceError::invalid("descriptors must not be empty"));
+        }
+        let most = self.options.max_descriptors;
+        if request.descriptors.len() > most {
+            return Err(ServiceError::invalid(format!(
+                "descriptors: {} given, at most {most} per request (MAX_DESCRIPTORS, --max-descriptors)",
+                request.descriptors.len()
+            )));
+        }
+        if request.hits > MAX_HITS {
+            return Err(ServiceError::invalid(format!("hits_addend must be at most {MAX_HITS}")));
+        }
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            match &descriptor.target {
+                Target::Entries(entries) if entries.is_empty() => {
+                    return Err(ServiceError::invalid(format!("descriptors[{index}] has no entries")));
+                }
+                Target::Entries(entries) if entries.iter().any(|(key, _)| key.is_empty()) => {
+                    return Err(ServiceError::invalid(format!(
+                        "descriptors[{index}] has an entry without a key"
+                    )));
+                }
+                Target::Named { limit, .. } if limit.is_empty() => {
+                    return Err(ServiceError::invalid("limit must not be empty"));
+                }
+                _ => {}
+            }
+            if descriptor.hits_addend.is_some_and(|hits| hits > MAX_HITS) {
+                return Err(ServiceError::invalid(format!(
+                    "descriptors[{index}].hits_addend must be at most {MAX_HITS}"
+                )));
+            }
+            if let Some((requests, _)) = descriptor.limit_override {
+                if requests == 0 {
+                    return Err(ServiceError::invalid(format!(
+                        "descriptors[{index}].limit.requests_per_unit must be at least 1"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds what applies to each descriptor of `request`, and drops the
+    /// rules that a matched rule `replaces`.
+    pub(super) fn match_rules<'a>(
+        &self,
+        request: &'a CheckRequest,
+        domain: Option<&'a Domain>,
+    ) -> Result<Vec<Item<'a>>, ServiceError> {
+        let mut items = Vec::with_capacity(request.descriptors.len());
+        let mut replacing: HashSet<&'a str> = HashSet::new();
+        for descriptor in &request.descriptors {
+            let item = self.match_one(&request.domain, domain, descriptor, request.hits)?;
+            if let Some(rule) = item.rule {
+                replacing.extend(rule.replaces.iter().map(String::as_str));
+            }
+            items.push(item);
+        }
+        if !replacing.is_empty() {
+            for item in &mut items {
+                let replaced = item
+                    .rule
+                    .and_then(|rule| rule.name.as_deref())
+                    .is_some_and(|name| replacing.contains(name));
+                if replaced {
+                    item.matched = Matched::Nothing;
+                    item.metadata = None;
+                    item.status.rule = None;
+                }
+            }
+        }
+        Ok(items)
+    }
+
+    /// What applies to the descriptor at `index`.
+    fn match_one<'a>(
+        &self,
+        domain_name: &str,
+        domain: Option<&'a Domain>,
+        descriptor: &'a Descriptor,
+        hits: u64,
+    ) -> Result<Item<'a>, ServiceError> {
+        let hits = descriptor.hits_addend.unwrap_or(hits);
+        let mut item = Item {
+            hits,
+            rule: None,
+            matched: Matched::Nothing,
+            stat_key: Cow::Borrowed(""),
+            quota: false,
+            shadow: false,
+            metadata: None,
+            status: DescriptorStatus::unmatched(),
+        };
+        if let (Some((requests, unit)), Some(_)) = (descriptor.limit_override, domain) {
+            // As envoyproxy/ratelimit: only in a known domain, never in
+            // shadow mode, but in the global quota mode.
+            let limit = Limit::fixed_window(requests, unit.duration())
+                .and_then(Limit::recording_overage)
+                .map_err(ServiceError::from)?;
+            let entries = descriptor.entry_list();
+            let parts = entries.iter().flat_map(|(key, value)| [key.as_str(), value.as_str()]);
+            item.matched = Matched::Limited(Box::new(Limited {
+                limit,
+                subject: Subject::from_parts(std::iter::once(domain_name).chain(parts)),
+                name: format!("override.{requests}.{}", unit.name()),
+                window: Some(unit.duration()),
+                decision: None,
+            }));
+            item.stat_key = Cow::Owned(override_stat_key(entries));
+            item.status.rule = Some("override".to_owned());
+            item.quota = self.options.quota_mode;
+            return Ok(item);
+        }
+        let (rule, subject, name, stat_key) = match &descriptor.target {
+            Target::Entries(entries) => {
+                let Some(found) = domain.and_then(|domain| domain.lookup(entries)) else {
+                    return Ok(item);
+                };
+                let rule = found.rule;
+                if !matches!(rule.quota, Quota::Unlimited) {
+                    item.metadata = found.metadata;
+                }
+                // Subjects are injective encodings, hashed when long. A
+                // share_threshold wildcard puts its pattern in place of the
+                // value, so its matches share.
+                let parts = entries.iter().enumerate().flat_map(|(at, (key, value))| {
+                    let value = found
+                        .shared
+                        .iter()
+                        .find(|(shared, _)| *shared == at)
+                        .map_or(value.as_str(), |(_, pattern)| *pattern);
+                    [key.as_str(), value]
+                });
+                let subject = Subject::from_parts(std::iter::once(domain_name).chain(parts));
+                let stat_key = match found.stat_key {
+                    Some(key) => Cow::Owned(key),
+                    None => Cow::Borrowed(rule.path.as_str()),
+                };
+                (rule, subject, RULE.to_owned(), stat_key)
+            }
+            Target::Named { subject, limit } => {
+                let rule = domain.and_then(|domain| domain.named_rule(limit)).ok_or_else(|| {
+                    ServiceError::invalid(format!("domain \"{domain_name}\" has no limit named \"{limit}\""))
+                })?;
+                let subject = Subject::new(domain_name).and(subject);
+                let name = format!("named:{}", Subject::new(limit).as_key());
+                (rule, subject, name, Cow::Borrowed(rule.path.as_str()))
+            }
+        };
+        item.rule = Some(rule);
+        item.stat_key = stat_key;
+        item.status.rule = Some(rule.path.clone());
+        item.quota = rule.quota_mode || self.options.quota_mode;
+        item.shadow = rule.shadow_mode;
+        item.matched = match &rule.quota {
+            Quota::Limited(limit) => Matched::Limited(Box::new(Limited {
+                limit: limit.clone(),
+                subject,
+                name,
+                window: rule.quota.fixed_window(),
+                decision: None,
+            })),
+            Quota::Unlimited => Matched::Unlimited,
+            Quota::Blocked => Matched::Blocked,
+        };
+        Ok(item)
+    }
+}
+
+/// envoyproxy/ratelimit's stat key of a limit sent by Envoy, without the
+/// domain: `key_value.key2_value2` (`key` alone for an empty value).
+fn override_stat_key(entries: &[(String, String)]) -> String {
+    let mut key = String::new();
+    for (name, value) in entries {
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(name);
+        if !value.is_empty() {
+            key.push('_');
+            key.push_str(value);
+        }
+    }
+    key
+}

@@ -1,0 +1,80 @@
+//! The service's global switches, as envoyproxy/ratelimit's settings.
+
+use super::DEFAULT_MAX_DESCRIPTORS;
+
+/// Global switches, as envoyproxy/ratelimit's settings.
+#[derive(Debug, Clone)]
+#[allow(clippy::struct_excessive_bools)] // Each is one setting.
+pub struct Options {
+    /// Decide and count, but always answer an overall OK (each descriptor
+    /// keeps its real code) (`SHADOW_MODE`).
+    pub shadow_mode: bool,
+    /// Every rule in quota mode (`QUOTA_MODE`).
+    pub quota_mode: bool,
+    /// Add the limit, remaining and reset headers to every answer
+    /// (`LIMIT_RESPONSE_HEADERS_ENABLED`).
+    pub response_headers: bool,
+    /// Their names.
+    pub header_names: HeaderNames,
+    /// The share of a limit past which hits count as near the limit
+    /// (`NEAR_LIMIT_RATIO`, 0.8).
+    pub near_limit_ratio: f32,
+    /// Healthy only once a configuration with a domain is loaded
+    /// (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub healthy_with_config_only: bool,
+    /// Answer with dynamic metadata: the request, and the `metadata` of the
+    /// rules it passed (`RESPONSE_DYNAMIC_METADATA`).
+    pub dynamic_metadata: bool,
+    /// The most descriptors one request may carry (`MAX_DESCRIPTORS`,
+    /// [`DEFAULT_MAX_DESCRIPTORS`]); more is an invalid argument.
+    pub max_descriptors: usize,
+    /// Unhealthy (gRPC health, `/healthcheck`, `/healthz`) while the store
+    /// does not answer, checked every second
+    /// (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
+    pub health_checks_store: bool,
+    /// When a request is refused, only the descriptors that are over add
+    /// their hits (true, the default); false: every descriptor whose limit
+    /// records its overage adds them (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`,
+    /// whose default upstream is false).
+    pub stop_increment_when_over: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            shadow_mode: false,
+            quota_mode: false,
+            response_headers: false,
+            header_names: HeaderNames::default(),
+            near_limit_ratio: 0.8,
+            healthy_with_config_only: false,
+            dynamic_metadata: false,
+            max_descriptors: DEFAULT_MAX_DESCRIPTORS,
+            health_checks_store: false,
+            stop_increment_when_over: true,
+        }
+    }
+}
+
+/// The names of the response headers (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`); by default the IETF
+/// draft's, as in envoyproxy/ratelimit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The limit's requests per unit.
+    pub limit: String,
+    /// Hits left.
+    pub remaining: String,
+    /// Seconds until the limit resets.
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
