@@ -114,6 +114,9 @@ pub(crate) trait Algorithm: Copy {
     /// them out itself ([`Limit::with_lease`](super::Limit::with_lease)):
     /// the limits `check_at_most` takes from.
     const LEASABLE: bool = false;
+    /// True when refunds give back to one count whenever the units were
+    /// taken, and add up (buckets and TATs): see [`Algorithm::refund_key`].
+    const REFUNDS_ADD_UP: bool = false;
     /// False for a limit whose state grows with traffic into a sorted set
     /// that the Redis module reads whole: the Lua library decides those.
     #[cfg(feature = "redis")]
@@ -151,9 +154,11 @@ pub(crate) trait Algorithm: Copy {
     /// when refunds add up: two refunds of one state with the same key,
     /// applied at one moment, do what one refund of their summed cost does
     /// (so concurrent settlements of a subject may go to the store as one).
-    /// `None`: they do not add up (each takes back entries of its own).
+    /// `None`: they do not add up (each takes back entries of its own). By
+    /// default, one key for all when [`Algorithm::REFUNDS_ADD_UP`]; windows
+    /// key it by the window holding `at`.
     fn refund_key(&self, _at: u64) -> Option<u64> {
-        None
+        Self::REFUNDS_ADD_UP.then_some(0)
     }
 
     /// Units that would be admitted now (`u64::MAX`: any cost).

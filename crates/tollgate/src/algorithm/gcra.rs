@@ -116,6 +116,7 @@ impl Algorithm for Gcra {
     const NAME: &'static str = "gcra";
     #[cfg(feature = "engine")]
     const ID: u8 = 7;
+    const REFUNDS_ADD_UP: bool = true;
     const LEASABLE: bool = true;
 
     fn build(spec: &GcraSpec) -> Result<Self> {
@@ -131,11 +132,6 @@ impl Algorithm for Gcra {
             ticks,
             max_debt,
         })
-    }
-
-    /// Refunds give back to the count and add up, whenever the units were taken.
-    fn refund_key(&self, _at: u64) -> Option<u64> {
-        Some(0)
     }
 
     fn capacity(&self) -> u64 {

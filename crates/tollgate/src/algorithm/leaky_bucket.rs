@@ -120,6 +120,7 @@ impl Algorithm for LeakyBucket {
     const NAME: &'static str = "leaky_bucket";
     #[cfg(feature = "engine")]
     const ID: u8 = 6;
+    const REFUNDS_ADD_UP: bool = true;
     const SHAPING: bool = true;
 
     fn build(spec: &LeakyBucketSpec) -> Result<Self> {
@@ -133,11 +134,6 @@ impl Algorithm for LeakyBucket {
             capacity,
             ticks,
         })
-    }
-
-    /// Refunds give back to the count and add up, whenever the units were taken.
-    fn refund_key(&self, _at: u64) -> Option<u64> {
-        Some(0)
     }
 
     fn capacity(&self) -> u64 {

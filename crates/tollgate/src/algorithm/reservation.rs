@@ -144,6 +144,7 @@ impl Algorithm for Reservation {
     const NAME: &'static str = "reservation";
     #[cfg(feature = "engine")]
     const ID: u8 = 5;
+    const REFUNDS_ADD_UP: bool = true;
     const SHAPING: bool = true;
 
     fn build(spec: &ReservationSpec) -> Result<Self> {
@@ -161,11 +162,6 @@ impl Algorithm for Reservation {
             initial,
             ticks,
         })
-    }
-
-    /// Refunds give back to the count and add up, whenever the units were taken.
-    fn refund_key(&self, _at: u64) -> Option<u64> {
-        Some(0)
     }
 
     fn capacity(&self) -> u64 {

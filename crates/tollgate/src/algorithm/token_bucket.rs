@@ -268,6 +268,7 @@ impl Algorithm for TokenBucket {
     const NAME: &'static str = "token_bucket";
     #[cfg(feature = "engine")]
     const ID: u8 = 4;
+    const REFUNDS_ADD_UP: bool = true;
     const LEASABLE: bool = true;
 
     fn build(spec: &TokenBucketSpec) -> Result<Self> {
@@ -286,11 +287,6 @@ impl Algorithm for TokenBucket {
             rate,
             max_debt,
         })
-    }
-
-    /// Refunds give back to the count and add up, whenever the units were taken.
-    fn refund_key(&self, _at: u64) -> Option<u64> {
-        Some(0)
     }
 
     fn capacity(&self) -> u64 {
