@@ -32,7 +32,8 @@ use redis_module::{
     raw::{self, KeyType, ModuleOptions},
     redis_module, CallOptionsBuilder, CallResult, Context, NextArg, RedisError, RedisResult, RedisString, RedisValue,
 };
-use tollgate::engine::{Engine, Keyspace, Value, PROTOCOL};
+use tollgate::engine::protocol::{self, PROTOCOL};
+use tollgate::engine::{Engine, Keyspace, Value};
 
 thread_local! {
     /// The engine, with the limits it has parsed; commands run on the
@@ -311,12 +312,8 @@ fn decide(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let reply = ENGINE
         .with(|engine| engine.borrow_mut().run(&mut server, &keys, &args))
         .map_err(|error| RedisError::String(format!("ERR tollgate: {error}")))?;
-    // One bulk string of 8-byte little-endian words, as the Lua library
-    // packs its reply: the client reads it without parsing each integer.
-    let mut packed = Vec::with_capacity(8 * reply.len());
-    for integer in reply {
-        packed.extend_from_slice(&integer.to_le_bytes());
-    }
+    // Packed as the Lua library packs its reply.
+    let packed = protocol::pack(&reply);
     redis_module::raw::reply_with_string_buffer(ctx.get_raw(), packed.as_ptr().cast(), packed.len());
     Ok(RedisValue::NoReply)
 }

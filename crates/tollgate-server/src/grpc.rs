@@ -166,7 +166,11 @@ impl RateLimitService for Grpc {
             hits: u64::from(request.hits_addend).max(1),
             hits_addend: u64::from(request.hits_addend),
         };
-        let answer = self.service.should_rate_limit(&check).await.map_err(|error| status(&error))?;
+        let answer = self
+            .service
+            .should_rate_limit(&check)
+            .await
+            .map_err(|error| status(&error))?;
         Ok(Response::new(response(answer)))
     }
 }

@@ -69,7 +69,7 @@ pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
 pub use policy::{Op, Policy, Request};
 pub use store::{
     AnyStore, LeaseStats, LeasedStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore,
-    ResilientStoreBuilder, Store, StoreConnector,
+    ResilientStoreBuilder, Spread, SpreadBuilder, Store, StoreConnector,
 };
 /// The README's Rust blocks, compiled and run as doc tests.
 #[cfg(all(doctest, feature = "redis"))]

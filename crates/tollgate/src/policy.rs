@@ -180,10 +180,9 @@ impl Policy {
         Self::named(limits, false)
     }
 
-    /// Builds a policy whose limits live under several subjects, for
-    /// [`Store::decide_spread`](crate::Store::decide_spread): as
-    /// [`Policy::new`], except that a name may repeat (a limit is told apart
-    /// by its subject too).
+    /// Builds a policy whose limits live under several subjects, as a
+    /// [`Spread`](crate::Spread) holds them: as [`Policy::new`], except
+    /// that a name may repeat (a limit is told apart by its subject too).
     ///
     /// # Errors
     ///

@@ -315,15 +315,15 @@ fn a_decision_across_slots_is_refunded_when_one_slot_denies() {
     let other = Subject::new("across").and("user").and("alice");
     assert_ne!(slot(&full), slot(&other), "the test needs two slots");
     let minute = Duration::from_secs(60);
-    let policy = Policy::spread([
-        ("rule", Limit::fixed_window(1, minute).unwrap()),
-        ("rule", Limit::gcra(10, minute, 10).unwrap()),
-    ])
-    .unwrap();
-    let subjects = [full.clone(), other.clone()];
-    let request = |cost| tollgate::Request::new(tollgate::Op::Check, cost);
+    let spread = |cost| {
+        let mut rows = tollgate::Spread::builder();
+        rows.row(full.clone(), "rule", Limit::fixed_window(1, minute).unwrap(), cost);
+        rows.row(other.clone(), "rule", Limit::gcra(10, minute, 10).unwrap(), cost);
+        rows.build().unwrap()
+    };
+    let check = tollgate::Op::Check;
     let (mut latencies, calls) = runtime.block_on(async {
-        let first = redis.decide_spread(&subjects, &policy, &request(1)).await.unwrap();
+        let first = redis.decide_spread(&spread(1), check.clone()).await.unwrap();
         assert!(first.decision.allowed, "{first:?}");
         for master in cluster.masters() {
             assert_eq!(cluster.node(master).cli(&["CONFIG", "RESETSTAT"]), "OK");
@@ -331,7 +331,7 @@ fn a_decision_across_slots_is_refunded_when_one_slot_denies() {
         let mut latencies = Vec::new();
         for _ in 0..200 {
             let started = Instant::now();
-            let refused = redis.decide_spread(&subjects, &policy, &request(1)).await.unwrap();
+            let refused = redis.decide_spread(&spread(1), check.clone()).await.unwrap();
             latencies.push(started.elapsed());
             assert!(!refused.decision.allowed, "{refused:?}");
             assert_eq!(refused.granted, 0);
@@ -341,7 +341,7 @@ fn a_decision_across_slots_is_refunded_when_one_slot_denies() {
             );
         }
         let calls = library_calls(&cluster);
-        let peek = redis.decide_spread(&subjects, &policy, &request(0)).await.unwrap();
+        let peek = redis.decide_spread(&spread(0), check.clone()).await.unwrap();
         assert_eq!(peek.limits[0].1.remaining, 0);
         assert_eq!(peek.limits[1].1.remaining, 9, "200 refused decisions took nothing");
         (latencies, calls)

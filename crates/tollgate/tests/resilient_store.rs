@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tollgate::{
     ErrorKind, Limit, MemoryStore, OnStoreError, Op, Outcome, Path, Policy, RedisStore, Request, ResilientStore,
-    Result, Store, Subject,
+    Result, Spread, Store, Subject,
 };
 
 use common::redis_server::RedisServer;
@@ -282,37 +282,41 @@ async fn a_spread_decision_of_one_subject_meets_the_deny_cache() {
         .on_error(OnStoreError::Open)
         .build();
     let subject = Subject::new("spread-flood");
-    let policy = Policy::spread([("rule", Limit::fixed_window(1, Duration::from_secs(86_400)).unwrap())]).unwrap();
-    let subjects = [subject.clone()];
-    assert!(
-        store
-            .decide_spread(&subjects, &policy, &check())
-            .await
-            .unwrap()
-            .decision
-            .allowed
+    let mut rows = Spread::builder();
+    rows.row(
+        subject.clone(),
+        "rule",
+        Limit::fixed_window(1, Duration::from_secs(86_400)).unwrap(),
+        1,
     );
-    let first = store.decide_spread(&subjects, &policy, &check()).await.unwrap();
+    let one = rows.build().unwrap();
+    assert!(store.decide_spread(&one, Op::Check).await.unwrap().decision.allowed);
+    let first = store.decide_spread(&one, Op::Check).await.unwrap();
     assert_eq!((first.decision.allowed, first.path), (false, Path::Store));
     for _ in 0..100 {
-        let outcome = store.decide_spread(&subjects, &policy, &check()).await.unwrap();
+        let outcome = store.decide_spread(&one, Op::Check).await.unwrap();
         assert_eq!((outcome.decision.allowed, outcome.path), (false, Path::DenyCache));
     }
     assert_eq!(counting.calls(), 2, "the flood never reached Redis");
 
-    let two = Policy::spread([
-        ("rule", Limit::fixed_window(1, Duration::from_secs(86_400)).unwrap()),
-        ("rule", Limit::fixed_window(5, Duration::from_secs(86_400)).unwrap()),
-    ])
-    .unwrap();
-    let spread = [Subject::new("a"), Subject::new("b")];
-    assert_eq!(
-        store.decide_spread(&spread, &two, &check()).await.unwrap().path,
-        Path::Store
+    let mut rows = Spread::builder();
+    rows.row(
+        Subject::new("a"),
+        "rule",
+        Limit::fixed_window(1, Duration::from_secs(86_400)).unwrap(),
+        1,
     );
-    let reserve = Request::new(Op::Reserve { max_wait: None }, 1);
+    rows.row(
+        Subject::new("b"),
+        "rule",
+        Limit::fixed_window(5, Duration::from_secs(86_400)).unwrap(),
+        1,
+    );
+    let two = rows.build().unwrap();
+    assert_eq!(store.decide_spread(&two, Op::Check).await.unwrap().path, Path::Store);
+    let reserve = Op::Reserve { max_wait: None };
     drop(server);
-    let error = store.decide_spread(&spread, &two, &reserve).await.unwrap_err();
+    let error = store.decide_spread(&two, reserve).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
 }
 

@@ -1,11 +1,10 @@
 //! Deciding the limits of a request's items in the store, counted as
 //! envoyproxy/ratelimit counts them (see the module above).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tollgate::{Decision, Limit, Op, Policy, Request, Store, Subject};
+use tollgate::{Decision, Op, Policy, Spread, Store};
 
 use super::matching::{Item, Matched};
 use super::Service;
@@ -108,40 +107,27 @@ impl Service {
         indices: &[usize],
         cost: Cost,
     ) -> Result<(Vec<(usize, Decision)>, u64), tollgate::Error> {
-        // A descriptor sent twice is one limit, weighing the sum of its hits.
-        let mut slot_by_key: HashMap<(&Subject, &str), usize> = HashMap::with_capacity(indices.len());
-        let mut subjects: Vec<Subject> = Vec::with_capacity(indices.len());
-        let mut limits: Vec<(String, Limit)> = Vec::with_capacity(indices.len());
-        let mut costs: Vec<u64> = Vec::with_capacity(indices.len());
-        let mut slot_of = Vec::with_capacity(indices.len());
+        // A descriptor sent twice is one limit (one row), weighing the sum of its hits.
+        let mut rows = Spread::builder();
+        let mut row_of = Vec::with_capacity(indices.len());
         for &index in indices {
             let item = &items[index];
             let Some(limited) = item.limited() else { continue };
-            let next = limits.len();
-            let slot = *slot_by_key
-                .entry((&limited.subject, limited.name.as_str()))
-                .or_insert(next);
             let hits = match cost {
                 Cost::Hits | Cost::Estimate | Cost::Record | Cost::Refund { .. } => item.hits,
                 Cost::Peek => 0,
             };
-            if slot == next {
-                subjects.push(limited.subject.clone());
-                let limit = if cost == Cost::Estimate {
-                    limited.limit.clone().refusing_overage()
-                } else {
-                    limited.limit.clone()
-                };
-                limits.push((limited.name.clone(), limit));
-                costs.push(hits);
+            let limit = if cost == Cost::Estimate {
+                limited.limit.clone().refusing_overage()
             } else {
-                costs[slot] = costs[slot].saturating_add(hits);
-            }
-            slot_of.push((index, slot));
+                limited.limit.clone()
+            };
+            let row = rows.row(limited.subject.clone(), &limited.name, limit, hits);
+            row_of.push((index, row));
         }
-        let policy = Policy::spread(limits)?;
+        let spread = rows.build()?;
         let op = match cost {
-            Cost::Hits | Cost::Estimate => gateway_op(&policy),
+            Cost::Hits | Cost::Estimate => gateway_op(spread.policy()),
             Cost::Record => Op::Record,
             Cost::Refund { at } => Op::Refund {
                 at: tollgate::Timestamp::from_micros(at),
@@ -149,12 +135,11 @@ impl Service {
             },
             Cost::Peek => Op::Check,
         };
-        let request = Request::new(op, costs.iter().copied().max().unwrap_or(0)).with_costs(costs);
-        let outcome = self.store.decide_spread(&subjects, &policy, &request).await?;
+        let outcome = self.store.decide_spread(&spread, op).await?;
         self.metrics.path(outcome.path);
-        let decisions = slot_of
+        let decisions = row_of
             .into_iter()
-            .map(|(index, slot)| (index, outcome.limits[slot].1.clone()))
+            .map(|(index, row)| (index, outcome.limits[row].1.clone()))
             .collect();
         Ok((decisions, outcome.decided_at.as_micros()))
     }

@@ -1,12 +1,12 @@
 //! A store chosen at run time (by a command-line flag or a config file).
 
-use super::{MemoryStore, Store};
+use super::{MemoryStore, Spread, Store};
 #[cfg(feature = "redis")]
 use super::{RedisStore, ResilientStore};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
-use crate::policy::{Policy, Request};
+use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
 /// Either store; decides like the store it holds. Code that knows its store
@@ -43,13 +43,13 @@ impl Store for AnyStore {
         }
     }
 
-    async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
+    async fn decide_spread(&self, spread: &Spread, op: Op) -> Result<Outcome> {
         match self {
-            Self::Memory(store) => store.decide_spread(subjects, policy, request).await,
+            Self::Memory(store) => store.decide_spread(spread, op).await,
             #[cfg(feature = "redis")]
-            Self::Redis(store) => store.decide_spread(subjects, policy, request).await,
+            Self::Redis(store) => store.decide_spread(spread, op).await,
             #[cfg(feature = "redis")]
-            Self::Resilient(store) => store.decide_spread(subjects, policy, request).await,
+            Self::Resilient(store) => store.decide_spread(spread, op).await,
         }
     }
 

@@ -21,10 +21,11 @@ pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{EngineChoice, EngineKind, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder, StoreConnector};
+pub use self::spread::{Spread, SpreadBuilder};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
-use crate::policy::{Policy, Request};
+use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
 /// A place that keeps limit state and decides atomically.
@@ -46,9 +47,9 @@ pub trait Store: Clone + Send + Sync + 'static {
         request: &Request,
     ) -> impl Future<Output = Result<Outcome>> + Send;
 
-    /// Decides `request` over every limit of `policy`, limit `i` being kept
-    /// under `subjects[i]` (a gateway's descriptors, each its own subject, so
-    /// that they spread over a Redis Cluster). All-or-nothing: limits one
+    /// Decides `op` over every row of `spread` (a limit kept under its own
+    /// subject, asked its own cost: a gateway's descriptors, each its own
+    /// subject, so that they spread over a Redis Cluster). All-or-nothing: limits one
     /// atomic step reaches — one subject in memory; on Redis every key of
     /// one server, or of one Cluster hash slot — are decided together;
     /// across steps each consumes and, when any denies, the others give
@@ -58,15 +59,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// As [`Store::decide`]; `subjects` not one per limit, a limit of one
-    /// subject given twice, or `check_at_most` over more than one step.
-    fn decide_spread(
-        &self,
-        subjects: &[Subject],
-        policy: &Policy,
-        request: &Request,
-    ) -> impl Future<Output = Result<Outcome>> + Send {
-        spread::by_subject(self, subjects, policy, request)
+    /// As [`Store::decide`]; `check_at_most` over more than one step.
+    fn decide_spread(&self, spread: &Spread, op: Op) -> impl Future<Output = Result<Outcome>> + Send {
+        spread::by_subject(self, spread, op)
     }
 
     /// Forgets the state of every limit of `policy` for `subject`.

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::{MemoryStore, Store};
+use super::{MemoryStore, Spread, Store};
 use crate::clock::{Clock as _, Sleep, SystemClock};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
@@ -493,8 +493,8 @@ impl<S: Store> Store for ResilientStore<S> {
     /// The inner store's spread decision, behind the same deadline, breaker
     /// and failure policy. Limits all of one subject (a gateway request of
     /// one descriptor) are that subject's decision, deny cache included.
-    async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
-        super::spread::check(subjects, policy)?;
+    async fn decide_spread(&self, spread: &Spread, op: Op) -> Result<Outcome> {
+        let (subjects, policy, request) = (spread.subjects(), spread.policy(), &spread.request(op.clone()));
         if let Some(first) = subjects.first() {
             if subjects.iter().all(|subject| subject == first) {
                 return self.decide(first, policy, request).await;
@@ -503,14 +503,14 @@ impl<S: Store> Store for ResilientStore<S> {
         // Refused here, so that no failure policy answers an invalid request.
         policy.validate(request)?;
         let inner = &self.inner;
-        match self.call(|store| store.decide_spread(subjects, policy, request)).await {
+        match self.call(|store| store.decide_spread(spread, op.clone())).await {
             Ok(outcome) => {
                 inner.counts.store.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
             }
             Err(error) if error.is_invalid() => Err(error),
             Err(fault) => {
-                let local = inner.local.decide_spread(subjects, policy, request);
+                let local = inner.local.decide_spread(spread, op);
                 self.fallback(policy, request, fault, local).await
             }
         }

@@ -8,41 +8,131 @@
 //! the time of that second round trip another request can see the units
 //! taken and be denied by them; none is ever admitted beyond a limit.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
 
 use futures_util::future::join_all;
 
 use super::Store;
+use crate::algorithm::Limit;
 use crate::clock::Timestamp;
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, Result};
 use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
-/// Refuses a spread decision whose subjects do not match its policy, or
-/// that names one limit of one subject twice. (The request is validated
-/// where it is decided.)
-pub(crate) fn check(subjects: &[Subject], policy: &Policy) -> Result<()> {
-    if subjects.len() != policy.len() {
-        return Err(Error::invalid_argument(format!(
-            "{} subjects for a policy of {} limits",
-            subjects.len(),
-            policy.len()
-        )));
+/// Limits kept under several subjects and decided together, all-or-nothing
+/// ([`Store::decide_spread`]): a gateway's descriptors, each its own
+/// subject. Built row by row, each row a limit: its subject, its name
+/// within the subject, the limit, and the units the request asks of it.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use tollgate::{Limit, Spread, Subject};
+/// let minute = Duration::from_secs(60);
+/// let mut rows = Spread::builder();
+/// rows.row(Subject::new("api").and("tenant=acme"), "rule", Limit::fixed_window(100, minute)?, 1);
+/// rows.row(Subject::new("api").and("route=/chat"), "rule", Limit::gcra(10, minute, 5)?, 1);
+/// let spread = rows.build()?;
+/// assert_eq!(spread.len(), 2);
+/// # Ok::<(), tollgate::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Spread {
+    subjects: Vec<Subject>,
+    policy: Policy,
+    costs: Vec<u64>,
+    /// The instant to decide at (`None`: the store's time).
+    now: Option<Timestamp>,
+}
+
+/// The rows of a [`Spread`], as they are given.
+#[derive(Debug, Default)]
+pub struct SpreadBuilder {
+    subjects: Vec<Subject>,
+    limits: Vec<(String, Limit)>,
+    costs: Vec<u64>,
+}
+
+impl SpreadBuilder {
+    /// Adds the limit `name` of `subject`, asked `cost` units; its row.
+    /// The same limit of the same subject given again is that row, its
+    /// costs summed (one limit weighs the sum of what is asked of it).
+    pub fn row(&mut self, subject: Subject, name: &str, limit: Limit, cost: u64) -> usize {
+        let given = self
+            .subjects
+            .iter()
+            .zip(&self.limits)
+            .position(|(each, (each_name, _))| *each == subject && each_name == name);
+        if let Some(row) = given {
+            self.costs[row] = self.costs[row].saturating_add(cost);
+            return row;
+        }
+        self.subjects.push(subject);
+        self.limits.push((name.to_owned(), limit));
+        self.costs.push(cost);
+        self.costs.len() - 1
     }
-    if subjects.len() > 1 {
-        let mut seen = HashSet::with_capacity(subjects.len());
-        for (subject, (name, _)) in subjects.iter().zip(policy.limits()) {
-            if !seen.insert((subject, name)) {
-                return Err(Error::invalid_argument(format!(
-                    "limit \"{name}\" of subject \"{subject}\" is given twice"
-                )));
-            }
+
+    /// The spread.
+    ///
+    /// # Errors
+    ///
+    /// No row, or limits that cannot be decided together (as
+    /// [`Policy::spread`]).
+    pub fn build(self) -> Result<Spread> {
+        Ok(Spread {
+            subjects: self.subjects,
+            policy: Policy::spread(self.limits)?,
+            costs: self.costs,
+            now: None,
+        })
+    }
+}
+
+impl Spread {
+    /// Rows to add, then [`SpreadBuilder::build`].
+    pub fn builder() -> SpreadBuilder {
+        SpreadBuilder::default()
+    }
+
+    /// How many limits (rows) it holds.
+    pub fn len(&self) -> usize {
+        self.costs.len()
+    }
+
+    /// Never true: a spread holds at least one row.
+    pub fn is_empty(&self) -> bool {
+        self.costs.is_empty()
+    }
+
+    /// Row `i`'s subject.
+    pub fn subjects(&self) -> &[Subject] {
+        &self.subjects
+    }
+
+    /// The limits, row by row, as one policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Decided at `now` rather than the store's time (as [`Request::at`]).
+    #[must_use]
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.now = Some(now);
+        self
+    }
+
+    /// The request of `op` over the rows, each asked its cost.
+    pub fn request(&self, op: Op) -> Request {
+        let most = self.costs.iter().copied().max().unwrap_or(0);
+        let request = Request::new(op, most).with_costs(self.costs.clone());
+        match self.now {
+            Some(now) => request.at(now),
+            None => request,
         }
     }
-    Ok(())
 }
 
 /// The indices `0..len` grouped by `part_of(index)`, in order of first
@@ -62,13 +152,8 @@ pub(crate) fn group<K: Hash + Eq>(len: usize, part_of: impl Fn(usize) -> K) -> V
 
 /// The default [`Store::decide_spread`]: one decision per subject (each
 /// validates its part of the request).
-pub(crate) async fn by_subject<S: Store>(
-    store: &S,
-    subjects: &[Subject],
-    policy: &Policy,
-    request: &Request,
-) -> Result<Outcome> {
-    check(subjects, policy)?;
+pub(crate) async fn by_subject<S: Store>(store: &S, spread: &Spread, op: Op) -> Result<Outcome> {
+    let (subjects, policy, request) = (spread.subjects(), spread.policy(), &spread.request(op));
     let parts = group(subjects.len(), |index| &subjects[index]);
     if parts.len() == 1 {
         return store.decide(&subjects[0], policy, request).await;

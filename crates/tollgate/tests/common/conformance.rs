@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate::{Decision, Limit, Limiter, Op, Policy, Request, Store, Subject, Timestamp};
+use tollgate::{Decision, Limit, Limiter, Op, Policy, Request, Spread, Store, Subject, Timestamp};
 
 /// An instant that is not aligned to any window.
 pub const T0: u64 = 1_700_000_000_250_000;
@@ -444,23 +444,20 @@ pub async fn a_spread_decision_is_all_or_nothing<S: Store>(store: S) {
         Subject::new("spread").and("user").and("alice"),
         Subject::new("spread").and("path").and("/search"),
     ];
-    let policy = Policy::spread([
-        ("rule", Limit::fixed_window(10, minute).unwrap()),
-        ("rule", Limit::gcra(10, minute, 5).unwrap()),
-        ("rule", Limit::sliding_log(3, minute).unwrap()),
-    ])
-    .unwrap();
+    let limits = [
+        Limit::fixed_window(10, minute).unwrap(),
+        Limit::gcra(10, minute, 5).unwrap(),
+        Limit::sliding_log(3, minute).unwrap(),
+    ];
     let at = Timestamp::from_micros(T0);
     let decide = |cost| {
         let store = store.clone();
-        let subjects = subjects.clone();
-        let policy = policy.clone();
-        async move {
-            store
-                .decide_spread(&subjects, &policy, &Request::new(Op::Check, cost).at(at))
-                .await
-                .unwrap()
+        let mut rows = Spread::builder();
+        for (subject, limit) in subjects.iter().zip(&limits) {
+            rows.row(subject.clone(), "rule", limit.clone(), cost);
         }
+        let spread = rows.build().unwrap().at(at);
+        async move { store.decide_spread(&spread, Op::Check).await.unwrap() }
     };
     let first = decide(2).await;
     assert!(first.decision.allowed, "{first:?}");
@@ -488,22 +485,21 @@ pub async fn a_spread_decision_is_all_or_nothing<S: Store>(store: S) {
     );
     // One unit fits all three.
     assert!(decide(1).await.decision.allowed);
-    // One subject's limit named twice is refused.
-    let twice = store
-        .decide_spread(
-            &[subjects[0].clone(), subjects[0].clone()],
-            &Policy::spread([
-                ("rule", Limit::gcra(1, minute, 1).unwrap()),
-                ("rule", Limit::gcra(1, minute, 1).unwrap()),
-            ])
-            .unwrap(),
-            &Request::new(Op::Check, 1).at(at),
-        )
+    // One subject's limit given twice is one row, weighing the sum.
+    let mut rows = Spread::builder();
+    let twice = Subject::new("spread").and("twice");
+    let first = rows.row(twice.clone(), "rule", Limit::gcra(1, minute, 3).unwrap(), 1);
+    let again = rows.row(twice, "rule", Limit::gcra(1, minute, 3).unwrap(), 2);
+    assert_eq!((first, again), (0, 0));
+    let both = store
+        .decide_spread(&rows.build().unwrap().at(at), Op::Check)
         .await
-        .unwrap_err();
-    assert!(
-        twice.is_invalid() && twice.to_string().contains("given twice"),
-        "{twice}"
+        .unwrap();
+    assert_eq!(both.limits.len(), 1);
+    assert_eq!(
+        (both.decision.allowed, both.decision.remaining),
+        (true, 0),
+        "1 + 2 of 3"
     );
 }
 

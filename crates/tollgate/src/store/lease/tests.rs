@@ -584,3 +584,166 @@ fn a_limit_redefined_under_its_name_is_not_answered_from_the_old_block() {
         assert!(!outcome.decision.allowed, "{outcome:?}");
     });
 }
+
+/// A memory store on a manual clock standing at `at(0)`, and one process
+/// leasing from it through `Gated`. Requests that name their instants start
+/// no sweeper: the tests drive its steps themselves.
+fn gated() -> (crate::ManualClock, Gated, LeasedStore<Gated>) {
+    let clock = crate::ManualClock::new(at(0));
+    let gated = Gated::new(MemoryStore::with_clock(clock.clone()));
+    let leased = LeasedStore::with_clock(gated.clone(), clock.clone()).leasing(true);
+    (clock, gated, leased)
+}
+
+/// A memory store whose next refund, once armed, stops until resumed: to
+/// hold a sweep in the middle of giving back.
+#[derive(Clone)]
+struct Gated {
+    store: MemoryStore,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Told when the armed refund has stopped.
+    stopped: std::sync::Arc<tokio::sync::Notify>,
+    /// Lets it go on.
+    resume: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Gated {
+    fn new(store: MemoryStore) -> Self {
+        Self {
+            store,
+            armed: std::sync::Arc::default(),
+            stopped: std::sync::Arc::default(),
+            resume: std::sync::Arc::default(),
+        }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Store for Gated {
+    async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> crate::Result<Outcome> {
+        if matches!(request.op, Op::Refund { .. }) && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.stopped.notify_one();
+            self.resume.notified().await;
+        }
+        self.store.decide(subject, policy, request).await
+    }
+
+    async fn reset(&self, subject: &Subject, policy: &Policy) -> crate::Result<()> {
+        self.store.reset(subject, policy).await
+    }
+}
+
+/// What `store` has left for `subject` under `policy` at `micros`.
+async fn left_of(store: &MemoryStore, subject: &Subject, policy: &Policy, micros: u64) -> u64 {
+    let peek = Request::new(Op::Check, 0).at(at(micros));
+    store.decide(subject, policy, &peek).await.unwrap().decision.remaining
+}
+
+#[test]
+fn a_sweep_between_taking_an_entry_and_recording_its_block_loses_nothing() {
+    runtime().block_on(async {
+        let policy = hourly(100);
+        let (clock, gated, leased) = gated();
+        ten_checks_at_0(&leased, &policy).await;
+        // 15 taken, 5 held until 50 ms. A check at 50 ms takes the key's
+        // entry; the sweeper runs before it calls the store (the lease has
+        // ended: it gives the 5 back); then the check takes its next block.
+        clock.set(at(50_000));
+        let lease = policy.lease().unwrap();
+        let entry = leased.entry(&subject(), &policy, lease);
+        leased.shared.sweep(lease, at(50_000)).await;
+        let outcome = leased.check_entry(&entry, &check(50_000)).await.unwrap();
+        assert!(outcome.decision.allowed, "{outcome:?}");
+        drop(entry);
+        // 11 used; what the new block holds goes back on close.
+        leased.close(Some(at(50_000))).await;
+        assert_eq!(left(&gated.store, &policy, 50_000).await, 89);
+    });
+}
+
+#[test]
+fn the_last_clone_dropped_during_a_sweep_gives_its_blocks_back() {
+    runtime().block_on(async {
+        let policy = hourly(100);
+        let (clock, gated, leased) = gated();
+        let (cold, warm) = (Subject::new("cold"), Subject::new("warm"));
+        // 15 taken for each, 5 held: the cold key's lease ends at 50 ms, the
+        // warm one's at 90 ms.
+        for (subject, micros) in [(&cold, 0), (&warm, 40_000)] {
+            for _ in 0..10 {
+                let outcome = leased.decide(subject, &policy, &check(micros)).await.unwrap();
+                assert!(outcome.decision.allowed, "{outcome:?}");
+            }
+        }
+        // At 50 ms the sweeper gives the cold block back, and stops in its
+        // refund; the last clone of the store drops meanwhile.
+        clock.set(at(50_000));
+        gated.arm();
+        let sweeper = std::sync::Arc::downgrade(&leased.shared);
+        let lease = policy.lease().unwrap();
+        let sweep = tokio::spawn(async move {
+            let shared = sweeper.upgrade().expect("the store is alive");
+            shared.sweep(lease, at(50_000)).await;
+        });
+        gated.stopped.notified().await;
+        drop(leased);
+        gated.resume.notify_one();
+        sweep.await.unwrap();
+        // The warm block goes back from a task of the runtime: let it.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(left_of(&gated.store, &cold, &policy, 50_000).await, 90);
+        assert_eq!(left_of(&gated.store, &warm, &policy, 50_000).await, 90);
+    });
+}
+
+#[test]
+fn each_lease_length_has_its_own_sweeper() {
+    runtime().block_on(async {
+        let (short, long) = (Duration::from_millis(50), Duration::from_secs(3_600));
+        let policy = |lease| {
+            let limit = Limit::fixed_window(100, Duration::from_secs(3_600)).unwrap();
+            Policy::single(limit.with_lease(lease).unwrap())
+        };
+        let (fast, slow) = (Subject::new("fast"), Subject::new("slow"));
+        let (clock, gated, leased) = gated();
+        // Requests on the store's clock, as a service makes them: each
+        // lease length starts its sweeper.
+        for (subject, lease) in [(&fast, short), (&slow, long)] {
+            for _ in 0..10 {
+                let outcome = leased
+                    .decide(subject, &policy(lease), &Request::new(Op::Check, 1))
+                    .await
+                    .unwrap();
+                assert!(outcome.decision.allowed, "{outcome:?}");
+            }
+        }
+        let swept = |leased: &LeasedStore<Gated>| {
+            let mut swept: Vec<Duration> = leased.shared.entries.lock().swept.iter().copied().collect();
+            swept.sort();
+            swept
+        };
+        assert_eq!(swept(&leased), [short, long]);
+        // The short lease's sweep, once it has ended, gives its block back
+        // and leaves the long lease's alone; with no key of its length
+        // left, that sweeper stops.
+        clock.set(at(50_000));
+        assert!(!leased.shared.sweep(short, at(50_000)).await);
+        assert_eq!(left_of(&gated.store, &fast, &policy(short), 50_000).await, 90);
+        assert_eq!(left_of(&gated.store, &slow, &policy(long), 50_000).await, 85);
+        assert_eq!(swept(&leased), [long]);
+        // The long lease's sweep finds nothing ended and goes on.
+        assert!(leased.shared.sweep(long, at(50_000)).await);
+        assert_eq!(left_of(&gated.store, &slow, &policy(long), 50_000).await, 85);
+        // The next block of the short lease starts its sweeper again.
+        leased
+            .decide(&fast, &policy(short), &Request::new(Op::Check, 1))
+            .await
+            .unwrap();
+        assert_eq!(swept(&leased), [short, long]);
+    });
+}

@@ -27,6 +27,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, Single
 use redis::sentinel::SentinelClient;
 
 use super::{function_source, library_name, script_source, store_error};
+use crate::engine::protocol;
 use crate::error::Result;
 
 /// Which engine decides, as `?engine=` in the store URL says.
@@ -262,7 +263,11 @@ impl Fault {
             _ => {}
         }
         let detail = error.detail().unwrap_or_default();
-        let starts = |prefix: &str| detail.get(..prefix.len()).is_some_and(|head| head.eq_ignore_ascii_case(prefix));
+        let starts = |prefix: &str| {
+            detail
+                .get(..prefix.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+        };
         if starts("unknown command") || starts("unknown subcommand") {
             Self::UnknownCommand
         } else if starts("Function not found") {
@@ -281,24 +286,16 @@ fn is_unknown_command(error: &redis::RedisError) -> bool {
     Fault::of(error) == Fault::UnknownCommand
 }
 
-/// An engine's reply: its integers as one bulk string of 8-byte
-/// little-endian signed words (both engines pack them so: a client parses
-/// one string instead of a RESP integer per value).
+/// An engine's reply, [`protocol::pack`]ed.
 struct Packed(Vec<i64>);
 
 impl redis::FromRedisValue for Packed {
     fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
         match value {
-            redis::Value::BulkString(bytes) if bytes.len() % 8 == 0 => Ok(Self(
-                bytes
-                    .chunks_exact(8)
-                    .map(|word| {
-                        let mut le = [0; 8];
-                        le.copy_from_slice(word);
-                        i64::from_le_bytes(le)
-                    })
-                    .collect(),
-            )),
+            redis::Value::BulkString(bytes) => match protocol::unpack(&bytes) {
+                Some(integers) => Ok(Self(integers)),
+                None => Err("the engine's reply is not packed integers".into()),
+            },
             other => Err(format!("the engine's reply is not packed integers: {other:?}").into()),
         }
     }
@@ -563,7 +560,9 @@ mod tests {
     #[test]
     fn faults_are_told_apart_by_code_and_by_the_detail_of_a_plain_err() {
         use redis::{ErrorKind, ServerErrorKind};
-        let server = |kind: ServerErrorKind, detail: &str| redis::RedisError::from((ErrorKind::Server(kind), "", detail.to_owned()));
+        let server = |kind: ServerErrorKind, detail: &str| {
+            redis::RedisError::from((ErrorKind::Server(kind), "", detail.to_owned()))
+        };
         let plain = |detail: &str| {
             redis::RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "", detail.to_owned()))
         };

@@ -79,10 +79,12 @@ use tokio::sync::{mpsc, oneshot};
 use self::connection::{Connection, Engine, Followed};
 pub use self::connection::{EngineChoice, EngineKind};
 use self::url::Target;
-use super::{spread, Store};
-use crate::clock::{micros, Clock, Sleep, SystemClock, Timestamp};
-use crate::decision::{Decision, Outcome};
-use crate::engine::{ACQUIRE, CHECK, CHECK_AT_MOST, RECORD, REFUND, RELEASE, RESERVE, RESET};
+use super::{spread, Spread, Store};
+use crate::clock::{Clock, Sleep, SystemClock, Timestamp};
+use crate::decision::Outcome;
+use crate::engine::protocol::{
+    limit_argument, read_limit, Head, OpCode, ALLOWED, FOREIGN, REPLY_HEAD, REPLY_PER_LIMIT,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
@@ -107,22 +109,6 @@ const DEFAULT_MAX_BATCH: usize = 64;
 /// Calls under way at once from the batcher, per lane (per hash slot on a
 /// Cluster): one being decided while the next is on the wire.
 const CALLS_IN_FLIGHT: usize = 2;
-
-/// The integers of a decision's reply before its limits': status, granted,
-/// the instant decided at. A refused decision's reply is only these.
-const REPLY_HEAD: usize = 3;
-
-fn op_code(op: &Op) -> u64 {
-    match op {
-        Op::Check => CHECK,
-        Op::CheckAtMost => CHECK_AT_MOST,
-        Op::Reserve { .. } => RESERVE,
-        Op::Acquire { .. } => ACQUIRE,
-        Op::Release { .. } => RELEASE,
-        Op::Refund { .. } => REFUND,
-        Op::Record => RECORD,
-    }
-}
 
 /// The name of the library (and of its one function) on the server: its
 /// content's hash, so that versions of Tollgate sharing a server coexist.
@@ -594,7 +580,7 @@ fn answer(jobs: Vec<Job>, result: Result<Vec<i64>>) {
             let mut rest = reply.as_slice();
             for job in jobs {
                 // A decision refused for a foreign value replies with its head only.
-                let len = if rest.first() == Some(&-1) {
+                let len = if rest.first() == Some(&FOREIGN) {
                     REPLY_HEAD
                 } else {
                     job.decision.reply_len
@@ -719,81 +705,38 @@ impl RedisStore {
     /// Runs one decision on `keys` (one per limit of `policy`) and reads its reply.
     async fn decide_keys(&self, keys: Vec<String>, policy: &Policy, request: &Request) -> Result<Outcome> {
         let reply = self
-            .run(self.encode(keys, policy, request, op_code(&request.op)))
+            .run(self.encode(keys, policy, request, OpCode::from(&request.op)))
             .await?;
         read_reply(policy, &request.op, &reply)
     }
 
-    /// Encodes one decision in the library's calling convention.
-    fn encode(&self, keys: Vec<String>, policy: &Policy, request: &Request, op: u64) -> Encoded {
-        let (max_wait, lease, refund_at) = match &request.op {
-            Op::Reserve { max_wait } => (max_wait.map(micros), "", None),
-            Op::Acquire { lease, max_wait } => (max_wait.map(micros), lease.as_str(), None),
-            Op::Release { lease } => (None, lease.as_str(), None),
-            // The instant the units were taken: an argument of its own, so
-            // that the head stays the same from call to call.
-            Op::Refund { at, lease } => (None, lease.as_deref().unwrap_or(""), Some(at.as_micros())),
-            Op::Check | Op::CheckAtMost | Op::Record => (None, "", None),
-        };
-        let max_wait = max_wait.map_or(-1, |max_wait| i64::try_from(max_wait).unwrap_or(i64::MAX));
+    /// Encodes one decision in the library's calling convention: `request`,
+    /// or a reset when `op` is [`OpCode::Reset`].
+    fn encode(&self, keys: Vec<String>, policy: &Policy, request: &Request, op: OpCode) -> Encoded {
         let now = request
             .now
             .or_else(|| self.inner.clock.as_ref().map(|clock| clock.0.now()))
-            .map(|now| i64::try_from(now.as_micros()).unwrap_or(i64::MAX));
-        // Numbers written with itoa into strings sized once: the arguments
-        // are built per decision, and `format!` was a tenth of the client's CPU.
-        let mut args = Vec::with_capacity(2 + policy.len());
-        let mut head = String::with_capacity(64);
-        push_number(&mut head, op);
-        head.push(':');
-        push_number(&mut head, request.cost);
-        head.push(':');
-        push_number(&mut head, policy.len());
-        head.push(':');
-        push_number(&mut head, max_wait);
-        head.push(':');
-        if let Some(now) = now {
-            push_number(&mut head, now);
-        }
-        args.push(head);
-        if op == ACQUIRE || op == RELEASE || op == REFUND {
-            args.push(lease.to_owned());
-        }
-        if let Some(at) = refund_at {
-            let mut arg = String::with_capacity(20);
-            push_number(&mut arg, at);
-            args.push(arg);
-        }
-        for (index, (_, limit)) in policy.limits().enumerate() {
-            let params =
-                limit.script_params_near(|| now.map_or_else(|| SystemClock.now().as_micros(), i64::cast_unsigned));
-            let params = params.as_ref();
-            let mut arg = String::with_capacity(params.len() + 21);
-            arg.push_str(params);
-            arg.push(':');
-            push_number(&mut arg, request.cost_of(index));
-            args.push(arg);
-        }
-        let reply_len = if op == RESET {
-            REPLY_HEAD
-        } else {
-            REPLY_HEAD + 6 * policy.len()
+            .map(|now| now.as_micros().min(i64::MAX.cast_unsigned()));
+        let head = match op {
+            OpCode::Reset => Head::reset(policy.len(), now),
+            _ => Head::new(&request.op, request.cost, policy.len(), now),
         };
+        let mut args = Vec::with_capacity(3 + policy.len());
+        head.encode(&mut args);
+        for (index, (_, limit)) in policy.limits().enumerate() {
+            let params = limit.script_params_near(|| now.unwrap_or_else(|| SystemClock.now().as_micros()));
+            args.push(limit_argument(params.as_ref(), request.cost_of(index)));
+        }
         // Limits the module leaves to the library (it would read their
         // sorted sets whole).
         let lua = policy.limits().any(|(_, limit)| !limit.module_decides());
         Encoded {
             keys,
             args,
-            reply_len,
+            reply_len: op.reply_len(policy.len()),
             lua,
         }
     }
-}
-
-/// Appends `number` in decimal.
-fn push_number(text: &mut String, number: impl itoa::Integer) {
-    text.push_str(itoa::Buffer::new().format(number));
 }
 
 fn store_error(error: redis::RedisError) -> Error {
@@ -835,33 +778,27 @@ fn unsigned(value: i64) -> Result<u64> {
     u64::try_from(value).map_err(|_| malformed())
 }
 
-/// Reads one decision's reply: `status, granted, 6 × n numbers`.
+/// Reads one decision's reply: its head (status, granted, the instant
+/// decided at), then each limit's.
 fn read_reply(policy: &Policy, op: &Op, reply: &[i64]) -> Result<Outcome> {
-    let [status, granted, now, fields @ ..] = reply else {
+    let Some((&[status, granted, now], fields)) = reply.split_first_chunk::<REPLY_HEAD>() else {
         return Err(malformed());
     };
-    if *status == -1 {
+    if status == FOREIGN {
         return Err(Error::new(ErrorKind::Store, wrong_type_message()));
     }
-    if fields.len() != 6 * policy.len() {
+    if fields.len() != REPLY_PER_LIMIT * policy.len() {
         return Err(malformed());
     }
     let mut decisions = Vec::with_capacity(policy.len());
-    for chunk in fields.chunks_exact(6) {
-        decisions.push(Decision {
-            allowed: chunk[0] == 1,
-            limit: unsigned(chunk[1])?,
-            remaining: unsigned(chunk[2])?,
-            retry_after: u64::try_from(chunk[3]).ok().map(Duration::from_micros),
-            reset_after: Duration::from_micros(unsigned(chunk[4])?),
-            wait: Duration::from_micros(unsigned(chunk[5])?),
-        });
+    for fields in fields.chunks_exact(REPLY_PER_LIMIT) {
+        decisions.push(read_limit(fields).ok_or_else(malformed)?);
     }
     Ok(policy.outcome(
         op,
-        *status == 1,
-        unsigned(*granted)?,
-        unsigned(*now)?,
+        status == ALLOWED,
+        unsigned(granted)?,
+        unsigned(now)?,
         decisions.into_iter(),
     ))
 }
@@ -891,8 +828,8 @@ impl Store for RedisStore {
 
     /// One call on one server; on a Cluster one call per hash slot, refunded
     /// when another slot denies.
-    async fn decide_spread(&self, subjects: &[Subject], policy: &Policy, request: &Request) -> Result<Outcome> {
-        spread::check(subjects, policy)?;
+    async fn decide_spread(&self, rows: &Spread, op: Op) -> Result<Outcome> {
+        let (subjects, policy, request) = (rows.subjects(), rows.policy(), &rows.request(op));
         policy.validate(request)?;
         check_lease(request)?;
         let keys: Vec<String> = policy
@@ -916,7 +853,7 @@ impl Store for RedisStore {
 
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         let request = Request::new(Op::Check, 0);
-        self.run(self.encode(self.keys(subject, policy), policy, &request, RESET))
+        self.run(self.encode(self.keys(subject, policy), policy, &request, OpCode::Reset))
             .await?;
         Ok(())
     }

@@ -90,10 +90,10 @@ local function deny(limit, remaining, retry_after, reset_after)
   return slot
 end
 
--- What a request asks of each limit (the op codes of engine.rs).
+-- What a request asks of each limit (the op codes of engine/protocol.rs).
 local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET, REFUND, RECORD = 1, 2, 3, 4, 5, 6, 7, 8
 -- Added to a limit's algorithm id when a check it refuses still records its
--- cost (engine.rs's RECORDS_OVERAGE).
+-- cost (engine/protocol.rs's RECORDS_OVERAGE).
 local RECORDS_OVERAGE = 128
 
 -- A record (RECORD: units spent already, counted whether or not they fit),

@@ -25,6 +25,9 @@
 -- too: a call packs its first REPLIED integers.
 local LIMITS, COSTS, STATES, STALE, CHANGES = {}, {}, {}, {}, {}
 local REPLY, REPLIED = {}, 0
+-- The integers of a decision's reply before its limits', and per limit
+-- (engine/protocol.rs).
+local REPLY_HEAD, REPLY_PER_LIMIT = 3, 6
 
 -- The numbers of a text "a:b:…" (empty fields skipped).
 local function numbers(text)
@@ -93,7 +96,7 @@ end
 local function answer_head(status, granted, now)
   local at = REPLIED
   REPLY[at + 1], REPLY[at + 2], REPLY[at + 3] = status, granted, now
-  REPLIED = at + 3
+  REPLIED = at + REPLY_HEAD
 end
 
 -- Appends a decision's integers to the reply.
@@ -104,7 +107,7 @@ local function answer(status, granted, now, n)
     local d = SLOTS[i]
     reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5], reply[at + 6] =
       d[1], d[2], d[3], d[4], d[5], d[6]
-    at = at + 6
+    at = at + REPLY_PER_LIMIT
   end
   REPLIED = at
 end

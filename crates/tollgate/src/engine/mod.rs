@@ -2,10 +2,10 @@
 //! algorithms, over any [`Keyspace`], for the Redis module
 //! (`tollgate-redis-module`), which runs it inside the server.
 //!
-//! [`Engine::run`] takes the library's calling convention (the keys, and the
-//! arguments the Redis store sends the functions library: a batch of
-//! decisions, each with its head, lease and limits) and answers the
-//! library's reply, integer for integer. Each limit's state is read from its
+//! [`Engine::run`] takes the library's calling convention ([`protocol`]:
+//! the keys, and the arguments the Redis store sends the functions library,
+//! a batch of decisions, each with its head, lease and limits) and answers
+//! the library's reply, integer for integer. Each limit's state is read from its
 //! key and written back in the encoding of its Lua twin, so that module and
 //! Lua clients can share a server (a rolling upgrade, a server without the
 //! module for a while). The decision itself is `Policy::decide`, the code
@@ -22,7 +22,16 @@ pub use crate::algorithm::Value;
 use crate::algorithm::{Encoded, Limit, LimitSpec, Loaded, State};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
-use crate::policy::{Op, Policy, Request};
+use crate::policy::{Policy, Request};
+
+pub mod protocol;
+
+pub use self::protocol::PROTOCOL;
+pub(crate) use self::protocol::RECORDS_OVERAGE;
+use self::protocol::{
+    push_head, push_limit, split_limit_argument, unsigned, Head, OpCode, ALLOWED, DENIED, FOREIGN, REPLY_HEAD,
+    REPLY_PER_LIMIT,
+};
 
 /// Where the engine reads and writes keys: the server's keyspace, inside
 /// the command being run (so a decision is atomic).
@@ -39,25 +48,6 @@ pub trait Keyspace {
 
 /// A decision's list of one entry per limit: inline for a few limits.
 type Inline<T> = SmallVec<[T; 4]>;
-
-/// The op codes of the calling convention (`prelude.lua`), which the Redis
-/// store sends.
-pub(crate) const CHECK: u64 = 1;
-pub(crate) const CHECK_AT_MOST: u64 = 2;
-pub(crate) const RESERVE: u64 = 3;
-pub(crate) const ACQUIRE: u64 = 4;
-pub(crate) const RELEASE: u64 = 5;
-pub(crate) const RESET: u64 = 6;
-pub(crate) const REFUND: u64 = 7;
-pub(crate) const RECORD: u64 = 8;
-
-/// The calling convention's version: the module answers it to
-/// `TOLLGATE.VERSION`, and a client uses a module only when it is its own.
-pub const PROTOCOL: i64 = 3;
-
-/// Added to a limit's algorithm id when a check it refuses still records
-/// its cost ([`Limit::recording_overage`]).
-pub(crate) const RECORDS_OVERAGE: u64 = 128;
 
 /// With a caller's `now`, a key is kept at least this long (ms), as the Lua
 /// library keeps it: real time and the caller's differ, and each state says
@@ -90,90 +80,14 @@ fn invalid(message: impl Into<String>) -> CallError {
     CallError(message.into())
 }
 
-/// A decision's head: `<op>:<cost>:<n>:<max_wait>:<now>`.
-struct Head {
-    op: u64,
-    cost: u64,
-    limits: usize,
-    /// µs (`None`: -1).
-    max_wait: Option<u64>,
-    /// A refund's instant (µs), the argument after its lease.
-    refund_at: u64,
-    /// µs (`None`: the server's time).
-    now: Option<u64>,
-}
-
-fn unsigned(text: &[u8], field: &str) -> Result<u64, CallError> {
-    crate::algorithm::number(text).ok_or_else(|| invalid(format!("{field} is not an unsigned integer")))
-}
-
-impl Head {
-    fn parse(text: &[u8]) -> Result<Self, CallError> {
-        let malformed = || invalid("a decision's head is <op>:<cost>:<n>:<max_wait>:<now>");
-        let mut fields = text.split(|&byte| byte == b':');
-        let mut field = || fields.next().ok_or_else(malformed);
-        let (op, cost, limits, max_wait, now) = (field()?, field()?, field()?, field()?, field()?);
-        if fields.next().is_some() {
-            return Err(malformed());
-        }
-        Ok(Self {
-            op: unsigned(op, "op")?,
-            cost: unsigned(cost, "cost")?,
-            limits: usize::try_from(unsigned(limits, "the number of limits")?)
-                .map_err(|_| invalid("too many limits"))?,
-            refund_at: 0,
-            max_wait: if max_wait == b"-1" {
-                None
-            } else {
-                Some(unsigned(max_wait, "max_wait")?)
-            },
-            now: if now.is_empty() {
-                None
-            } else {
-                Some(unsigned(now, "now")?)
-            },
-        })
+/// The request `head` asks, with the per-limit `costs`.
+fn request(head: &Head, costs: Vec<u64>, now: u64) -> Result<Request, CallError> {
+    let op = head.request_op().ok_or_else(|| invalid("a reset is no request"))?;
+    let mut request = Request::new(op, head.cost).at(Timestamp::from_micros(now));
+    if !costs.is_empty() && costs.iter().any(|&cost| cost != head.cost) {
+        request = request.with_costs(costs);
     }
-
-    /// The request it asks, with `lease` and the per-limit `costs`.
-    fn request(&self, lease: Option<&[u8]>, costs: Vec<u64>, now: u64) -> Result<Request, CallError> {
-        let lease = lease
-            .map(|lease| String::from_utf8(lease.to_vec()).map_err(|_| invalid("a lease name is not UTF-8")))
-            .transpose()?;
-        let max_wait = self.max_wait.map(std::time::Duration::from_micros);
-        let op = match self.op {
-            CHECK => Op::Check,
-            CHECK_AT_MOST => Op::CheckAtMost,
-            RESERVE => Op::Reserve { max_wait },
-            ACQUIRE => Op::Acquire {
-                lease: lease.unwrap_or_default(),
-                max_wait,
-            },
-            RELEASE => Op::Release {
-                lease: lease.unwrap_or_default(),
-            },
-            REFUND => Op::Refund {
-                at: Timestamp::from_micros(self.refund_at),
-                lease,
-            },
-            RECORD => Op::Record,
-            other => return Err(invalid(format!("unknown op {other}"))),
-        };
-        let mut request = Request::new(op, self.cost).at(Timestamp::from_micros(now));
-        if !costs.is_empty() && costs.iter().any(|&cost| cost != self.cost) {
-            request = request.with_costs(costs);
-        }
-        Ok(request)
-    }
-}
-
-/// A limit's text, `<id>:<params…>:<cost it sees>`, split at its cost.
-fn split_cost(text: &[u8]) -> Result<(&[u8], u64), CallError> {
-    let colon = text
-        .iter()
-        .rposition(|&byte| byte == b':')
-        .ok_or_else(|| invalid("a limit is <id>:<params>:<cost>"))?;
-    Ok((&text[..colon], unsigned(&text[colon + 1..], "a limit's cost")?))
+    Ok(request)
 }
 
 /// The limit a text (without its cost) describes.
@@ -236,27 +150,12 @@ impl Engine {
     pub fn run(&mut self, keyspace: &mut impl Keyspace, keys: &[&[u8]], args: &[&[u8]]) -> Result<Vec<i64>, CallError> {
         let (&count, mut rest) = args.split_first().ok_or_else(|| invalid("no arguments"))?;
         let count = unsigned(count, "the number of decisions")?;
-        let mut reply = Vec::with_capacity(9 * usize::try_from(count).unwrap_or(1).min(64));
+        let decisions = usize::try_from(count).unwrap_or(1).min(64);
+        let mut reply = Vec::with_capacity((REPLY_HEAD + REPLY_PER_LIMIT) * decisions);
         let mut keys = keys;
         let mut server_now = None;
         for _ in 0..count {
-            let (&head, tail) = rest.split_first().ok_or_else(|| invalid("a decision is missing"))?;
-            let mut head = Head::parse(head)?;
-            rest = tail;
-            let lease = if matches!(head.op, ACQUIRE | RELEASE | REFUND) {
-                let (&lease, tail) = rest.split_first().ok_or_else(|| invalid("a lease is missing"))?;
-                rest = tail;
-                (!lease.is_empty()).then_some(lease)
-            } else {
-                None
-            };
-            if head.op == REFUND {
-                let (&at, tail) = rest
-                    .split_first()
-                    .ok_or_else(|| invalid("a refund's instant is missing"))?;
-                rest = tail;
-                head.refund_at = unsigned(at, "a refund's instant")?;
-            }
+            let head = Head::parse(&mut rest)?;
             if rest.len() < head.limits || keys.len() < head.limits {
                 return Err(invalid("fewer limits or keys than the head says"));
             }
@@ -268,48 +167,45 @@ impl Engine {
                 Some(now) => now,
                 None => *server_now.get_or_insert_with(|| keyspace.now()),
             };
-            self.decide(keyspace, decision_keys, &head, lease, limits, now, &mut reply)?;
+            self.decide(keyspace, decision_keys, &head, limits, now, &mut reply)?;
         }
         Ok(reply)
     }
 
     /// One decision of a call, appended to `reply`.
-    #[allow(clippy::too_many_arguments)]
     fn decide(
         &mut self,
         keyspace: &mut impl Keyspace,
         keys: &[&[u8]],
         head: &Head,
-        lease: Option<&[u8]>,
         limits: &[&[u8]],
         now: u64,
         reply: &mut Vec<i64>,
     ) -> Result<(), CallError> {
-        let now_reply = i64::try_from(now).unwrap_or(i64::MAX);
-        if head.op == RESET {
+        if head.op == OpCode::Reset {
             for key in keys {
                 keyspace.command(&[b"DEL", key]);
             }
-            reply.extend([1, 0, now_reply]);
+            push_head(reply, ALLOWED, 0, now);
             return Ok(());
         }
         if let [text] = limits {
-            let (text, cost) = split_cost(text)?;
+            let (text, cost) = split_limit_argument(text)?;
             let costs = if cost == head.cost { Vec::new() } else { vec![cost] };
-            let request = head.request(lease, costs, now)?;
+            let request = request(head, costs, now)?;
             let policy = self.single(text)?;
             return decide_policy(keyspace, keys, head, policy, &request, now, reply);
         }
         let mut costs = Vec::with_capacity(limits.len());
         let mut named = Vec::with_capacity(limits.len());
         for (index, text) in limits.iter().enumerate() {
-            let (text, cost) = split_cost(text)?;
+            let (text, cost) = split_limit_argument(text)?;
             costs.push(cost);
             let limit = self.single(text)?.limits().next().map(|(_, limit)| limit.clone());
             named.push((index.to_string(), limit.ok_or_else(|| invalid("no limit"))?));
         }
         let policy = Policy::spread(named).map_err(|error| invalid(error.to_string()))?;
-        let request = head.request(lease, costs, now)?;
+        let request = request(head, costs, now)?;
         decide_policy(keyspace, keys, head, &policy, &request, now, reply)
     }
 }
@@ -325,7 +221,6 @@ fn decide_policy(
     now: u64,
     reply: &mut Vec<i64>,
 ) -> Result<(), CallError> {
-    let now_reply = i64::try_from(now).unwrap_or(i64::MAX);
     let values: Inline<Value> = keys.iter().map(|key| keyspace.read(key)).collect();
     let mut states: Inline<Option<State>> = SmallVec::with_capacity(values.len());
     for ((_, limit), value) in policy.limits().zip(&values) {
@@ -333,7 +228,7 @@ fn decide_policy(
             Loaded::None => states.push(None),
             Loaded::State(state) => states.push(Some(state)),
             Loaded::Foreign => {
-                reply.extend([-1, 0, now_reply]);
+                push_head(reply, FOREIGN, 0, now);
                 return Ok(());
             }
         }
@@ -380,33 +275,16 @@ fn decide_policy(
         outcome.limits.iter().map(|(_, decision)| decision).collect()
     };
     // A refund is never refused: it gives back what it was asked to.
-    let (allowed, granted) = if head.op == REFUND {
+    let (allowed, granted) = if head.op == OpCode::Refund {
         (true, head.cost)
     } else {
         (decisions.iter().all(|decision| decision.allowed), outcome.granted)
     };
-    reply.extend([
-        i64::from(allowed),
-        i64::try_from(granted).unwrap_or(i64::MAX),
-        now_reply,
-    ]);
+    push_head(reply, if allowed { ALLOWED } else { DENIED }, granted, now);
     for decision in decisions {
-        answer(reply, decision);
+        push_limit(reply, decision);
     }
     Ok(())
-}
-
-/// Appends one limit's six integers.
-fn answer(reply: &mut Vec<i64>, decision: &Decision) {
-    let micros = |duration: std::time::Duration| i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
-    reply.extend([
-        i64::from(decision.allowed),
-        i64::try_from(decision.limit).unwrap_or(i64::MAX),
-        i64::try_from(decision.remaining).unwrap_or(i64::MAX),
-        decision.retry_after.map_or(-1, micros),
-        micros(decision.reset_after),
-        micros(decision.wait),
-    ]);
 }
 
 /// Writes `encoded` over `old`, the value it replaces: a string whole, a

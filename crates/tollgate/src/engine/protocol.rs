@@ -1,0 +1,586 @@
+//! The calling convention between the Redis store and an engine (the Lua
+//! functions library, or the native engine the Redis module runs): op
+//! codes, a decision's head, the reply's layout and the version, written
+//! once. The client encodes with it, the engine parses with it, and a test
+//! holds the Lua library's copy of its numbers to it.
+//!
+//! Arguments are short texts, as Redis hands each to Lua as a string: a
+//! head reads the same from call to call for requests of one shape (a
+//! refund's instant is an argument of its own), so the library parses it
+//! once and keeps it. The reply is integers only.
+//!
+//! One call (`FCALL <library> numkeys key… arg…`, or `TOLLGATE.DECIDE`
+//! with the same keys and arguments):
+//!
+//! - keys: the keys of every limit of every decision, in order;
+//! - arguments: the number of decisions, then per decision its [`Head`]
+//!   and one [`limit_argument`] per limit;
+//! - reply, per decision: [`REPLY_HEAD`] integers ([`push_head`]: status,
+//!   granted, the instant decided at; all of a reset's reply and of a
+//!   decision refused with [`FOREIGN`]), then [`REPLY_PER_LIMIT`] per limit
+//!   ([`push_limit`]).
+//!
+//! Module and Lua clients share servers: a change to any of it is a new
+//! [`PROTOCOL`].
+
+use std::time::Duration;
+
+use super::{invalid, CallError};
+use crate::clock::{micros, Timestamp};
+use crate::decision::Decision;
+use crate::policy::Op;
+
+/// The calling convention's version: the module answers it to
+/// `TOLLGATE.VERSION`, and a client uses a module only when it is its own.
+pub const PROTOCOL: i64 = 3;
+
+/// Added to a limit's algorithm id (the first number of its
+/// [`limit_argument`]) when a check it refuses still records its cost.
+pub const RECORDS_OVERAGE: u64 = 128;
+
+/// The integers of a decision's reply before its limits': status, granted,
+/// the instant decided at.
+pub const REPLY_HEAD: usize = 3;
+
+/// The integers of one limit's reply: allowed, limit, remaining,
+/// retry_after (-1: never), reset_after, wait (durations in µs).
+pub const REPLY_PER_LIMIT: usize = 6;
+
+/// A decision's status: allowed.
+pub const ALLOWED: i64 = 1;
+/// A decision's status: denied.
+pub const DENIED: i64 = 0;
+/// A decision's status: refused, a key holding a value Tollgate did not
+/// write (the reply is its head only).
+pub const FOREIGN: i64 = -1;
+
+/// The largest number the convention carries: the reply's integers are
+/// signed, and a longer wait is as good as forever.
+const MAX_NUMBER: u64 = i64::MAX.cast_unsigned();
+
+/// What a decision asks of its limits, as its head spells it.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpCode {
+    /// [`Op::Check`].
+    Check = 1,
+    /// [`Op::CheckAtMost`].
+    CheckAtMost = 2,
+    /// [`Op::Reserve`].
+    Reserve = 3,
+    /// [`Op::Acquire`].
+    Acquire = 4,
+    /// [`Op::Release`].
+    Release = 5,
+    /// Deletes the limits' keys (`Store::reset`).
+    Reset = 6,
+    /// [`Op::Refund`].
+    Refund = 7,
+    /// [`Op::Record`].
+    Record = 8,
+}
+
+impl OpCode {
+    /// Every op, in the order of their codes.
+    pub const ALL: [Self; 8] = [
+        Self::Check,
+        Self::CheckAtMost,
+        Self::Reserve,
+        Self::Acquire,
+        Self::Release,
+        Self::Reset,
+        Self::Refund,
+        Self::Record,
+    ];
+
+    /// The number that stands for it.
+    pub const fn code(self) -> u64 {
+        self as u64
+    }
+
+    /// The op `code` stands for.
+    pub const fn from_code(code: u64) -> Option<Self> {
+        match code {
+            1 => Some(Self::Check),
+            2 => Some(Self::CheckAtMost),
+            3 => Some(Self::Reserve),
+            4 => Some(Self::Acquire),
+            5 => Some(Self::Release),
+            6 => Some(Self::Reset),
+            7 => Some(Self::Refund),
+            8 => Some(Self::Record),
+            _ => None,
+        }
+    }
+
+    /// Whether the head is followed by a lease name (empty: none).
+    pub const fn carries_lease(self) -> bool {
+        matches!(self, Self::Acquire | Self::Release | Self::Refund)
+    }
+
+    /// Whether the lease name is followed by the instant (µs) the units
+    /// given back were taken at.
+    pub const fn carries_refund_instant(self) -> bool {
+        matches!(self, Self::Refund)
+    }
+
+    /// How many integers the reply of a decision over `limits` limits
+    /// holds (unless refused with [`FOREIGN`]: [`REPLY_HEAD`]).
+    pub const fn reply_len(self, limits: usize) -> usize {
+        match self {
+            Self::Reset => REPLY_HEAD,
+            _ => REPLY_HEAD + REPLY_PER_LIMIT * limits,
+        }
+    }
+}
+
+impl From<&Op> for OpCode {
+    fn from(op: &Op) -> Self {
+        match op {
+            Op::Check => Self::Check,
+            Op::CheckAtMost => Self::CheckAtMost,
+            Op::Reserve { .. } => Self::Reserve,
+            Op::Acquire { .. } => Self::Acquire,
+            Op::Release { .. } => Self::Release,
+            Op::Refund { .. } => Self::Refund,
+            Op::Record => Self::Record,
+        }
+    }
+}
+
+/// The arguments of one decision before its limits': the text
+/// `<op>:<cost>:<n>:<max_wait>:<now>`, then the lease name when the op
+/// [carries one](OpCode::carries_lease), then the refund's instant when it
+/// [carries one](OpCode::carries_refund_instant).
+///
+/// Its numbers are at most `i64::MAX`. `lease` and `refund_at` are sent
+/// only for the ops that carry them: a head of another op parses back with
+/// `None` and 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head<'a> {
+    /// What the decision asks.
+    pub op: OpCode,
+    /// The request's cost.
+    pub cost: u64,
+    /// How many limits (and keys) the decision has.
+    pub limits: usize,
+    /// The longest acceptable wait, µs (`None`: any; written -1).
+    pub max_wait: Option<u64>,
+    /// The instant to decide at, µs (`None`: the server's time; written
+    /// empty).
+    pub now: Option<u64>,
+    /// The lease name (`None`: none; written empty).
+    pub lease: Option<&'a str>,
+    /// A refund's instant, µs: when the units were taken.
+    pub refund_at: u64,
+}
+
+impl<'a> Head<'a> {
+    /// The head of `op` at `cost` over `limits` limits, decided at `now`
+    /// (µs; `None`: the server's time).
+    pub fn new(op: &'a Op, cost: u64, limits: usize, now: Option<u64>) -> Self {
+        let (max_wait, lease, refund_at) = match op {
+            Op::Reserve { max_wait } => (*max_wait, None, 0),
+            Op::Acquire { lease, max_wait } => (*max_wait, Some(lease.as_str()), 0),
+            Op::Release { lease } => (None, Some(lease.as_str()), 0),
+            Op::Refund { at, lease } => (None, lease.as_deref(), at.as_micros()),
+            Op::Check | Op::CheckAtMost | Op::Record => (None, None, 0),
+        };
+        Self {
+            op: OpCode::from(op),
+            cost,
+            limits,
+            max_wait: max_wait.map(|wait| micros(wait).min(MAX_NUMBER)),
+            now,
+            lease,
+            refund_at,
+        }
+    }
+
+    /// The head of a reset of `limits` limits at `now` (µs; `None`: the
+    /// server's time).
+    pub fn reset(limits: usize, now: Option<u64>) -> Self {
+        Self {
+            op: OpCode::Reset,
+            cost: 0,
+            limits,
+            max_wait: None,
+            now,
+            lease: None,
+            refund_at: 0,
+        }
+    }
+
+    /// Appends its arguments to `args`.
+    pub fn encode(&self, args: &mut Vec<String>) {
+        // Numbers written with itoa into strings sized once: a head is
+        // built per decision, and `format!` was a tenth of the client's CPU.
+        let mut text = String::with_capacity(64);
+        push_number(&mut text, self.op.code());
+        text.push(':');
+        push_number(&mut text, self.cost);
+        text.push(':');
+        push_number(&mut text, self.limits);
+        text.push(':');
+        match self.max_wait {
+            Some(max_wait) => push_number(&mut text, max_wait),
+            None => text.push_str("-1"),
+        }
+        text.push(':');
+        if let Some(now) = self.now {
+            push_number(&mut text, now);
+        }
+        args.push(text);
+        if self.op.carries_lease() {
+            args.push(self.lease.unwrap_or_default().to_owned());
+        }
+        if self.op.carries_refund_instant() {
+            let mut at = String::with_capacity(20);
+            push_number(&mut at, self.refund_at);
+            args.push(at);
+        }
+    }
+
+    /// Takes a head's arguments off the front of `args`.
+    ///
+    /// # Errors
+    ///
+    /// Arguments that are no head, or too few of them.
+    pub fn parse(args: &mut &[&'a [u8]]) -> Result<Self, CallError> {
+        let mut next = |missing: &str| {
+            let (&first, rest) = args.split_first().ok_or_else(|| invalid(missing))?;
+            *args = rest;
+            Ok::<_, CallError>(first)
+        };
+        let text = next("a decision is missing")?;
+        let malformed = || invalid("a decision's head is <op>:<cost>:<n>:<max_wait>:<now>");
+        let mut fields = text.split(|&byte| byte == b':');
+        let mut field = || fields.next().ok_or_else(malformed);
+        let (op, cost, limits, max_wait, now) = (field()?, field()?, field()?, field()?, field()?);
+        if fields.next().is_some() {
+            return Err(malformed());
+        }
+        let op = unsigned(op, "op")?;
+        let op = OpCode::from_code(op).ok_or_else(|| invalid(format!("unknown op {op}")))?;
+        let lease = if op.carries_lease() {
+            let lease = next("a lease is missing")?;
+            let lease = std::str::from_utf8(lease).map_err(|_| invalid("a lease name is not UTF-8"))?;
+            (!lease.is_empty()).then_some(lease)
+        } else {
+            None
+        };
+        let refund_at = if op.carries_refund_instant() {
+            unsigned(next("a refund's instant is missing")?, "a refund's instant")?
+        } else {
+            0
+        };
+        Ok(Self {
+            op,
+            cost: unsigned(cost, "cost")?,
+            limits: usize::try_from(unsigned(limits, "the number of limits")?)
+                .map_err(|_| invalid("too many limits"))?,
+            max_wait: if max_wait == b"-1" {
+                None
+            } else {
+                Some(unsigned(max_wait, "max_wait")?)
+            },
+            now: if now.is_empty() {
+                None
+            } else {
+                Some(unsigned(now, "now")?)
+            },
+            lease,
+            refund_at,
+        })
+    }
+
+    /// The op it asks (`None` for a reset, which is no request).
+    pub fn request_op(&self) -> Option<Op> {
+        let lease = self.lease.map(str::to_owned);
+        let max_wait = self.max_wait.map(Duration::from_micros);
+        Some(match self.op {
+            OpCode::Check => Op::Check,
+            OpCode::CheckAtMost => Op::CheckAtMost,
+            OpCode::Reserve => Op::Reserve { max_wait },
+            OpCode::Acquire => Op::Acquire {
+                lease: lease.unwrap_or_default(),
+                max_wait,
+            },
+            OpCode::Release => Op::Release {
+                lease: lease.unwrap_or_default(),
+            },
+            OpCode::Refund => Op::Refund {
+                at: Timestamp::from_micros(self.refund_at),
+                lease,
+            },
+            OpCode::Record => Op::Record,
+            OpCode::Reset => return None,
+        })
+    }
+}
+
+/// A limit's argument: its text `<algorithm id>:<parameters>` and the cost
+/// it sees, `<id>:<parameters>:<cost>`.
+pub fn limit_argument(text: &str, cost: u64) -> String {
+    let mut argument = String::with_capacity(text.len() + 21);
+    argument.push_str(text);
+    argument.push(':');
+    push_number(&mut argument, cost);
+    argument
+}
+
+/// A [`limit_argument`] split into its text and its cost.
+///
+/// # Errors
+///
+/// An argument without a cost.
+pub fn split_limit_argument(argument: &[u8]) -> Result<(&[u8], u64), CallError> {
+    let colon = argument
+        .iter()
+        .rposition(|&byte| byte == b':')
+        .ok_or_else(|| invalid("a limit is <id>:<params>:<cost>"))?;
+    Ok((&argument[..colon], unsigned(&argument[colon + 1..], "a limit's cost")?))
+}
+
+/// Appends a decision's reply head.
+pub fn push_head(reply: &mut Vec<i64>, status: i64, granted: u64, now: u64) {
+    reply.extend([status, signed(granted), signed(now)]);
+}
+
+/// Appends one limit's reply.
+pub fn push_limit(reply: &mut Vec<i64>, decision: &Decision) {
+    let micros = |duration: Duration| i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
+    reply.extend([
+        i64::from(decision.allowed),
+        signed(decision.limit),
+        signed(decision.remaining),
+        decision.retry_after.map_or(-1, micros),
+        micros(decision.reset_after),
+        micros(decision.wait),
+    ]);
+}
+
+/// Reads one limit's reply (`None`: not [`REPLY_PER_LIMIT`] integers, or
+/// one out of its range).
+pub fn read_limit(fields: &[i64]) -> Option<Decision> {
+    let &[allowed, limit, remaining, retry_after, reset_after, wait] = fields else {
+        return None;
+    };
+    Some(Decision {
+        allowed: allowed == 1,
+        limit: u64::try_from(limit).ok()?,
+        remaining: u64::try_from(remaining).ok()?,
+        retry_after: u64::try_from(retry_after).ok().map(Duration::from_micros),
+        reset_after: Duration::from_micros(u64::try_from(reset_after).ok()?),
+        wait: Duration::from_micros(u64::try_from(wait).ok()?),
+    })
+}
+
+/// A reply as it goes over the wire: its integers as one bulk string of
+/// 8-byte little-endian signed words (the Lua library and the module both
+/// pack so: a client reads one string instead of a RESP integer per value).
+pub fn pack(reply: &[i64]) -> Vec<u8> {
+    let mut packed = Vec::with_capacity(8 * reply.len());
+    for integer in reply {
+        packed.extend_from_slice(&integer.to_le_bytes());
+    }
+    packed
+}
+
+/// The integers of a [`pack`]ed reply (`None`: not a whole number of words).
+pub fn unpack(packed: &[u8]) -> Option<Vec<i64>> {
+    if !packed.len().is_multiple_of(8) {
+        return None;
+    }
+    let words = packed.chunks_exact(8).map(|word| {
+        let mut le = [0; 8];
+        le.copy_from_slice(word);
+        i64::from_le_bytes(le)
+    });
+    Some(words.collect())
+}
+
+/// `number` as a reply's integer.
+fn signed(number: u64) -> i64 {
+    i64::try_from(number).unwrap_or(i64::MAX)
+}
+
+/// Appends `number` in decimal.
+fn push_number(text: &mut String, number: impl itoa::Integer) {
+    text.push_str(itoa::Buffer::new().format(number));
+}
+
+/// `text` as an unsigned integer, or an error naming `field`.
+pub(super) fn unsigned(text: &[u8], field: &str) -> Result<u64, CallError> {
+    crate::algorithm::number(text).ok_or_else(|| invalid(format!("{field} is not an unsigned integer")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The Lua library's source, where it names the convention's numbers.
+    const LUA: &str = concat!(
+        include_str!("../store/redis/prelude.lua"),
+        include_str!("../store/redis/tollgate.lua"),
+    );
+
+    /// The Lua library's name for `op`.
+    fn lua_name(op: OpCode) -> &'static str {
+        match op {
+            OpCode::Check => "CHECK",
+            OpCode::CheckAtMost => "CHECK_AT_MOST",
+            OpCode::Reserve => "RESERVE",
+            OpCode::Acquire => "ACQUIRE",
+            OpCode::Release => "RELEASE",
+            OpCode::Reset => "RESET",
+            OpCode::Refund => "REFUND",
+            OpCode::Record => "RECORD",
+        }
+    }
+
+    /// The integer constants a Lua source defines at its top level
+    /// (`local A, B = 1, 2`).
+    fn lua_constants(source: &str) -> HashMap<&str, i64> {
+        let mut constants = HashMap::new();
+        for line in source.lines() {
+            let Some((names, values)) = line.strip_prefix("local ").and_then(|line| line.split_once(" = ")) else {
+                continue;
+            };
+            let values = values.split("--").next().unwrap_or_default();
+            for (name, value) in names.split(',').zip(values.split(',')) {
+                if let Ok(value) = value.trim().parse() {
+                    let before = constants.insert(name.trim(), value);
+                    assert_eq!(before, None, "{name} is defined twice");
+                }
+            }
+        }
+        constants
+    }
+
+    #[test]
+    fn the_lua_library_names_the_same_numbers() {
+        let lua = lua_constants(LUA);
+        let constant = |name: &str| {
+            lua.get(name)
+                .copied()
+                .unwrap_or_else(|| panic!("no {name} in the Lua library"))
+        };
+        for op in OpCode::ALL {
+            assert_eq!(constant(lua_name(op)), i64::try_from(op.code()).unwrap(), "{op:?}");
+            assert_eq!(OpCode::from_code(op.code()), Some(op));
+        }
+        assert_eq!(constant("RECORDS_OVERAGE"), i64::try_from(RECORDS_OVERAGE).unwrap());
+        assert_eq!(constant("REPLY_HEAD"), i64::try_from(REPLY_HEAD).unwrap());
+        assert_eq!(constant("REPLY_PER_LIMIT"), i64::try_from(REPLY_PER_LIMIT).unwrap());
+    }
+
+    #[test]
+    fn the_lua_library_reads_a_lease_and_a_refund_instant_after_the_same_ops() {
+        let ops = |carries: fn(OpCode) -> bool| {
+            let names: Vec<String> = OpCode::ALL
+                .into_iter()
+                .filter(|&op| carries(op))
+                .map(|op| format!("op == {}", lua_name(op)))
+                .collect();
+            format!("if {} then", names.join(" or "))
+        };
+        let lease = ops(OpCode::carries_lease);
+        assert!(
+            LUA.contains(&format!("\n    {lease}\n      lease = args[at]\n")),
+            "{lease}"
+        );
+        let refund = ops(OpCode::carries_refund_instant);
+        assert!(
+            LUA.contains(&format!(
+                "\n      {refund}\n        -- The instant the units were taken"
+            )),
+            "{refund}"
+        );
+    }
+
+    #[test]
+    fn a_head_is_written_as_the_library_reads_it() {
+        let op = Op::Acquire {
+            lease: "job-7".to_owned(),
+            max_wait: Some(Duration::from_millis(5)),
+        };
+        let mut args = Vec::new();
+        Head::new(&op, 2, 3, None).encode(&mut args);
+        Head::reset(1, Some(42)).encode(&mut args);
+        let refund = Op::Refund {
+            at: Timestamp::from_micros(9),
+            lease: None,
+        };
+        Head::new(&refund, 1, 1, Some(10)).encode(&mut args);
+        assert_eq!(args, ["4:2:3:5000:", "job-7", "6:0:1:-1:42", "7:1:1:-1:10", "", "9"]);
+    }
+
+    fn op_code() -> impl Strategy<Value = OpCode> {
+        proptest::sample::select(OpCode::ALL.to_vec())
+    }
+
+    /// A head as a client may send it, and the lease it names.
+    fn head() -> impl Strategy<Value = (OpCode, u64, usize, Option<u64>, Option<u64>, Option<String>, u64)> {
+        (
+            op_code(),
+            0..=MAX_NUMBER,
+            0..=MAX_NUMBER as usize,
+            proptest::option::of(0..=MAX_NUMBER),
+            proptest::option::of(0..=MAX_NUMBER),
+            proptest::option::of(".+"),
+            0..=MAX_NUMBER,
+        )
+            .prop_map(|(op, cost, limits, max_wait, now, lease, refund_at)| {
+                let lease = lease.filter(|_| op.carries_lease());
+                let refund_at = if op.carries_refund_instant() { refund_at } else { 0 };
+                (op, cost, limits, max_wait, now, lease, refund_at)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn any_head_parses_back_as_it_was_encoded(
+            (op, cost, limits, max_wait, now, lease, refund_at) in head(),
+            limit in "[0-9:]{0,20}",
+            limit_cost in 0..=MAX_NUMBER,
+        ) {
+            let head = Head { op, cost, limits, max_wait, now, lease: lease.as_deref(), refund_at };
+            let mut args = Vec::new();
+            head.encode(&mut args);
+            args.push(limit_argument(&limit, limit_cost));
+            let bytes: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
+            let mut rest = bytes.as_slice();
+            prop_assert_eq!(Head::parse(&mut rest)?, head);
+            prop_assert_eq!(rest.len(), 1);
+            prop_assert_eq!(split_limit_argument(rest[0])?, (limit.as_bytes(), limit_cost));
+        }
+
+        #[test]
+        fn any_limit_reply_reads_back_as_it_was_pushed(
+            allowed: bool,
+            limit in 0..=MAX_NUMBER,
+            remaining in 0..=MAX_NUMBER,
+            retry_after in proptest::option::of(0..=MAX_NUMBER),
+            reset_after in 0..=MAX_NUMBER,
+            wait in 0..=MAX_NUMBER,
+        ) {
+            let decision = Decision {
+                allowed,
+                limit,
+                remaining,
+                retry_after: retry_after.map(Duration::from_micros),
+                reset_after: Duration::from_micros(reset_after),
+                wait: Duration::from_micros(wait),
+            };
+            let mut reply = Vec::new();
+            push_limit(&mut reply, &decision);
+            prop_assert_eq!(reply.len(), REPLY_PER_LIMIT);
+            prop_assert_eq!(read_limit(&reply), Some(decision));
+        }
+    }
+}
