@@ -17,7 +17,7 @@
 //! It counts as envoyproxy/ratelimit does (a descriptor that goes over still
 //! adds its hits: a token report is usage that happened; see [`service`]),
 //! and offers what a gateway cannot: reserve an estimate, then settle the
-//! actual ([`reservations`]).
+//! actual ([`service::reservations`]).
 
 // The store futures nest deeply (a resilient store over Redis, in `AnyStore`,
 // in the gRPC and HTTP handlers): the compiler needs more room to lay them out.
@@ -27,7 +27,6 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
-pub mod reservations;
 pub mod service;
 pub mod settings;
 pub mod unit;

@@ -20,7 +20,7 @@
 //! descriptor's entries — so that one domain's keys spread over a Redis
 //! Cluster; a descriptor's limit is named `rule` (or, for a limit Envoy
 //! sends, `override.<requests>.<unit>`). The store decides them with
-//! [`Store::decide_spread`]: in one call on one Redis server; on a Cluster
+//! [`Store::decide_spread`](tollgate::Store::decide_spread): in one call on one Redis server; on a Cluster
 //! in one call per hash slot, giving back what the other slots took when one
 //! denies.
 //!
@@ -50,6 +50,7 @@ mod error;
 mod matching;
 mod options;
 mod request;
+pub mod reservations;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -88,7 +89,7 @@ pub struct Service {
     healthy: watch::Sender<bool>,
     health: std::sync::Mutex<Health>,
     /// Open reservations (`/v1/reserve`, `/v1/settle`).
-    pub(crate) reservations: crate::reservations::Reservations,
+    pub(crate) reservations: reservations::Reservations,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -117,7 +118,7 @@ impl Service {
             options,
             healthy: watch::channel(!health.no_config).0,
             health: std::sync::Mutex::new(health),
-            reservations: crate::reservations::Reservations::default(),
+            reservations: reservations::Reservations::default(),
         }
     }
 
@@ -203,8 +204,8 @@ impl Service {
     ///
     /// # Errors
     ///
-    /// A malformed request ([`ServiceError::InvalidArgument`]), or a store
-    /// fault ([`ServiceError::Unavailable`], counted as one).
+    /// A malformed request ([`Failure::InvalidArgument`]), or a store fault
+    /// ([`Failure::Unavailable`], counted as one).
     pub async fn should_rate_limit(&self, request: &CheckRequest) -> Result<CheckResponse, ServiceError> {
         self.decide_request(request, Cost::Hits).await
     }

@@ -35,7 +35,7 @@ use std::time::Duration;
 // Tokio's clock, which a test may pause and advance.
 use tokio::time::Instant;
 
-use crate::service::{Adjustment, CheckRequest, CheckResponse, Code, Cost, Failure, Service, ServiceError};
+use super::{Adjustment, CheckRequest, CheckResponse, Code, Cost, Failure, Service, ServiceError};
 
 /// The most reservations open at once; more is refused (503).
 pub const MAX_OPEN: usize = 100_000;
