@@ -55,8 +55,11 @@ REDIS_EXTRA_ARGS=(--loadmodule "$MODULE_SO" --loadmodule "$CELL")
 start_redis
 
 rb() { # ARGS…: requests per second of redis-benchmark -c 50 -P 16
-  redis-benchmark -p "$REDIS_PORT" -c 50 -P 16 -n "$RB_REQUESTS" -r "$KEYS" --csv "$@" 2>/dev/null |
-    awk -F'"' 'NR == 2 { printf "%.0f", $4 }'
+  local rate
+  rate=$(redis-benchmark -p "$REDIS_PORT" -c 50 -P 16 -n "$RB_REQUESTS" -r "$KEYS" --csv "$@" 2>/dev/null |
+    awk -F'"' 'NR == 2 { printf "%.0f", $4 }') || die "redis-benchmark $1 failed (does the server answer $1 $2 …?)"
+  [ -n "$rate" ] || die "redis-benchmark $1 reported no rate"
+  printf '%s' "$rate"
 }
 GCRA='{"algorithm":"gcra","rate":1000000,"period":"1s","burst":1000}'
 tg() { # ENGINE THREADS BATCH: decisions per second and client CPU per decision of tollgate bench --tasks 64
@@ -70,7 +73,8 @@ incr=() cell=() module=()
 for _ in 1 2; do
   incr+=("$(rb INCR 'incr:__rand_int__')")
   cell+=("$(rb CL.THROTTLE 'cell:__rand_int__' 1000 1000000 1 1)")
-  module+=("$(rb TOLLGATE.DECIDE 1 'module:__rand_int__' 1 '1:1:1:-1:' '7:1000:1:1:1')")
+  # GCRA <burst>:<unit µs>:<cells per unit>:<max debt ticks (2^52: none)>, then the cost.
+  module+=("$(rb TOLLGATE.DECIDE 1 'module:__rand_int__' 1 '1:1:1:-1:' '7:1000:1:1:4503599627370496:1')")
 done
 note "tollgate bench: module, lua, module, lua; one thread, then two"
 read -r tg_module tg_module_cpu < <(tg module 1 64)
