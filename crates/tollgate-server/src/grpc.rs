@@ -13,6 +13,7 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, ListValue, Struct, Value as ProtoValue};
 use tonic::{Request, Response, Status};
 
+use crate::service::seconds;
 use crate::service::{CheckRequest, CheckResponse, Code, Descriptor, Failure, Service, ServiceError, Target};
 use crate::unit::Unit;
 
@@ -60,10 +61,11 @@ pub(crate) fn descriptor(index: usize, descriptor: RateLimitDescriptor) -> Resul
     })
 }
 
+/// A reset in whole seconds, rounded up ([`seconds`]).
 fn duration(value: std::time::Duration) -> ProtoDuration {
     ProtoDuration {
-        seconds: i64::try_from(value.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(value.subsec_nanos()).unwrap_or(0),
+        seconds: i64::try_from(seconds(value)).unwrap_or(i64::MAX),
+        nanos: 0,
     }
 }
 

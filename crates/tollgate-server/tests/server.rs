@@ -516,6 +516,38 @@ async fn cost_zero_is_a_peek(store: Store) {
     server.stop().await;
 }
 
+/// On Envoy's protocol a reset is whole seconds, rounded up, as
+/// envoyproxy/ratelimit sends it: Envoy's `x-ratelimit-reset` reads the
+/// seconds alone, so a reset 0.1 s away sent as such would read 0 (retry
+/// at once, and be refused again).
+async fn envoy_resets_are_whole_seconds_rounded_up(store: Store) {
+    const TEN_A_SECOND: &str = "
+domain: fast
+descriptors:
+  - key: user
+    rate_limit:
+      algorithm: {algorithm: gcra, rate: 10, period: 1s, burst: 1}
+";
+    let server = start_with(store, Options::default(), TEN_A_SECOND).await;
+    let ask = || RateLimitRequest {
+        domain: "fast".to_owned(),
+        ..request(vec![descriptor(&[("user", "rita")])], 0)
+    };
+    assert_eq!(server.grpc(ask()).await.unwrap().overall_code, OK);
+    let over = server.grpc(ask()).await.unwrap();
+    assert_eq!(over.overall_code, OVER_LIMIT);
+    let reset = over.statuses[0].duration_until_reset.unwrap();
+    assert_eq!((reset.seconds, reset.nanos), (1, 0), "0.1 s to go: {reset:?}");
+    let body = json!({"domain": "fast", "descriptors": [{"entries": [{"key": "user", "value": "rita"}]}]});
+    let answer: Value = server.post("/json", body.to_string()).await.json().await.unwrap();
+    assert_eq!(answer["statuses"][0]["durationUntilReset"], "1s", "{answer}");
+    // Tollgate's own API keeps the microseconds.
+    let check = json!({"domain": "fast", "descriptors": [{"entries": [{"key": "user", "value": "rita"}]}]});
+    let answer: Value = server.post("/v1/check", check.to_string()).await.json().await.unwrap();
+    assert_eq!(answer["retry_after_ms"], json!(100.0), "{answer}");
+    server.stop().await;
+}
+
 /// A request's descriptors are capped: above the cap the request is an
 /// invalid argument naming it, on every front end, and serving goes on.
 async fn descriptors_are_capped(store: Store) {
@@ -764,6 +796,7 @@ on_both_stores!(
     a_blocked_request_consumes_nothing,
     descriptors_are_capped,
     resets_come_from_the_store_clock,
+    envoy_resets_are_whole_seconds_rounded_up,
     reservations_settle_to_the_actual,
     calendar_budgets_reset_with_the_zone,
 );

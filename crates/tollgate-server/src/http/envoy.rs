@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 
 use serde::{Deserialize, Serialize};
 
-use crate::service::{CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError, Target};
+use crate::service::{seconds, CheckRequest, CheckResponse, Code, Descriptor, Service, ServiceError, Target};
 
 use super::{read_json, service_error};
 use crate::unit::Unit;
@@ -121,15 +121,10 @@ pub(super) fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// A duration in protobuf's JSON mapping: `"1.500s"`.
+/// A reset in protobuf's JSON mapping, in whole seconds rounded up
+/// ([`seconds`]): `"3s"`.
 fn proto_duration(duration: Duration) -> String {
-    let nanos = duration.subsec_nanos();
-    if nanos == 0 {
-        format!("{}s", duration.as_secs())
-    } else {
-        let fraction = format!("{nanos:09}");
-        format!("{}.{}s", duration.as_secs(), fraction.trim_end_matches('0'))
-    }
+    format!("{}s", seconds(duration))
 }
 
 /// Envoy's response in protobuf's JSON mapping (default values left out).

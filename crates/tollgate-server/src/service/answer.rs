@@ -231,8 +231,11 @@ fn most_restrictive(
     Restrictiveness::most(candidates.iter().map(|status| restrictiveness(status))).map(|index| candidates[index])
 }
 
-/// Whole seconds, rounded up (a client told 0 would retry at once).
-fn seconds(duration: Duration) -> u64 {
+/// Whole seconds, rounded up (a client told 0 would retry at once): how
+/// Envoy's protocol carries a reset, as envoyproxy/ratelimit reports it and
+/// as Envoy reads it (its `x-ratelimit-reset` takes the seconds alone, so a
+/// reset 0.4 s away sent as such would read 0).
+pub fn seconds(duration: Duration) -> u64 {
     duration.as_micros().div_ceil(1_000_000) as u64
 }
 

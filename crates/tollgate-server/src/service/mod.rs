@@ -60,7 +60,7 @@ use tokio::sync::watch;
 use tollgate::{AnyStore, LeasedStore};
 
 use self::answer::{dynamic_metadata, overall_code, unix_now};
-pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness};
+pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, seconds};
 use self::deciding::set_decisions;
 pub(crate) use self::deciding::{Adjustment, Cost};
 pub use self::error::{Failure, ServiceError};
