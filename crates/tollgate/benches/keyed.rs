@@ -17,14 +17,19 @@
 //! command and the figures.
 
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{black_box, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use governor::clock::Clock as _;
+use governor::middleware::NoOpMiddleware;
+use governor::nanos::Nanos;
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::state::{InMemoryState, NotKeyed};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::{Clock as _, Limit, MemoryStore, Op, Policy, Request, Subject, SystemClock};
+use tollgate::{Clock as _, Limit, MemoryStore, Op, Policy, Request, Subject, SystemClock, Timestamp};
 
 /// Distinct keys.
 const KEYS: usize = 10_000;
@@ -191,6 +196,266 @@ fn two_threads<K: Keyed>(group: &mut Group<'_>, name: &str, limiter: &K, keys: &
     });
 }
 
+/// Virtual time for the fair runs: every check moves its thread's time one
+/// step on first (on both sides alike), so that both sides see the same
+/// instants whatever their speed, and allow the same share. Each thread
+/// keeps its own time (a thread-local), as each checks keys of its own: a
+/// clock shared by two threads would be the contended line both measure.
+#[derive(Clone, Copy)]
+struct VirtualClock {
+    step: u64,
+}
+
+std::thread_local! {
+    static VIRTUAL_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The latest virtual time any thread reached: a thread spawned for a run
+/// starts there, so that no key sees its time go back.
+static VIRTUAL_FLOOR: AtomicU64 = AtomicU64::new(0);
+
+impl VirtualClock {
+    /// A clock moving `step` ns a check.
+    fn new(step: u64) -> Self {
+        Self { step }
+    }
+
+    /// Moves this thread's time one step on; the new time, ns.
+    fn tick(self) -> u64 {
+        VIRTUAL_NS.with(|now| {
+            now.set(now.get() + self.step);
+            now.get()
+        })
+    }
+}
+
+impl governor::clock::Clock for VirtualClock {
+    type Instant = Nanos;
+
+    fn now(&self) -> Nanos {
+        Nanos::new(VIRTUAL_NS.with(std::cell::Cell::get))
+    }
+}
+
+/// Virtual time between two checks of the keyed runs: with [`KEYS`] keys,
+/// a key comes back every millisecond.
+const STEP_NS: u64 = 100;
+/// Between two checks of the one-key runs: Tollgate's clock counts whole
+/// microseconds.
+const DIRECT_STEP_NS: u64 = 1_000;
+
+/// One side of a fair run: a check of one unit at the virtual time `ns`.
+trait Fair: Sync {
+    type Key: Sync;
+    fn clock(&self) -> VirtualClock;
+    fn check_at(&self, key: &Self::Key, ns: u64) -> bool;
+}
+
+/// Tollgate's memory store, deciding at the virtual time (an explicit `now`).
+struct FairTollgate {
+    store: MemoryStore,
+    policy: Policy,
+    clock: VirtualClock,
+}
+
+impl FairTollgate {
+    fn new(rate: u32, burst: u32, step: u64) -> Self {
+        let limit = Limit::gcra(u64::from(rate), Duration::from_secs(1), u64::from(burst)).expect("valid limit");
+        Self {
+            store: MemoryStore::new(),
+            policy: Policy::single(limit),
+            clock: VirtualClock::new(step),
+        }
+    }
+}
+
+impl Fair for FairTollgate {
+    type Key = Subject;
+
+    fn clock(&self) -> VirtualClock {
+        self.clock
+    }
+
+    fn check_at(&self, key: &Subject, ns: u64) -> bool {
+        let request = Request::new(Op::Check, 1).at(Timestamp::from_micros(ns / 1_000));
+        self.store
+            .decide_now(key, &self.policy, &request)
+            .expect("a check")
+            .decision
+            .allowed
+    }
+}
+
+/// governor keyed by `String` (the same bytes as Tollgate's subjects), on the virtual clock.
+struct FairGovernor {
+    limiter: RateLimiter<String, DefaultKeyedStateStore<String>, VirtualClock, NoOpMiddleware<Nanos>>,
+    clock: VirtualClock,
+}
+
+impl FairGovernor {
+    fn new(rate: u32, burst: u32) -> Self {
+        let clock = VirtualClock::new(STEP_NS);
+        let quota = Quota::per_second(NonZeroU32::new(rate).expect("non-zero"))
+            .allow_burst(NonZeroU32::new(burst).expect("non-zero"));
+        Self {
+            limiter: RateLimiter::new(quota, DefaultKeyedStateStore::default(), clock),
+            clock,
+        }
+    }
+}
+
+impl Fair for FairGovernor {
+    type Key = String;
+
+    fn clock(&self) -> VirtualClock {
+        self.clock
+    }
+
+    fn check_at(&self, key: &String, _ns: u64) -> bool {
+        self.limiter.check_key(key).is_ok()
+    }
+}
+
+/// One key: Tollgate's single subject against governor's direct limiter.
+struct FairDirect {
+    limiter: RateLimiter<NotKeyed, InMemoryState, VirtualClock, NoOpMiddleware<Nanos>>,
+    clock: VirtualClock,
+}
+
+impl FairDirect {
+    fn new(rate: u32, burst: u32) -> Self {
+        let clock = VirtualClock::new(DIRECT_STEP_NS);
+        let quota = Quota::per_second(NonZeroU32::new(rate).expect("non-zero"))
+            .allow_burst(NonZeroU32::new(burst).expect("non-zero"));
+        Self {
+            limiter: RateLimiter::direct_with_clock(quota, clock),
+            clock,
+        }
+    }
+}
+
+impl Fair for FairDirect {
+    type Key = ();
+
+    fn clock(&self) -> VirtualClock {
+        self.clock
+    }
+
+    fn check_at(&self, _key: &(), _ns: u64) -> bool {
+        self.limiter.check().is_ok()
+    }
+}
+
+/// `iters` fair checks cycling over `keys` from `*at`; the allowed count.
+fn run_fair<F: Fair>(side: &F, keys: &[F::Key], at: &mut usize, iters: u64) -> u64 {
+    let mut allowed = 0;
+    for _ in 0..iters {
+        let ns = side.clock().tick();
+        allowed += u64::from(side.check_at(black_box(&keys[*at]), ns));
+        *at += 1;
+        if *at == keys.len() {
+            *at = 0;
+        }
+    }
+    allowed
+}
+
+/// Times `side` on one thread and on two (each on its half of `keys`), after
+/// a warm-up that also reports the share it allows.
+fn fair<F: Fair>(c: &mut Criterion, group: &str, name: &str, side: &F, keys: &[F::Key]) {
+    // Each limiter is new: its time starts where the last run's ended.
+    VIRTUAL_NS.with(|now| now.set(VIRTUAL_FLOOR.load(Ordering::Relaxed)));
+    let warm = SAMPLE as u64;
+    let allowed = run_fair(side, keys, &mut 0, warm);
+    eprintln!(
+        "{group}/{name}: allowed {:.1}% of {warm}",
+        allowed as f64 * 100.0 / warm as f64
+    );
+    let mut one = c.benchmark_group(format!("{group}/1_thread"));
+    one.throughput(Throughput::Elements(1));
+    let mut at = 0;
+    one.bench_function(BenchmarkId::from_parameter(name), |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            black_box(run_fair(side, keys, &mut at, iters));
+            start.elapsed()
+        });
+    });
+    one.finish();
+    VIRTUAL_FLOOR.fetch_max(VIRTUAL_NS.with(std::cell::Cell::get), Ordering::Relaxed);
+    // One key has no halves: its runs are one thread's.
+    if keys.len() < 2 {
+        return;
+    }
+    let mut two = c.benchmark_group(format!("{group}/2_threads"));
+    two.throughput(Throughput::Elements(1));
+    let (first, second) = keys.split_at(keys.len() / 2);
+    let halves = [first, second];
+    two.bench_function(BenchmarkId::from_parameter(name), |b| {
+        b.iter_custom(|iters| {
+            let barrier = Barrier::new(3);
+            std::thread::scope(|scope| {
+                for half in halves {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        VIRTUAL_NS.with(|now| now.set(VIRTUAL_FLOOR.load(Ordering::Relaxed)));
+                        barrier.wait();
+                        black_box(run_fair(side, half, &mut 0, iters));
+                        VIRTUAL_FLOOR.fetch_max(VIRTUAL_NS.with(std::cell::Cell::get), Ordering::Relaxed);
+                    });
+                }
+                barrier.wait();
+                Instant::now()
+            })
+            .elapsed()
+        });
+    });
+    two.finish();
+}
+
+/// The fair runs: virtual time, the same keys in the same order, where both
+/// sides always allow (a key comes back every 1 ms; 10 000 a second per key)
+/// and where both deny half (500 a second per key, burst 1), on one thread
+/// and two; then one key on one thread, against governor's direct limiter
+/// (a check every µs: 1 M/s always allows, 500 k/s allows half).
+fn fair_runs(c: &mut Criterion, order: &[u64]) {
+    let subjects = Tollgate::keys(order);
+    let strings = Governor::<String>::keys(order);
+    for (group, rate) in [("fair_allow", 10_000), ("fair_half", 500)] {
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "tollgate",
+            &FairTollgate::new(rate, 1, STEP_NS),
+            &subjects,
+        );
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "governor_string",
+            &FairGovernor::new(rate, 1),
+            &strings,
+        );
+    }
+    let one = [Subject::new("one")];
+    for (group, rate) in [("direct_allow", 1_000_000), ("direct_half", 500_000)] {
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "tollgate",
+            &FairTollgate::new(rate, 1, DIRECT_STEP_NS),
+            &one,
+        );
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "governor_direct",
+            &FairDirect::new(rate, 1),
+            &[()],
+        );
+    }
+}
+
 fn keyed(c: &mut Criterion) {
     let order = key_order();
     let tollgate = Tollgate::new();
@@ -225,6 +490,7 @@ fn keyed(c: &mut Criterion) {
     two_threads(&mut group, "governor", &governor, &governor_keys);
     two_threads(&mut group, "governor_string", &governor_string, &governor_string_keys);
     group.finish();
+    fair_runs(c, &order);
 }
 
 // What `criterion_group!` and `criterion_main!` expand to, without the

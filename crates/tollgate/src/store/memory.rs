@@ -549,11 +549,17 @@ impl Shard {
         }
     }
 
+    /// Drops the states that carry nothing any more. The next sweep by size
+    /// comes when the shard has doubled from what it held before this one,
+    /// not from what is left: keys whose state lapses between their visits
+    /// (a limit well under its rate) would otherwise be dropped and put back
+    /// over and over, each sweep leaving the shard nearly empty.
     fn sweep(&mut self, now: u64, every: u64) {
+        let held = self.slots.len() + self.tats.len();
         self.slots.retain(|slot| slot.expires > now);
         self.tats.retain(|slot| tat_expires(slot.tat) > now);
         self.next_sweep = now.saturating_add(every);
-        self.sweep_above = ((self.slots.len() + self.tats.len()) * 2).max(64);
+        self.sweep_above = (held * 2).max(64);
     }
 }
 
