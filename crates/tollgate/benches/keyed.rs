@@ -160,13 +160,14 @@ fn allowed_share<K: Keyed>(limiter: &K, keys: &[K::Key]) -> f64 {
 
 type Group<'a> = BenchmarkGroup<'a, WallTime>;
 
-/// `iters` checks on this thread.
-fn one_thread<K: Keyed>(group: &mut Group<'_>, name: &str, limiter: &K, keys: &[K::Key]) {
+/// `iters` checks on this thread; `run(keys, at, iters)` makes `iters`
+/// checks over `keys` from `*at` and answers how many were allowed.
+fn one_thread<Key>(group: &mut Group<'_>, name: &str, keys: &[Key], run: impl Fn(&[Key], &mut usize, u64) -> u64) {
     let mut at = 0;
     group.bench_function(BenchmarkId::from_parameter(name), |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
-            black_box(run(limiter, keys, &mut at, iters));
+            black_box(run(keys, &mut at, iters));
             start.elapsed()
         });
     });
@@ -174,17 +175,22 @@ fn one_thread<K: Keyed>(group: &mut Group<'_>, name: &str, limiter: &K, keys: &[
 
 /// Wall time for `iters` checks on each of two threads, each on its half of
 /// the key order; the threads are spawned before the clock starts.
-fn two_threads<K: Keyed>(group: &mut Group<'_>, name: &str, limiter: &K, keys: &[K::Key]) {
+fn two_threads<Key: Sync>(
+    group: &mut Group<'_>,
+    name: &str,
+    keys: &[Key],
+    run: impl Fn(&[Key], &mut usize, u64) -> u64 + Sync,
+) {
     let (first, second) = keys.split_at(keys.len() / 2);
     group.bench_function(BenchmarkId::from_parameter(name), |b| {
         b.iter_custom(|iters| {
             let barrier = Barrier::new(3);
             std::thread::scope(|scope| {
                 for half in [first, second] {
-                    let barrier = &barrier;
+                    let (barrier, run) = (&barrier, &run);
                     scope.spawn(move || {
                         barrier.wait();
-                        black_box(run(limiter, half, &mut 0, iters));
+                        black_box(run(half, &mut 0, iters));
                     });
                 }
                 barrier.wait();
@@ -360,57 +366,37 @@ fn run_fair<F: Fair>(side: &F, keys: &[F::Key], at: &mut usize, iters: u64) -> u
     allowed
 }
 
-/// Times `side` on one thread and on two (each on its half of `keys`), after
-/// a warm-up that also reports the share it allows.
+/// `iters` fair checks on this thread's virtual time, which starts where
+/// the latest thread's ended (a thread spawned for a run starts at 0) and
+/// is left for the next.
+fn run_fair_from_floor<F: Fair>(side: &F, keys: &[F::Key], at: &mut usize, iters: u64) -> u64 {
+    let floor = VIRTUAL_FLOOR.load(Ordering::Relaxed);
+    VIRTUAL_NS.with(|now| now.set(now.get().max(floor)));
+    let allowed = run_fair(side, keys, at, iters);
+    VIRTUAL_FLOOR.fetch_max(VIRTUAL_NS.with(std::cell::Cell::get), Ordering::Relaxed);
+    allowed
+}
+
+/// Times `side` on one thread and on two (each on its half of `keys`; one
+/// key has no halves), after a warm-up that also reports the share it allows.
 fn fair<F: Fair>(c: &mut Criterion, group: &str, name: &str, side: &F, keys: &[F::Key]) {
-    // Each limiter is new: its time starts where the last run's ended.
-    VIRTUAL_NS.with(|now| now.set(VIRTUAL_FLOOR.load(Ordering::Relaxed)));
     let warm = SAMPLE as u64;
-    let allowed = run_fair(side, keys, &mut 0, warm);
+    let allowed = run_fair_from_floor(side, keys, &mut 0, warm);
     eprintln!(
         "{group}/{name}: allowed {:.1}% of {warm}",
         allowed as f64 * 100.0 / warm as f64
     );
+    let run = |keys: &[F::Key], at: &mut usize, iters| run_fair_from_floor(side, keys, at, iters);
     let mut one = c.benchmark_group(format!("{group}/1_thread"));
     one.throughput(Throughput::Elements(1));
-    let mut at = 0;
-    one.bench_function(BenchmarkId::from_parameter(name), |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            black_box(run_fair(side, keys, &mut at, iters));
-            start.elapsed()
-        });
-    });
+    one_thread(&mut one, name, keys, run);
     one.finish();
-    VIRTUAL_FLOOR.fetch_max(VIRTUAL_NS.with(std::cell::Cell::get), Ordering::Relaxed);
-    // One key has no halves: its runs are one thread's.
-    if keys.len() < 2 {
-        return;
+    if keys.len() > 1 {
+        let mut two = c.benchmark_group(format!("{group}/2_threads"));
+        two.throughput(Throughput::Elements(1));
+        two_threads(&mut two, name, keys, run);
+        two.finish();
     }
-    let mut two = c.benchmark_group(format!("{group}/2_threads"));
-    two.throughput(Throughput::Elements(1));
-    let (first, second) = keys.split_at(keys.len() / 2);
-    let halves = [first, second];
-    two.bench_function(BenchmarkId::from_parameter(name), |b| {
-        b.iter_custom(|iters| {
-            let barrier = Barrier::new(3);
-            std::thread::scope(|scope| {
-                for half in halves {
-                    let barrier = &barrier;
-                    scope.spawn(move || {
-                        VIRTUAL_NS.with(|now| now.set(VIRTUAL_FLOOR.load(Ordering::Relaxed)));
-                        barrier.wait();
-                        black_box(run_fair(side, half, &mut 0, iters));
-                        VIRTUAL_FLOOR.fetch_max(VIRTUAL_NS.with(std::cell::Cell::get), Ordering::Relaxed);
-                    });
-                }
-                barrier.wait();
-                Instant::now()
-            })
-            .elapsed()
-        });
-    });
-    two.finish();
 }
 
 /// The fair runs: virtual time, the same keys in the same order, where both
@@ -480,15 +466,33 @@ fn keyed(c: &mut Criterion) {
     group.finish();
     let mut group = c.benchmark_group("keyed/1_thread");
     group.throughput(Throughput::Elements(1));
-    one_thread(&mut group, "tollgate", &tollgate, &tollgate_keys);
-    one_thread(&mut group, "governor", &governor, &governor_keys);
-    one_thread(&mut group, "governor_string", &governor_string, &governor_string_keys);
+    one_thread(&mut group, "tollgate", &tollgate_keys, |keys, at, iters| {
+        run(&tollgate, keys, at, iters)
+    });
+    one_thread(&mut group, "governor", &governor_keys, |keys, at, iters| {
+        run(&governor, keys, at, iters)
+    });
+    one_thread(
+        &mut group,
+        "governor_string",
+        &governor_string_keys,
+        |keys, at, iters| run(&governor_string, keys, at, iters),
+    );
     group.finish();
     let mut group = c.benchmark_group("keyed/2_threads");
     group.throughput(Throughput::Elements(1));
-    two_threads(&mut group, "tollgate", &tollgate, &tollgate_keys);
-    two_threads(&mut group, "governor", &governor, &governor_keys);
-    two_threads(&mut group, "governor_string", &governor_string, &governor_string_keys);
+    two_threads(&mut group, "tollgate", &tollgate_keys, |keys, at, iters| {
+        run(&tollgate, keys, at, iters)
+    });
+    two_threads(&mut group, "governor", &governor_keys, |keys, at, iters| {
+        run(&governor, keys, at, iters)
+    });
+    two_threads(
+        &mut group,
+        "governor_string",
+        &governor_string_keys,
+        |keys, at, iters| run(&governor_string, keys, at, iters),
+    );
     group.finish();
     fair_runs(c, &order);
 }
