@@ -346,6 +346,16 @@ impl<S: Store> LeasedStore<S> {
             call.used = cost;
         }
         *entry.block.lock() = Block::after(call, held);
+        // Closed or reset while this call was under way: the map no longer
+        // holds the entry, so no sweep and no close would give the block
+        // back. (A close waits for this call before it takes the block; a
+        // refund to a reset state gives back nothing that was not taken.)
+        if !shared.holds(entry) {
+            let orphaned = entry.block.lock().take_held();
+            if let Some(orphaned) = orphaned {
+                shared.give_back(entry, orphaned, request.now).await;
+            }
+        }
         if !taken.decision.allowed {
             return Ok(taken);
         }
@@ -371,6 +381,16 @@ impl<S: Store> LeasedStore<S> {
 }
 
 impl<S: Store> Shared<S> {
+    /// True while the map holds `entry` (not closed, reset or replaced).
+    fn holds(&self, entry: &Entry) -> bool {
+        let key = entry_key(&entry.subject, &entry.policy);
+        self.entries
+            .lock()
+            .by_key
+            .get(&key)
+            .is_some_and(|held| std::ptr::eq(Arc::as_ptr(held), entry))
+    }
+
     /// Gives back every unused unit of every block (at `now`, else this
     /// store's time), and forgets the blocks.
     async fn close(&self, now: Option<Timestamp>) {

@@ -665,6 +665,25 @@ fn a_sweep_between_taking_an_entry_and_recording_its_block_loses_nothing() {
 }
 
 #[test]
+fn a_block_taken_while_the_store_closes_is_given_back() {
+    runtime().block_on(async {
+        let policy = hourly(100);
+        let (_clock, gated, leased) = gated();
+        ten_checks_at_0(&leased, &policy).await;
+        // A check takes the key's entry; the store closes before the check
+        // calls it (giving back the 5 held); then the check takes a block
+        // into an entry the map no longer holds.
+        let lease = policy.lease().unwrap();
+        let entry = leased.entry(&subject(), &policy, lease);
+        leased.close(Some(at(50_000))).await;
+        let outcome = leased.check_entry(&entry, &check(50_000)).await.unwrap();
+        assert!(outcome.decision.allowed, "{outcome:?}");
+        // 11 used: the new block's rest came back at once.
+        assert_eq!(left(&gated.store, &policy, 50_000).await, 89);
+    });
+}
+
+#[test]
 fn the_last_clone_dropped_during_a_sweep_gives_its_blocks_back() {
     runtime().block_on(async {
         let policy = hourly(100);
