@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tollgate::{AnyStore, MemoryStore, OnStoreError, ResilientStore};
+use tollgate_server::quota::{Blanket, QuotaSettings};
 use tollgate_server::settings::Settings;
 use tollgate_server::{Config, LoadOptions, Options, Server};
 
@@ -71,6 +72,23 @@ pub struct Args {
     /// the deny cache off.
     #[arg(long, value_name = "ENTRIES", default_value_t = 100_000)]
     deny_cache: usize,
+    /// The quota service (RLQS): how often each limit is split among the
+    /// Envoys and assignments sent, in whole seconds (Envoy reads no less).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    rlqs_interval: Duration,
+    /// The quota service: how long an assignment lives, in whole seconds,
+    /// at least the interval: how long an Envoy keeps its last rate once
+    /// no server answers, before its `expired_assignment_behavior`.
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    rlqs_ttl: Duration,
+    /// The quota service: a bucket without requests for this long is
+    /// abandoned (the Envoy forgets it until its next request).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    rlqs_abandon_after: Duration,
+    /// The quota service: what a bucket matching no rule is assigned,
+    /// `allow` (all) or `deny` (all).
+    #[arg(long, value_name = "ACTION", default_value = "allow", value_parser = ["allow", "deny"])]
+    rlqs_unmatched: String,
     /// Decide and count, but always answer an overall OK (or `SHADOW_MODE`).
     #[arg(long)]
     shadow_mode: bool,
@@ -145,7 +163,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let grpc = TcpListener::bind(grpc_address)
             .await
             .with_context(|| format!("cannot listen on {grpc_address}"))?;
-        let options = options(args, &settings);
+        let options = options(args, &settings)?;
         let domains = config.domains.len();
         let mut server = Server::new(config, Some(config_path.clone()), store, options).load_options(load_options);
         if let Some(root) = watch_root.filter(|root| root.is_dir()) {
@@ -214,8 +232,15 @@ async fn store(
 }
 
 /// The service's switches: flags, else envoyproxy/ratelimit's settings.
-fn options(args: &Args, settings: &Settings) -> Options {
-    Options {
+fn options(args: &Args, settings: &Settings) -> Result<Options, UsageError> {
+    let unmatched = if args.rlqs_unmatched == "deny" {
+        Blanket::DenyAll
+    } else {
+        Blanket::AllowAll
+    };
+    let quotas = QuotaSettings::new(args.rlqs_interval, args.rlqs_ttl, args.rlqs_abandon_after, unmatched)
+        .map_err(UsageError)?;
+    Ok(Options {
         shadow_mode: args.shadow_mode || settings.shadow_mode,
         quota_mode: settings.quota_mode,
         response_headers: args.response_headers || settings.response_headers,
@@ -230,7 +255,8 @@ fn options(args: &Args, settings: &Settings) -> Options {
             .unwrap_or(tollgate_server::service::DEFAULT_MAX_DESCRIPTORS),
         health_checks_store: args.health_check_store || settings.health_checks_store,
         stop_increment_when_over: settings.stop_increment_when_over,
-    }
+        quotas,
+    })
 }
 
 /// The Redis store at `url`, ready for its resilience options. With the

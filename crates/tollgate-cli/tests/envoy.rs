@@ -461,3 +461,178 @@ async fn token_budgets_are_kept_on_redis() {
     let url = redis.url();
     token_budgets_are_kept(&["--redis", url.as_str()]).await;
 }
+
+/// What one request through an Envoy met: which Envoy, when (since the
+/// load began) and its status.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    envoy: usize,
+    at: Duration,
+    status: u16,
+}
+
+/// Drives each Envoy of `envoys` at its rate (requests per second, evenly
+/// spaced) for each phase's length, all at once, every request to
+/// `/api/…` (the bucket {name: api}); what every request met.
+async fn drive(envoys: &[&Envoy], phases: &[(Duration, Vec<u64>)]) -> Vec<Sent> {
+    let started = tokio::time::Instant::now();
+    let (sent, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let mut drivers = Vec::new();
+    for (index, envoy) in envoys.iter().enumerate() {
+        let url = format!("http://{}/api/work", envoy.http);
+        let plan: Vec<(Duration, u64)> = phases.iter().map(|(length, rates)| (*length, rates[index])).collect();
+        let sent = sent.clone();
+        drivers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut phase_start = started;
+            for (length, rate) in plan {
+                let spacing = Duration::from_secs(1) / u32::try_from(rate).unwrap();
+                let mut ticks = tokio::time::interval_at(phase_start, spacing);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                let end = phase_start + length;
+                loop {
+                    let tick = ticks.tick().await;
+                    if tick >= end {
+                        break;
+                    }
+                    let request = client.get(&url);
+                    let sent = sent.clone();
+                    tokio::spawn(async move {
+                        let status = request.send().await.map_or(0, |response| response.status().as_u16());
+                        let _ = sent.send(Sent {
+                            envoy: index,
+                            at: tick - started,
+                            status,
+                        });
+                    });
+                }
+                phase_start = end;
+            }
+        }));
+    }
+    drop(sent);
+    for driver in drivers {
+        driver.await.unwrap();
+    }
+    let mut all = Vec::new();
+    while let Some(one) = received.recv().await {
+        all.push(one);
+    }
+    all
+}
+
+/// Requests of Envoy `envoy` sent in `[from, to)` seconds with `status`.
+fn count(sent: &[Sent], envoy: usize, from: u64, to: u64, status: u16) -> usize {
+    let (from, to) = (Duration::from_secs(from), Duration::from_secs(to));
+    sent.iter()
+        .filter(|one| one.envoy == envoy && one.at >= from && one.at < to && one.status == status)
+        .count()
+}
+
+/// [`count`] per second.
+fn rate(sent: &[Sent], envoy: usize, from: u64, to: u64, status: u16) -> f64 {
+    count(sent, envoy, from, to, status) as f64 / (to - from) as f64
+}
+
+/// The quota service behind three real Envoys (`examples/envoy-rlqs`),
+/// Envoy `e` asking `servers[assigned[e]]`: one bucket of 100 requests a
+/// second, the Envoys driven at 20, 80 and 200 a second for 30 s, then at
+/// 200, 80 and 20 for 30 s. Over the 60 s at most 6 000 + 5 % pass in all
+/// (and no less than 85 % of it: the limit is used); once each phase has
+/// settled (its last 20 s) each Envoy's admitted rate is within 20 % of the
+/// max-min fair split (20, 40, 40, then 40, 40, 20); the Envoy asking less
+/// than its fair share is never denied in its phase; every request is
+/// answered 200 or 429.
+async fn rlqs_splits_one_limit(servers: &[&common::Serve], assigned: [usize; 3]) {
+    let envoys: Vec<Envoy> = assigned
+        .iter()
+        .map(|&server| Envoy::start_with("envoy-rlqs/envoy.yaml", &servers[server].grpc))
+        .collect();
+    let phases = [
+        (Duration::from_secs(30), vec![20, 80, 200]),
+        (Duration::from_secs(30), vec![200, 80, 20]),
+    ];
+    let sent = drive(&envoys.iter().collect::<Vec<_>>(), &phases).await;
+    // Each Envoy's admitted requests in each second, for the messages.
+    let seconds: Vec<Vec<f64>> = (0..3)
+        .map(|envoy| {
+            (0..60)
+                .map(|second| rate(&sent, envoy, second, second + 1, 200))
+                .collect()
+        })
+        .collect();
+    assert!(
+        sent.iter().all(|one| one.status == 200 || one.status == 429),
+        "every request answered"
+    );
+    let admitted = sent.iter().filter(|one| one.status == 200).count();
+    assert!(
+        admitted <= 6_300,
+        "{admitted} admitted in 60 s, the bound is 6 000 + 5 %: {seconds:?}"
+    );
+    assert!(
+        admitted >= 5_100,
+        "{admitted} admitted in 60 s: the limit is left unused: {seconds:?}"
+    );
+    let shares = [(0, [20.0, 40.0, 40.0]), (30, [40.0, 40.0, 20.0])];
+    for (start, fair) in shares {
+        for (envoy, expected) in fair.iter().enumerate() {
+            let seen = rate(&sent, envoy, start + 10, start + 30, 200);
+            assert!(
+                (seen - expected).abs() <= expected * 0.2,
+                "envoy {envoy} admitted {seen:.1}/s in [{}, {}) s, its fair share is {expected}/s; each second: {seconds:?}",
+                start + 10,
+                start + 30
+            );
+        }
+    }
+    // Under its fair share: never denied, from the first request on (the
+    // Envoy going down from 200 a second has spent its token bucket: the
+    // first second after is its refill).
+    assert_eq!(
+        count(&sent, 0, 0, 30, 429),
+        0,
+        "envoy 0 at 20/s denied; each second: {seconds:?}"
+    );
+    assert_eq!(
+        count(&sent, 2, 31, 60, 429),
+        0,
+        "envoy 2 at 20/s denied; each second: {seconds:?}"
+    );
+    let metrics = common::metrics_at(&servers[0].http).await;
+    assert!(
+        metrics.contains("tollgate_rlqs_assignments_total{strategy=\"token_bucket\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_rlqs_share{domain=\"rlqs\",bucket=\"name=api\""),
+        "{metrics}"
+    );
+}
+
+/// `examples/envoy-rlqs/ratelimit.yaml` in a fresh directory.
+fn rlqs_config() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rlqs.yaml");
+    std::fs::copy(examples().join("envoy-rlqs/ratelimit.yaml"), &config).unwrap();
+    (dir, config)
+}
+
+#[tokio::test]
+async fn rlqs_splits_one_limit_among_three_envoys_on_the_memory_store() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (_dir, config) = rlqs_config();
+    let serve = common::Serve::start(&config);
+    rlqs_splits_one_limit(&[&serve], [0, 0, 0]).await;
+}
+
+#[tokio::test]
+async fn rlqs_splits_one_limit_among_two_replicas_on_redis() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (_dir, config) = rlqs_config();
+    let one = common::Serve::start_with(&config, &["--redis", url.as_str()]);
+    let other = common::Serve::start_with(&config, &["--redis", url.as_str()]);
+    rlqs_splits_one_limit(&[&one, &other], [0, 0, 1]).await;
+}

@@ -137,7 +137,8 @@ fn proto_value(value: serde_json::Value) -> ProtoValue {
     ProtoValue { kind: Some(kind) }
 }
 
-fn status(error: &ServiceError) -> Status {
+/// The gRPC status of `error`.
+pub(crate) fn status(error: &ServiceError) -> Status {
     let message = error.to_string();
     match error.kind() {
         Failure::InvalidArgument => Status::invalid_argument(message),

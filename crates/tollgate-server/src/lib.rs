@@ -27,6 +27,8 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod quota;
+pub mod rlqs;
 pub mod service;
 pub mod settings;
 pub mod unit;
@@ -59,6 +61,7 @@ pub enum Reload {
 /// A rate limit server, ready to run.
 pub struct Server {
     service: Arc<Service>,
+    quotas: Arc<quota::Quotas>,
     config_path: Option<PathBuf>,
     load_options: LoadOptions,
     also_watch: Vec<PathBuf>,
@@ -73,8 +76,11 @@ impl Server {
     /// changes while running), deciding in `store`.
     pub fn new(config: Config, config_path: Option<PathBuf>, store: AnyStore, options: Options) -> Self {
         let (reloads, _) = watch::channel(Reload::Initial);
+        let settings = options.quotas.clone();
+        let service = Arc::new(Service::new(config, store, options));
         Self {
-            service: Arc::new(Service::new(config, store, options)),
+            quotas: Arc::new(quota::Quotas::new(Arc::clone(&service), settings)),
+            service,
             config_path,
             load_options: LoadOptions::default(),
             also_watch: Vec::new(),
@@ -174,6 +180,7 @@ impl Server {
             service.stopping();
             let _ = stop.send(true);
         });
+        tokio::spawn(Arc::clone(&self.quotas).run(stopped.clone()));
         let (health, health_service) = tonic_health::server::health_reporter();
         tokio::spawn(follow_health(health, self.service.health()));
         if self.service.options().health_checks_store {
@@ -199,6 +206,7 @@ impl Server {
         let grpc_server = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(grpc::Grpc::server(Arc::clone(&self.service)))
+            .add_service(rlqs::Rlqs::server(Arc::clone(&self.quotas)))
             .serve_with_incoming_shutdown(grpc_incoming, wait(stopped));
         let (http_result, grpc_result, metrics_result, debug_result) = tokio::join!(
             async { http_server.await },
@@ -231,9 +239,15 @@ fn no_delay(listener: TcpListener) -> impl axum::serve::Listener<Addr = std::net
     })
 }
 
-/// The names `grpc.health.v1.Health` answers for: the server (""), and
-/// envoyproxy/ratelimit's "ratelimit" and the rate limit service's own name.
-const HEALTH_NAMES: [&str; 3] = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+/// The names `grpc.health.v1.Health` answers for: the server (""),
+/// envoyproxy/ratelimit's "ratelimit", and the rate limit service's and
+/// the quota service's own names.
+const HEALTH_NAMES: [&str; 4] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+];
 
 /// Keeps the gRPC health statuses in step with the service's health.
 async fn follow_health(reporter: tonic_health::server::HealthReporter, mut healthy: watch::Receiver<bool>) {

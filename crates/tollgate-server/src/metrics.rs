@@ -33,6 +33,9 @@ use prometheus_client::registry::Registry;
 use tollgate::{Decision, EngineKind, Path};
 
 mod labels;
+mod quota;
+
+pub use quota::QuotaMetrics;
 
 use labels::{
     register_paths, upstream_labels, DomainLabels, EngineLabels, ErrorLabels, KeyLabels, RuleLabels, Untyped,
@@ -94,6 +97,7 @@ pub struct Metrics {
     /// Latency histograms by domain (the rule left empty).
     histograms: Cache<Histogram>,
     hasher: foldhash::fast::RandomState,
+    quota: QuotaMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -133,6 +137,7 @@ impl Metrics {
             counters: RwLock::new(HashTable::new()),
             histograms: RwLock::new(HashTable::new()),
             hasher: foldhash::fast::RandomState::default(),
+            quota: QuotaMetrics::default(),
         };
         let tollgate = metrics.registry.sub_registry_with_prefix("tollgate");
         tollgate.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
@@ -175,6 +180,7 @@ impl Metrics {
             metrics.config_reloads.clone(),
         );
         tollgate.register("config_errors", "Configurations refused", metrics.config_errors.clone());
+        metrics.quota.register(tollgate);
         let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
         for (stat, family) in UPSTREAM_STATS.iter().zip(&metrics.upstream.rule) {
             upstream.register(
@@ -295,6 +301,11 @@ impl Metrics {
                 upstream.inc_by(by);
             }
         });
+    }
+
+    /// The RLQS metrics.
+    pub fn quota(&self) -> &QuotaMetrics {
+        &self.quota
     }
 
     /// Counts a request whose overall OVER_LIMIT the global shadow mode

@@ -271,3 +271,73 @@ fn override_stat_key(entries: &[(String, String)]) -> String {
     }
     key
 }
+
+/// What applies to an RLQS bucket: what an RLS request of one descriptor
+/// of the bucket's entries would match ([`Service::match_bucket`]).
+#[derive(Debug, Clone)]
+pub(crate) enum BucketRule {
+    /// No rule.
+    Nothing,
+    /// An unlimited rule.
+    Unlimited,
+    /// A rule of `requests_per_unit: 0`.
+    Blocked,
+    /// A limit kept in the store.
+    Limited(Box<BucketLimit>),
+}
+
+/// A bucket's limit in the store, and the rule's stat key.
+#[derive(Debug, Clone)]
+pub(crate) struct BucketLimit {
+    pub(crate) limit: Limit,
+    pub(crate) subject: Subject,
+    pub(crate) name: String,
+    pub(crate) rule: String,
+}
+
+impl Service {
+    /// The rule an RLS request of one descriptor with `entries` (in key
+    /// order) would match in `domain`; `None` when the domain is not
+    /// configured.
+    ///
+    /// # Errors
+    ///
+    /// An entry without a key, or no entry.
+    pub(crate) fn match_bucket(
+        &self,
+        domain: &str,
+        entries: Vec<(String, String)>,
+    ) -> Result<Option<BucketRule>, ServiceError> {
+        let request = CheckRequest {
+            domain: domain.to_owned(),
+            descriptors: vec![Descriptor::entries(entries)],
+            hits: 1,
+            hits_addend: 1,
+        };
+        self.validate(&request)?;
+        let config = self.config.load();
+        let Some(domain) = config.domains.get(domain) else {
+            return Ok(None);
+        };
+        let mut items = self.match_rules(&request, Some(domain))?;
+        let Some(item) = items.pop() else {
+            return Ok(Some(BucketRule::Nothing));
+        };
+        let rule = item.stat_key.into_owned();
+        // A rule in shadow mode never refuses.
+        if item.shadow {
+            return Ok(Some(BucketRule::Unlimited));
+        }
+        Ok(Some(match item.matched {
+            Matched::Nothing => BucketRule::Nothing,
+            Matched::Unlimited => BucketRule::Unlimited,
+            Matched::Blocked => BucketRule::Blocked,
+            Matched::Limited(limited) => BucketRule::Limited(Box::new(BucketLimit {
+                limit: limited.limit,
+                subject: limited.subject,
+                name: limited.name,
+                rule,
+            })),
+        }))
+    }
+}

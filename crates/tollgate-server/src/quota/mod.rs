@@ -1,0 +1,922 @@
+//! Envoy's rate limit quota service (RLQS): global limits with no call on
+//! the request path.
+//!
+//! Each Envoy holds one stream, sorts its requests into buckets, decides
+//! them itself from the assignment this server last sent for the bucket,
+//! and reports what it allowed and denied (about every 5 s). A bucket's id
+//! is matched as an RLS request of one descriptor with the id's entries (in
+//! key order) would be, so one configuration governs both protocols.
+//!
+//! Every `interval` (1 s), aligned to the clock, the server splits each
+//! limited bucket's budget among the Envoys that ask for it (see
+//! [`split`]) and takes each Envoy's share from the limit in the store as a
+//! block ([`Op::CheckAtMost`]): several replicas on one Redis split one
+//! limit, and no assignment is ever made of units the store did not grant.
+//! An Envoy's assignment is a token bucket that cannot admit more than its
+//! blocks: a new bucket starts full with `max_tokens` and refills at the
+//! block's rate, so the first interval's block pays for both, and while the
+//! assignment is unchanged each interval's block pays for that interval's
+//! refill. Assignments live `ttl` (3 intervals): an Envoy whose server
+//! stopped answering keeps its last rate that long, then falls back to its
+//! own `expired_assignment_behavior`.
+//!
+//! The steps of an interval, for every replica at the same instants:
+//! at 1/10 of it each replica adds its Envoys' demands to counters in the
+//! store (one call per bucket), at 1/4 it reads every replica's sums and
+//! the limit's remaining units back (one call), and at 2/5, once every
+//! replica has read, it takes the blocks of its Envoys under the level (one
+//! call each), and at 1/2 those of its Envoys at the level.
+//! Replicas' clocks must agree within a tenth of the interval (NTP does);
+//! one that reads late finds less left and under-assigns, never over.
+
+pub(crate) mod split;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::join_all;
+use tokio::sync::{mpsc, watch};
+use tollgate::{Limit, Op, Path, Policy, Request, Spread, Store as _, Subject};
+
+use self::split::{Ladder, Split, Totals, RUNGS};
+use crate::service::{BucketLimit, BucketRule, Failure, Service, ServiceError};
+
+/// What `serve` does for RLQS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaSettings {
+    /// How often shares are split and assignments sent (1 s).
+    pub interval: Duration,
+    /// How long an assignment lives (3 intervals): how long an Envoy keeps
+    /// its last rate once this server stops answering.
+    pub ttl: Duration,
+    /// A bucket an Envoy has neither reported nor sent requests into for
+    /// this long is abandoned (60 s).
+    pub abandon_after: Duration,
+    /// What a bucket that matches no rule is assigned (allow all).
+    pub unmatched: Blanket,
+}
+
+impl QuotaSettings {
+    /// Settings of these values.
+    ///
+    /// # Errors
+    ///
+    /// Naming the setting: an interval or ttl not in whole seconds (Envoy
+    /// reads only those), an interval under one second, a ttl shorter than
+    /// the interval, an abandon time shorter than Envoy's 5 s reports.
+    pub fn new(interval: Duration, ttl: Duration, abandon_after: Duration, unmatched: Blanket) -> Result<Self, String> {
+        if interval < Duration::from_secs(1) || interval.subsec_nanos() != 0 {
+            return Err("rlqs interval must be a whole number of seconds, at least 1s".to_owned());
+        }
+        if ttl < interval || ttl.subsec_nanos() != 0 {
+            return Err("rlqs ttl must be a whole number of seconds, at least the interval".to_owned());
+        }
+        if abandon_after < Duration::from_secs(10) {
+            return Err("rlqs abandon-after must be at least 10s (Envoy reports every 5 s)".to_owned());
+        }
+        Ok(Self {
+            interval,
+            ttl,
+            abandon_after,
+            unmatched,
+        })
+    }
+}
+
+impl Default for QuotaSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            ttl: Duration::from_secs(3),
+            abandon_after: Duration::from_secs(60),
+            unmatched: Blanket::AllowAll,
+        }
+    }
+}
+
+/// A blanket rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blanket {
+    /// Every request passes.
+    AllowAll,
+    /// Every request is denied.
+    DenyAll,
+}
+
+/// How an Envoy decides a bucket's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// All or nothing.
+    Blanket(Blanket),
+    /// A token bucket: at most `max_tokens`, gaining `tokens_per_fill`
+    /// every `fill_interval` (whole seconds: Envoy reads only those).
+    TokenBucket {
+        /// Its capacity.
+        max_tokens: u32,
+        /// Tokens gained per `fill_interval`.
+        tokens_per_fill: u32,
+        /// The refill period, in whole seconds.
+        fill_interval: Duration,
+    },
+}
+
+/// What the server tells an Envoy about one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Decide with `strategy` for `ttl`.
+    Assign {
+        /// How to decide.
+        strategy: Strategy,
+        /// How long; zero expires the assignment at once.
+        ttl: Duration,
+    },
+    /// Forget the bucket (and stop reporting it).
+    Abandon,
+}
+
+/// A bucket's id: its entries in key order.
+pub type BucketId = Vec<(String, String)>;
+
+/// One action for one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketAction {
+    /// The bucket.
+    pub bucket: BucketId,
+    /// What to do.
+    pub action: Action,
+}
+
+/// One bucket's usage in a report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    /// The bucket's id, as sent.
+    pub bucket: BucketId,
+    /// The time since the previous report, if sent.
+    pub elapsed: Option<Duration>,
+    /// Requests the Envoy let through.
+    pub allowed: u64,
+    /// Requests it denied.
+    pub denied: u64,
+}
+
+/// The most requests one report may say a bucket had: more is refused.
+pub const MAX_REPORTED: u64 = 1 << 40;
+
+/// An Envoy's stream, as the server knows it.
+pub type StreamId = u64;
+
+/// The RLQS service state: streams, buckets and the Envoys' shares.
+pub struct Quotas {
+    service: Arc<Service>,
+    settings: QuotaSettings,
+    state: Mutex<State>,
+    next_stream: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    streams: HashMap<StreamId, Stream>,
+    buckets: HashMap<BucketKey, Bucket>,
+    /// Set once the server stops: no stream is opened after.
+    stopped: bool,
+}
+
+/// A bucket of a domain.
+type BucketKey = (String, BucketId);
+
+struct Stream {
+    domain: Option<String>,
+    /// How metrics name this Envoy.
+    peer: String,
+    sender: mpsc::UnboundedSender<Vec<BucketAction>>,
+}
+
+#[derive(Default)]
+struct Bucket {
+    envoys: HashMap<StreamId, Share>,
+}
+
+/// One Envoy's part of a bucket.
+struct Share {
+    /// Requests per second it asked for over its last report; `None`
+    /// until a report covers some time (Envoy's first report of a bucket
+    /// counts one request over no time).
+    demand: Option<f64>,
+    /// Its last report on the bucket.
+    reported: Instant,
+    /// The last report that had requests in it.
+    busy: Instant,
+    /// Its token bucket, while it has one.
+    current: Option<Current>,
+}
+
+/// An assigned token bucket and what the store granted for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Current {
+    /// Units it gains per interval: the block each interval takes.
+    per_interval: u64,
+    /// Its capacity.
+    burst: u64,
+}
+
+/// What one interval decided for one local Envoy of a bucket.
+struct Decided {
+    stream: StreamId,
+    action: Action,
+    current: Option<Current>,
+    /// Units per second assigned (for the metrics).
+    rate: f64,
+}
+
+impl Quotas {
+    /// The RLQS service over `service`'s configuration and store.
+    pub fn new(service: Arc<Service>, settings: QuotaSettings) -> Self {
+        Self {
+            service,
+            settings,
+            state: Mutex::new(State::default()),
+            next_stream: AtomicU64::new(1),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a stream for the Envoy at `peer`: its id, and where its
+    /// actions arrive.
+    ///
+    /// # Errors
+    ///
+    /// Unavailable once the server is stopping.
+    pub fn open(&self, peer: String) -> Result<(StreamId, mpsc::UnboundedReceiver<Vec<BucketAction>>), ServiceError> {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let mut state = self.state();
+        if state.stopped {
+            return Err(ServiceError::Refused(
+                Failure::Unavailable,
+                "the server is stopping".to_owned(),
+            ));
+        }
+        state.streams.insert(
+            id,
+            Stream {
+                domain: None,
+                peer,
+                sender,
+            },
+        );
+        self.service.metrics().quota().streams(state.streams.len());
+        Ok((id, receiver))
+    }
+
+    /// Forgets stream `id`: its shares go back to the others at the next
+    /// interval.
+    pub fn close(&self, id: StreamId) {
+        let mut state = self.state();
+        let Some(stream) = state.streams.remove(&id) else {
+            return;
+        };
+        for ((domain, bucket), entry) in &mut state.buckets {
+            if entry.envoys.remove(&id).is_some() {
+                self.service
+                    .metrics()
+                    .quota()
+                    .forget_share(domain, bucket, &stream.peer);
+            }
+        }
+        state.buckets.retain(|_, bucket| !bucket.envoys.is_empty());
+        self.service.metrics().quota().streams(state.streams.len());
+        self.service.metrics().quota().buckets(state.buckets.len());
+    }
+
+    /// Takes one report of stream `id`: the domain (on its first report),
+    /// and each bucket's usage. A bucket reported for the first time is
+    /// assigned at once. A usage that cannot be read (no entries, an entry
+    /// without a key, implausible counts) is counted and skipped; the
+    /// stream's other buckets go on.
+    ///
+    /// # Errors
+    ///
+    /// An unknown domain, none on the first report, or another than the
+    /// stream's: the stream ends.
+    pub async fn report(&self, id: StreamId, domain: &str, usages: Vec<Usage>) -> Result<(), ServiceError> {
+        let domain = self.stream_domain(id, domain)?;
+        let metrics = self.service.metrics().quota();
+        let now = Instant::now();
+        let mut subscribed = Vec::new();
+        {
+            let mut state = self.state();
+            for usage in usages {
+                metrics.report(&domain);
+                if let Err(reason) = readable(&usage) {
+                    metrics.rejected(reason);
+                    tracing::warn!(domain, reason, "rlqs: a bucket's usage is skipped");
+                    continue;
+                }
+                let mut bucket = usage.bucket;
+                bucket.sort();
+                let requests = usage.allowed + usage.denied;
+                let demand = usage
+                    .elapsed
+                    .filter(|elapsed| !elapsed.is_zero())
+                    .map(|elapsed| requests as f64 / elapsed.as_secs_f64());
+                let entry = state.buckets.entry((domain.clone(), bucket.clone())).or_default();
+                if let Some(share) = entry.envoys.get_mut(&id) {
+                    share.demand = demand.or(share.demand);
+                    share.reported = now;
+                    if requests > 0 {
+                        share.busy = now;
+                    }
+                } else {
+                    let share = Share {
+                        demand,
+                        reported: now,
+                        busy: now,
+                        current: None,
+                    };
+                    entry.envoys.insert(id, share);
+                    subscribed.push((bucket, demand));
+                }
+            }
+            metrics.buckets(state.buckets.len());
+        }
+        for (bucket, demand) in subscribed {
+            self.assign_first(id, &domain, bucket, demand).await;
+        }
+        Ok(())
+    }
+
+    /// The domain of stream `id`, set by its first report.
+    fn stream_domain(&self, id: StreamId, sent: &str) -> Result<String, ServiceError> {
+        let mut state = self.state();
+        let stream = state
+            .streams
+            .get_mut(&id)
+            .ok_or_else(|| ServiceError::Refused(Failure::Unavailable, "the stream is closed".to_owned()))?;
+        match &stream.domain {
+            Some(domain) if sent.is_empty() || sent == domain => Ok(domain.clone()),
+            Some(domain) => Err(ServiceError::invalid(format!(
+                "domain \"{sent}\" differs from the stream's \"{domain}\": open another stream"
+            ))),
+            None if sent.is_empty() => Err(ServiceError::invalid("domain must be set on the stream's first report")),
+            None => {
+                if !self.service.config().domains.contains_key(sent) {
+                    return Err(ServiceError::invalid(format!("domain \"{sent}\" is not configured")));
+                }
+                stream.domain = Some(sent.to_owned());
+                Ok(sent.to_owned())
+            }
+        }
+    }
+
+    /// Assigns a bucket an Envoy reports for the first time, until the
+    /// next interval: its demand (or, not known yet, a quarter of the
+    /// limit) for the time left.
+    async fn assign_first(&self, id: StreamId, domain: &str, bucket: BucketId, demand: Option<f64>) {
+        let interval = self.settings.interval.as_secs_f64();
+        let left = 1.0 - phase(SystemTime::now(), self.settings.interval);
+        let rule = self.service.match_bucket(domain, bucket.clone());
+        let decided = match rule {
+            Ok(Some(BucketRule::Limited(block))) if block.limit.is_leasable() => {
+                let demand = demand.map_or_else(|| unknown_demand(&block.limit), |demand| demand * interval * HEADROOM);
+                let want = demand.min(block.limit.capacity() as f64);
+                self.take(&block, id, want, left, None).await
+            }
+            other => Some(self.blanket(id, other.ok().flatten().as_ref())),
+        };
+        let Some(decided) = decided else { return };
+        self.finish(domain, vec![(bucket, vec![decided])]);
+    }
+
+    /// The assignment of a bucket whose rule is not a limit taken in
+    /// blocks.
+    fn blanket(&self, id: StreamId, rule: Option<&BucketRule>) -> Decided {
+        let blanket = match rule {
+            Some(BucketRule::Unlimited) => Blanket::AllowAll,
+            Some(BucketRule::Blocked) => Blanket::DenyAll,
+            Some(BucketRule::Nothing) | None => self.settings.unmatched,
+            Some(BucketRule::Limited(block)) => {
+                tracing::warn!(
+                    rule = block.rule,
+                    algorithm = block.limit.algorithm(),
+                    "rlqs: this algorithm is not taken in blocks; the bucket gets the unmatched default"
+                );
+                self.settings.unmatched
+            }
+        };
+        Decided {
+            stream: id,
+            action: Action::Assign {
+                strategy: Strategy::Blanket(blanket),
+                ttl: self.settings.ttl,
+            },
+            current: None,
+            rate: if blanket == Blanket::AllowAll {
+                f64::INFINITY
+            } else {
+                0.0
+            },
+        }
+    }
+
+    /// Takes a block for Envoy `id` to admit about `want` units per
+    /// interval over `part` of an interval (`current`: its token bucket,
+    /// kept when the block it needs is granted again); its assignment.
+    /// `None` when the store failed with no failure policy to answer: the
+    /// Envoy keeps its assignment until it lapses.
+    async fn take(
+        &self,
+        block: &BucketLimit,
+        id: StreamId,
+        want: f64,
+        part: f64,
+        current: Option<Current>,
+    ) -> Option<Decided> {
+        let want = round_randomly(want.max(0.0));
+        let keep = current.filter(|current| {
+            current.per_interval > 0 && want.abs_diff(current.per_interval) <= (current.per_interval / 20).max(1)
+        });
+        let over_part = |units: u64| (units as f64 * part).ceil() as u64;
+        let asked = match keep {
+            Some(current) => over_part(current.per_interval),
+            None => over_part(want) + burst_of(want),
+        };
+        let interval = self.settings.interval;
+        let outcome = match Policy::new([(block.name.as_str(), block.limit.clone())]) {
+            Ok(policy) => {
+                let request = Request::new(Op::CheckAtMost, asked);
+                self.service.store().decide(&block.subject, &policy, &request).await
+            }
+            Err(error) => Err(error),
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                self.service.metrics().quota().store_error();
+                tracing::warn!(%error, "rlqs: a block could not be taken; assignments run until they lapse");
+                return None;
+            }
+        };
+        let (granted, path_allows) = match outcome.path {
+            Path::Policy => (0, Some(outcome.decision.allowed)),
+            _ => (outcome.granted, None),
+        };
+        let ttl = self.settings.ttl;
+        // The failure policy answered: open allows all, closed denies all,
+        // for one interval at a time.
+        if let Some(allows) = path_allows {
+            let blanket = if allows { Blanket::AllowAll } else { Blanket::DenyAll };
+            return Some(Decided {
+                stream: id,
+                action: Action::Assign {
+                    strategy: Strategy::Blanket(blanket),
+                    ttl: interval * 2,
+                },
+                current: None,
+                rate: if allows { f64::INFINITY } else { 0.0 },
+            });
+        }
+        let current = match keep {
+            Some(current) if granted == asked => current,
+            _ if granted == 0 => {
+                return Some(Decided {
+                    stream: id,
+                    action: Action::Assign {
+                        strategy: Strategy::Blanket(Blanket::DenyAll),
+                        ttl,
+                    },
+                    current: None,
+                    rate: 0.0,
+                })
+            }
+            // A new bucket: it may start full, so this block pays for its
+            // capacity and for its refill over the part of the interval.
+            _ if keep.is_none() && granted == asked => Current {
+                per_interval: want,
+                burst: burst_of(want),
+            },
+            _ => {
+                let burst = granted.div_ceil(11).clamp(1, granted);
+                Current {
+                    per_interval: ((granted - burst) as f64 / part) as u64,
+                    burst,
+                }
+            }
+        };
+        // No refill before the next interval takes a block: one token an
+        // hour (Envoy compares only the sub-second part of the interval, so
+        // this never carries the slow rate into a later assignment of the
+        // same capacity: that one would only refill slower than granted).
+        let (tokens_per_fill, fill_interval) = match u32::try_from(current.per_interval) {
+            Ok(0) => (1, Duration::from_secs(3600)),
+            Ok(tokens) => (tokens, interval),
+            Err(_) => (u32::MAX, interval),
+        };
+        Some(Decided {
+            stream: id,
+            action: Action::Assign {
+                strategy: Strategy::TokenBucket {
+                    max_tokens: u32::try_from(current.burst).unwrap_or(u32::MAX),
+                    tokens_per_fill,
+                    fill_interval,
+                },
+                ttl,
+            },
+            current: Some(current),
+            rate: current.per_interval as f64 / interval.as_secs_f64(),
+        })
+    }
+
+    /// Records what was decided for a domain's buckets and sends each
+    /// stream its actions.
+    fn finish(&self, domain: &str, decided: Vec<(BucketId, Vec<Decided>)>) {
+        let metrics = self.service.metrics().quota();
+        let mut outgoing: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        let mut state = self.state();
+        let state = &mut *state;
+        for (bucket, envoys) in decided {
+            let key = (domain.to_owned(), bucket);
+            for decided in envoys {
+                let Some(share) = state
+                    .buckets
+                    .get_mut(&key)
+                    .and_then(|entry| entry.envoys.get_mut(&decided.stream))
+                else {
+                    continue;
+                };
+                share.current = decided.current;
+                tracing::debug!(domain, bucket = ?key.1, stream = decided.stream, action = ?decided.action, "rlqs: assigned");
+                let Some(stream) = state.streams.get(&decided.stream) else {
+                    continue;
+                };
+                metrics.assigned(&decided.action);
+                metrics.share(domain, &key.1, &stream.peer, decided.rate);
+                outgoing.entry(decided.stream).or_default().push(BucketAction {
+                    bucket: key.1.clone(),
+                    action: decided.action,
+                });
+            }
+        }
+        for (id, actions) in outgoing {
+            if let Some(stream) = state.streams.get(&id) {
+                let _ = stream.sender.send(actions);
+            }
+        }
+    }
+
+    /// Splits and assigns every interval until `stopped`, then expires
+    /// every assignment (Envoys fall back to their
+    /// `expired_assignment_behavior` rather than keep a rate no one
+    /// renews) and ends the streams.
+    pub async fn run(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
+        let interval = self.settings.interval;
+        loop {
+            let start = next_start(SystemTime::now(), interval);
+            tokio::select! {
+                () = sleep_until(start + interval / 10) => {}
+                _ = stopped.wait_for(|stop| *stop) => break,
+            }
+            self.interval(start).await;
+        }
+        self.expire_all();
+    }
+
+    /// One interval, begun at `start`.
+    async fn interval(&self, start: SystemTime) {
+        let now = Instant::now();
+        let plans = self.plan(now);
+        tracing::debug!(buckets = plans.len(), "rlqs: interval");
+        // Each replica adds its demands...
+        join_all(plans.iter().map(|plan| self.add_demands(plan))).await;
+        // ...then, once all have, reads everyone's and the budget...
+        sleep_until(start + self.settings.interval / 4).await;
+        let splits = join_all(plans.iter().map(|plan| self.split(plan))).await;
+        // ...and once all have read, takes its blocks.
+        sleep_until(start + self.settings.interval * 2 / 5).await;
+        let decided = join_all(
+            plans
+                .iter()
+                .zip(splits)
+                .map(|(plan, split)| self.take_shares(plan, split, start)),
+        )
+        .await;
+        let mut by_domain: HashMap<&str, Vec<(BucketId, Vec<Decided>)>> = HashMap::new();
+        for (plan, decided) in plans.iter().zip(decided) {
+            by_domain
+                .entry(plan.domain.as_str())
+                .or_default()
+                .push((plan.bucket.clone(), decided));
+        }
+        for (domain, decided) in by_domain {
+            self.finish(domain, decided);
+        }
+    }
+
+    /// Abandons the buckets gone quiet, and lists the others' Envoys.
+    fn plan(&self, now: Instant) -> Vec<Plan> {
+        let interval = self.settings.interval.as_secs_f64();
+        let quiet = self.settings.abandon_after;
+        let metrics = self.service.metrics().quota();
+        let mut abandoned: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        let mut plans = Vec::new();
+        let mut state = self.state();
+        let state = &mut *state;
+        for ((domain, bucket), entry) in &mut state.buckets {
+            entry.envoys.retain(|&id, share| {
+                let gone = now.duration_since(share.reported) > quiet || now.duration_since(share.busy) > quiet;
+                if gone {
+                    abandoned.entry(id).or_default().push(BucketAction {
+                        bucket: bucket.clone(),
+                        action: Action::Abandon,
+                    });
+                    if let Some(stream) = state.streams.get(&id) {
+                        metrics.forget_share(domain, bucket, &stream.peer);
+                    }
+                }
+                !gone
+            });
+            if entry.envoys.is_empty() {
+                continue;
+            }
+            let mut envoys: Vec<(StreamId, Option<f64>, Option<Current>)> = entry
+                .envoys
+                .iter()
+                .map(|(&id, share)| (id, share.demand.map(|demand| demand * interval), share.current))
+                .collect();
+            // No Envoy is always first to take.
+            fastrand::shuffle(&mut envoys);
+            plans.push(Plan {
+                domain: domain.clone(),
+                bucket: bucket.clone(),
+                rule: self.service.match_bucket(domain, bucket.clone()).ok().flatten(),
+                envoys,
+            });
+        }
+        state.buckets.retain(|_, entry| !entry.envoys.is_empty());
+        metrics.buckets(state.buckets.len());
+        for (id, actions) in abandoned {
+            for _ in &actions {
+                metrics.assigned(&Action::Abandon);
+            }
+            if let Some(stream) = state.streams.get(&id) {
+                let _ = stream.sender.send(actions);
+            }
+        }
+        plans
+    }
+
+    /// Adds this replica's demands on `plan`'s bucket to the store.
+    async fn add_demands(&self, plan: &Plan) {
+        let Some(BucketRule::Limited(block)) = &plan.rule else {
+            return;
+        };
+        if !block.limit.is_leasable() {
+            return;
+        }
+        let totals = Ladder::new(block.limit.capacity()).capped(&plan.demands(&block.limit));
+        let result = match self.demand_rows(&block.subject, None, &totals) {
+            Ok(spread) => self.service.store().decide_spread(&spread, Op::Record).await.map(drop),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = result {
+            self.service.metrics().quota().store_error();
+            tracing::debug!(%error, "rlqs: demands could not be added");
+        }
+    }
+
+    /// Reads every replica's demands on `plan`'s bucket and what its limit
+    /// has left, and splits it; `None` when its rule is not a limit taken in
+    /// blocks.
+    async fn split(&self, plan: &Plan) -> Option<Split> {
+        let Some(BucketRule::Limited(block)) = &plan.rule else {
+            return None;
+        };
+        if !block.limit.is_leasable() {
+            return None;
+        }
+        let ladder = Ladder::new(block.limit.capacity());
+        // The split as every replica sees it; this replica's alone if the
+        // store cannot tell.
+        Some(match self.read_totals(block).await {
+            Some((totals, budget)) => ladder.split(budget, &totals),
+            None => ladder.split(
+                block.limit.capacity() as f64,
+                &ladder.capped(&plan.demands(&block.limit)),
+            ),
+        })
+    }
+
+    /// Takes each local Envoy's block of `plan`'s bucket, as `split` says.
+    async fn take_shares(&self, plan: &Plan, split: Option<Split>, start: SystemTime) -> Vec<Decided> {
+        let (Some(split), Some(BucketRule::Limited(block))) = (split, &plan.rule) else {
+            return plan
+                .envoys
+                .iter()
+                .map(|&(id, ..)| self.blanket(id, plan.rule.as_ref()))
+                .collect();
+        };
+        let local = plan.demands(&block.limit);
+        // The smallest shares are taken first, and those capped at the
+        // level only once every replica has taken the others: when the
+        // limit runs short (a new token bucket's capacity, rounding), an
+        // Envoy at the level gets less rather than one under it.
+        let mut shares: Vec<(StreamId, f64, bool, Option<Current>)> = plan
+            .envoys
+            .iter()
+            .zip(&local)
+            .map(|(&(id, _, current), &demand)| (id, split.share(demand), split.caps(demand), current))
+            .collect();
+        shares.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let mut decided = Vec::with_capacity(shares.len());
+        let mut waited = false;
+        for (id, share, capped, current) in shares {
+            if capped && !waited {
+                sleep_until(start + self.settings.interval / 2).await;
+                waited = true;
+            }
+            if let Some(one) = self.take(block, id, share, 1.0, current).await {
+                decided.push(one);
+            }
+        }
+        decided
+    }
+
+    /// Every replica's demands on the block's bucket, and what its limit
+    /// has left now.
+    async fn read_totals(&self, block: &BucketLimit) -> Option<(Totals, f64)> {
+        let empty = Totals {
+            rungs: vec![0; RUNGS],
+            ..Totals::default()
+        };
+        let spread = self.demand_rows(&block.subject, Some(block), &empty).ok()?;
+        let outcome = match self.service.store().decide_spread(&spread, Op::Check).await {
+            Ok(outcome) if outcome.path == Path::Store || outcome.path == Path::Local => outcome,
+            Ok(_) => return None,
+            Err(error) => {
+                self.service.metrics().quota().store_error();
+                tracing::debug!(%error, "rlqs: demands could not be read");
+                return None;
+            }
+        };
+        // Each limit's decision by its name (a policy keeps its own order).
+        let decided: HashMap<&str, u64> = outcome
+            .limits
+            .iter()
+            .map(|(name, decision)| (name.as_str(), decision.remaining))
+            .collect();
+        let count = |name: &str| {
+            decided
+                .get(name)
+                .map_or(0, |remaining| DEMAND_LIMIT - remaining.min(&DEMAND_LIMIT))
+        };
+        let totals = Totals {
+            demand: count(DEMAND),
+            envoys: count(ENVOYS),
+            rungs: (0..RUNGS).map(|rung| count(&rung_name(rung))).collect(),
+        };
+        let budget = decided.get(block.name.as_str()).copied().unwrap_or(0);
+        Some((totals, budget as f64))
+    }
+
+    /// The demand counters of a bucket (and, to read it with them, its
+    /// limit), each weighing what `totals` says.
+    fn demand_rows(&self, subject: &Subject, limit: Option<&BucketLimit>, totals: &Totals) -> tollgate::Result<Spread> {
+        let counter = Limit::fixed_window(DEMAND_LIMIT, self.settings.interval)?;
+        let mut rows = Spread::builder();
+        rows.row(subject.clone(), DEMAND, counter.clone(), totals.demand);
+        rows.row(subject.clone(), ENVOYS, counter.clone(), totals.envoys);
+        for (rung, capped) in totals.rungs.iter().enumerate() {
+            rows.row(subject.clone(), &rung_name(rung), counter.clone(), *capped);
+        }
+        if let Some(block) = limit {
+            rows.row(block.subject.clone(), &block.name, block.limit.clone(), 0);
+        }
+        rows.build()
+    }
+
+    /// Expires every assignment of every stream, and ends the streams.
+    fn expire_all(&self) {
+        let mut state = self.state();
+        state.stopped = true;
+        let mut outgoing: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        for ((_, bucket), entry) in &state.buckets {
+            for &id in entry.envoys.keys() {
+                outgoing.entry(id).or_default().push(BucketAction {
+                    bucket: bucket.clone(),
+                    action: Action::Assign {
+                        strategy: Strategy::Blanket(Blanket::AllowAll),
+                        ttl: Duration::ZERO,
+                    },
+                });
+            }
+        }
+        for (id, actions) in outgoing {
+            if let Some(stream) = state.streams.get(&id) {
+                let _ = stream.sender.send(actions);
+            }
+        }
+        // Dropping the senders ends the streams.
+        state.streams.clear();
+        state.buckets.clear();
+    }
+}
+
+/// One bucket to split in an interval.
+struct Plan {
+    domain: String,
+    bucket: BucketId,
+    rule: Option<BucketRule>,
+    /// Each local Envoy, its demand per interval (if known yet) and its
+    /// token bucket.
+    envoys: Vec<(StreamId, Option<f64>, Option<Current>)>,
+}
+
+impl Plan {
+    /// Each local Envoy's demand per interval, one not known yet counted
+    /// as [`unknown_demand`].
+    fn demands(&self, limit: &Limit) -> Vec<f64> {
+        self.envoys
+            .iter()
+            .map(|(_, demand, _)| demand.map_or_else(|| unknown_demand(limit), |demand| demand * HEADROOM))
+            .collect()
+    }
+}
+
+/// A reported demand counts this much more: a rate measured over Envoy's
+/// 5 s reports varies from one to the next, and an Envoy under its fair
+/// share must not be denied for it.
+const HEADROOM: f64 = 1.1;
+
+/// The demand assumed of an Envoy until its reports cover some time: a
+/// quarter of the limit's capacity, so that Envoys starting together share
+/// it evenly and one under its fair share is not denied meanwhile.
+fn unknown_demand(limit: &Limit) -> f64 {
+    limit.capacity() as f64 / 4.0
+}
+
+/// The counters of a bucket's demand, beside its limit: every Envoy's, in
+/// thousandths, and the Envoys.
+const DEMAND: &str = "rlqs.demand";
+const ENVOYS: &str = "rlqs.envoys";
+
+/// The counter of the demand capped at `rung`, in thousandths.
+fn rung_name(rung: usize) -> String {
+    format!("rlqs.rung.{rung}")
+}
+
+/// The limit of the demand counters: they only count.
+const DEMAND_LIMIT: u64 = 1 << 52;
+
+/// Why a usage cannot be read, if it cannot.
+fn readable(usage: &Usage) -> Result<(), &'static str> {
+    if usage.bucket.is_empty() {
+        return Err("empty_bucket_id");
+    }
+    if usage.bucket.iter().any(|(key, _)| key.is_empty()) {
+        return Err("empty_key");
+    }
+    if usage.allowed > MAX_REPORTED || usage.denied > MAX_REPORTED {
+        return Err("implausible_counts");
+    }
+    Ok(())
+}
+
+/// The capacity of a token bucket refilling `per_interval`: a tenth of it,
+/// at least one.
+fn burst_of(per_interval: u64) -> u64 {
+    per_interval.div_ceil(10).max(1)
+}
+
+/// `value` rounded down or up, up with the probability of its fraction:
+/// shares of a unit add up over intervals.
+fn round_randomly(value: f64) -> u64 {
+    let whole = value.floor();
+    let up = fastrand::f64() < value - whole;
+    whole as u64 + u64::from(up)
+}
+
+/// How far `now` is into its interval, from 0 to 1.
+fn phase(now: SystemTime, interval: Duration) -> f64 {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let length = interval.as_nanos().max(1);
+    (since % length) as f64 / length as f64
+}
+
+/// The start of the next interval after `now`, interval boundaries being
+/// multiples of `interval` since the epoch (so that replicas agree).
+fn next_start(now: SystemTime, interval: Duration) -> SystemTime {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let length = interval.as_nanos().max(1);
+    let next = (since / length + 1) * length;
+    UNIX_EPOCH + Duration::from_nanos(u64::try_from(next).unwrap_or(u64::MAX))
+}
+
+async fn sleep_until(at: SystemTime) {
+    if let Ok(wait) = at.duration_since(SystemTime::now()) {
+        tokio::time::sleep(wait).await;
+    }
+}

@@ -1,0 +1,352 @@
+//! The quota service (RLQS) through its real gRPC listener, with tonic's
+//! generated client of Envoy's protocol: what each bucket is assigned, bad
+//! input, and what a stopping server tells the Envoys. (Three real Envoys
+//! sharing one limit: `tollgate-cli`'s `envoy` tests.)
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tollgate::{AnyStore, MemoryStore};
+use tollgate_server::quota::{Blanket, QuotaSettings};
+use tollgate_server::{Config, Options, Server};
+
+const CONFIG: &str = r"
+domain: rlqs
+descriptors:
+  - key: name
+    value: api
+    rate_limit: {unit: second, requests_per_unit: 100}
+    descriptors:
+      - key: tenant
+        value: internal
+        rate_limit: {unlimited: true}
+      - key: tenant
+        value: banned
+        rate_limit: {unit: second, requests_per_unit: 0}
+";
+
+struct Running {
+    grpc: String,
+    http: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(options: Options) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rlqs.yaml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let server = Server::new(
+        Config::load(&file).unwrap(),
+        Some(file),
+        AnyStore::Memory(MemoryStore::new()),
+        options,
+    );
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel();
+    let task = tokio::spawn(server.run(http, grpc, async {
+        let _ = stopped.await;
+    }));
+    Running {
+        grpc: format!("http://{grpc_address}"),
+        http: format!("http://{http_address}"),
+        stop: Some(stop),
+        task,
+        _dir: dir,
+    }
+}
+
+/// One Envoy's stream: reports go out, actions come in.
+struct Stream {
+    reports: mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
+    actions: tonic::Streaming<RateLimitQuotaResponse>,
+}
+
+impl Running {
+    async fn open(&self) -> Stream {
+        let mut client = RateLimitQuotaServiceClient::connect(self.grpc.clone()).await.unwrap();
+        let (reports, outgoing) = mpsc::unbounded_channel();
+        let actions = client
+            .stream_rate_limit_quotas(UnboundedReceiverStream::new(outgoing))
+            .await
+            .unwrap()
+            .into_inner();
+        Stream { reports, actions }
+    }
+
+    async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.http))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn bucket(entries: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: entries
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect(),
+    }
+}
+
+/// A usage of `bucket`: `allowed` requests over `seconds`.
+fn usage(bucket: BucketId, allowed: u64, seconds: i64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(bucket),
+        time_elapsed: Some(ProtoDuration { seconds, nanos: 0 }),
+        num_requests_allowed: allowed,
+        num_requests_denied: 0,
+    }
+}
+
+fn report(domain: &str, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.to_owned(),
+        bucket_quota_usages: usages,
+    }
+}
+
+/// What an action says: its bucket, and its strategy and time to live (in
+/// seconds), or `None` for an abandon.
+type Seen = (BucketId, Option<(Strategy, i64)>);
+
+/// The next actions on `stream`, within 3 s (an interval and a half).
+async fn next(stream: &mut Stream) -> Vec<Seen> {
+    let response = tokio::time::timeout(Duration::from_secs(3), stream.actions.message())
+        .await
+        .expect("actions within 3 s")
+        .expect("no error")
+        .expect("the stream goes on");
+    response
+        .bucket_action
+        .into_iter()
+        .map(|action| {
+            let seen = match action.bucket_action.unwrap() {
+                BucketAction::QuotaAssignmentAction(assignment) => Some((
+                    assignment.rate_limit_strategy.unwrap().strategy.unwrap(),
+                    assignment.assignment_time_to_live.unwrap().seconds,
+                )),
+                BucketAction::AbandonAction(_) => None,
+            };
+            (action.bucket_id.unwrap(), seen)
+        })
+        .collect()
+}
+
+/// The strategy assigned to `id` by the next actions naming it.
+async fn assigned(stream: &mut Stream, id: &BucketId) -> (Strategy, i64) {
+    for _ in 0..5 {
+        for (bucket, seen) in next(stream).await {
+            if &bucket == id {
+                return seen.expect("an assignment");
+            }
+        }
+    }
+    panic!("no assignment for {id:?}");
+}
+
+fn blanket(rule: BlanketRule) -> Strategy {
+    Strategy::BlanketRule(rule as i32)
+}
+
+/// A bucket is assigned as soon as it is first reported (a token bucket of
+/// its share of the rule's 100 a second, living 3 s), and again every
+/// interval; rules that do not count are blanket rules.
+#[tokio::test]
+async fn buckets_are_assigned_at_once_and_every_interval() {
+    let server = start(Options::default()).await;
+    let mut stream = server.open().await;
+    let api = bucket(&[("name", "api")]);
+    // Envoy's first report of a bucket: one request, no time elapsed.
+    stream
+        .reports
+        .send(report("rlqs", vec![usage(api.clone(), 1, 0)]))
+        .unwrap();
+    let (strategy, ttl) = assigned(&mut stream, &api).await;
+    assert_eq!(ttl, 3);
+    let Strategy::TokenBucket(first) = strategy else {
+        panic!("{strategy:?}")
+    };
+    assert!(first.max_tokens >= 1);
+    assert_eq!(first.fill_interval.unwrap().seconds, 1);
+    // The next interval: alone on the bucket, it gets the whole limit.
+    let (strategy, _) = assigned(&mut stream, &api).await;
+    let Strategy::TokenBucket(next) = strategy else {
+        panic!("{strategy:?}")
+    };
+    let per_second = u64::from(next.max_tokens) + u64::from(next.tokens_per_fill.unwrap().value);
+    assert!((90..=100).contains(&per_second), "{next:?}");
+
+    let cases = [
+        (
+            bucket(&[("name", "api"), ("tenant", "internal")]),
+            blanket(BlanketRule::AllowAll),
+        ),
+        (
+            bucket(&[("tenant", "banned"), ("name", "api")]),
+            blanket(BlanketRule::DenyAll),
+        ),
+        (bucket(&[("name", "other")]), blanket(BlanketRule::AllowAll)),
+    ];
+    for (id, expected) in cases {
+        stream
+            .reports
+            .send(report("rlqs", vec![usage(id.clone(), 1, 0)]))
+            .unwrap();
+        assert_eq!(assigned(&mut stream, &id).await, (expected, 3), "{id:?}");
+    }
+    let metrics = server.metrics().await;
+    for line in [
+        "tollgate_rlqs_streams 1",
+        "tollgate_rlqs_buckets 4",
+        r#"tollgate_rlqs_share{domain="rlqs",bucket="name=api,tenant=banned""#,
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    server.stop().await;
+}
+
+/// With `unmatched: deny`, a bucket no rule matches is denied.
+#[tokio::test]
+async fn unmatched_buckets_get_the_configured_default() {
+    let settings = QuotaSettings {
+        unmatched: Blanket::DenyAll,
+        ..QuotaSettings::default()
+    };
+    let server = start(Options {
+        quotas: settings,
+        ..Options::default()
+    })
+    .await;
+    let mut stream = server.open().await;
+    let other = bucket(&[("name", "other")]);
+    stream
+        .reports
+        .send(report("rlqs", vec![usage(other.clone(), 1, 0)]))
+        .unwrap();
+    assert_eq!(assigned(&mut stream, &other).await, (blanket(BlanketRule::DenyAll), 3));
+    server.stop().await;
+}
+
+/// A usage that cannot be read (an empty bucket id, counts no Envoy could
+/// have) is skipped and counted; the stream's other buckets go on.
+#[tokio::test]
+async fn bad_usages_are_skipped_and_the_stream_goes_on() {
+    let server = start(Options::default()).await;
+    let mut stream = server.open().await;
+    let api = bucket(&[("name", "api")]);
+    let usages = vec![
+        usage(bucket(&[]), 1, 0),
+        usage(bucket(&[("name", "huge")]), u64::MAX, 5),
+        usage(api.clone(), 1, 0),
+    ];
+    stream.reports.send(report("rlqs", usages)).unwrap();
+    assert!(matches!(
+        assigned(&mut stream, &api).await,
+        (Strategy::TokenBucket(_), 3)
+    ));
+    let metrics = server.metrics().await;
+    for line in [
+        r#"tollgate_rlqs_reports_rejected_total{reason="empty_bucket_id"} 1"#,
+        r#"tollgate_rlqs_reports_rejected_total{reason="implausible_counts"} 1"#,
+        "tollgate_rlqs_buckets 1",
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    server.stop().await;
+}
+
+/// A stream in a domain no configuration has, or without one, ends with
+/// INVALID_ARGUMENT naming it; the server goes on serving others.
+#[tokio::test]
+async fn an_unknown_domain_ends_its_stream() {
+    let server = start(Options::default()).await;
+    for (domain, message) in [
+        ("nowhere", "domain \"nowhere\" is not configured"),
+        ("", "domain must be set"),
+    ] {
+        let mut stream = server.open().await;
+        stream
+            .reports
+            .send(report(domain, vec![usage(bucket(&[("name", "api")]), 1, 0)]))
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(3), stream.actions.message())
+            .await
+            .expect("an answer within 3 s")
+            .expect_err("the stream ends with a status");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(message), "{status:?}");
+    }
+    let mut stream = server.open().await;
+    let api = bucket(&[("name", "api")]);
+    stream
+        .reports
+        .send(report("rlqs", vec![usage(api.clone(), 1, 0)]))
+        .unwrap();
+    assert!(matches!(
+        assigned(&mut stream, &api).await,
+        (Strategy::TokenBucket(_), 3)
+    ));
+    server.stop().await;
+}
+
+/// A stopping server expires every assignment at once (a time to live of
+/// zero: each Envoy falls back to its `expired_assignment_behavior` rather
+/// than keep a rate no one renews), then ends the streams.
+#[tokio::test]
+async fn stopping_expires_every_assignment() {
+    let server = start(Options::default()).await;
+    let mut stream = server.open().await;
+    let api = bucket(&[("name", "api")]);
+    let internal = bucket(&[("name", "api"), ("tenant", "internal")]);
+    stream
+        .reports
+        .send(report(
+            "rlqs",
+            vec![usage(api.clone(), 1, 0), usage(internal.clone(), 1, 0)],
+        ))
+        .unwrap();
+    assigned(&mut stream, &api).await;
+    let stop = tokio::spawn(server.stop());
+    let mut expired = Vec::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(3), stream.actions.message())
+            .await
+            .expect("an answer within 3 s");
+        let Some(response) = message.expect("no error") else {
+            break;
+        };
+        for action in response.bucket_action {
+            if let Some(BucketAction::QuotaAssignmentAction(assignment)) = action.bucket_action {
+                if assignment.assignment_time_to_live.unwrap().seconds == 0 {
+                    expired.push(action.bucket_id.unwrap());
+                }
+            }
+        }
+    }
+    expired.sort_by_key(|id| id.bucket.len());
+    assert_eq!(expired, [api, internal]);
+    stop.await.unwrap();
+}
