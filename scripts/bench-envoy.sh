@@ -11,7 +11,11 @@
 #    upstream_rq_time, ms) and rate limit counters (ok, errors, timeouts);
 #    Envoy is started afresh for each run;
 # 2. direct: `tollgate bench --target grpc://…` with one connection and one
-#    request in flight at the same steady RATE, then saturated.
+#    request in flight at the same steady RATE, then saturated;
+# 3. the quota service (RLQS): a fresh Envoy on examples/envoy-rlqs/envoy.yaml,
+#    which decides each request itself from the assignments tollgate serve
+#    pushes, at the same steady RATE on /api/ (limited) and /open/ (the filter
+#    off: the anchor).
 #
 # With --redis the server decides in a redis-server this script starts.
 #
@@ -50,22 +54,36 @@ if ! "$venv/bin/envoy" --version >/dev/null 2>&1; then
 fi
 ENVOY="$venv/bin/envoy"
 
-cat >"$BENCH_TMP/config.yaml" <<'YAML'
+# One domain per file: RLS's and RLQS's.
+mkdir -p "$BENCH_TMP/config"
+cat >"$BENCH_TMP/config/example.yaml" <<'YAML'
 domain: example
 descriptors:
   - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+cat >"$BENCH_TMP/config/rlqs.yaml" <<'YAML'
+domain: rlqs
+descriptors:
+  - key: name
+    value: api
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 YAML
 
 if $redis; then
   start_redis
 fi
-start_serve "$BENCH_TMP/config.yaml"
+start_serve "$BENCH_TMP/config"
 serve_pid=$SERVE_PID
 grpc=$SERVE_GRPC
 store=$SERVE_STORE
 
-# start_envoy: a fresh Envoy (its counters at zero); sets ENVOY_PID, ADMIN, URL.
+# The Envoy configuration hey_run starts, and a path it answers 200 on.
+ENVOY_EXAMPLE=examples/envoy/envoy.yaml
+READY_PATH=/
+
+# start_envoy: a fresh Envoy on $ENVOY_EXAMPLE (its counters at zero); sets
+# ENVOY_PID, ADMIN, URL.
 start_envoy() {
   local kept pid
   if [ -n "${ENVOY_PID:-}" ]; then
@@ -79,7 +97,7 @@ start_envoy() {
   # Every port 0, read back from Envoy: no race for a free port.
   rm -f "$BENCH_TMP/envoy-admin"
   sed -e "s/\${ADMIN_PORT}/0/; s/\${HTTP_PORT}/0/; s/\${TCP_PORT}/0/; s/\${GRPC_PORT}/${grpc##*:}/" \
-    examples/envoy/envoy.yaml >"$BENCH_TMP/envoy.yaml"
+    "$ENVOY_EXAMPLE" >"$BENCH_TMP/envoy.yaml"
   "$ENVOY" -c "$BENCH_TMP/envoy.yaml" --concurrency 1 --disable-hot-restart --log-level warn \
     --admin-address-path "$BENCH_TMP/envoy-admin" 2>"$BENCH_TMP/envoy.log" &
   ENVOY_PID=$!
@@ -99,7 +117,7 @@ for listener in json.load(sys.stdin)["listener_statuses"]:
     if listener["name"] == "front":
         print(listener["local_address"]["socket_address"]["port_value"])
 ')"
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/")" = 200 ] || die "no 200 through envoy"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL$READY_PATH")" = 200 ] || die "no 200 through envoy"
 }
 start_envoy
 note "envoy $("$ENVOY" --version | sed -n 's/.*version: [^/]*\/\([^/]*\)\/.*/\1/p') (pid $ENVOY_PID), tollgate serve (pid $serve_pid) gRPC $grpc, store $store"
@@ -166,6 +184,10 @@ hey_run anchor_saturated /unlimited -z "$DURATION" -c 64
 hey_run envoy_saturated / -z "$DURATION" -c 64
 bench_run direct_steady --connections 1 --rate "$RATE" --requests "$REQUESTS"
 bench_run direct_saturated --connections 64 --duration "$DURATION"
+ENVOY_EXAMPLE=examples/envoy-rlqs/envoy.yaml
+READY_PATH=/open/
+hey_run rlqs_anchor_steady /open/ -n "$REQUESTS" -c 10 -q "$((RATE / 10))"
+hey_run rlqs_steady /api/work -n "$REQUESTS" -c 10 -q "$((RATE / 10))"
 
 echo
 echo "tollgate serve behind Envoy, $store store; steady runs at $RATE requests/s"
@@ -177,7 +199,9 @@ for row in "anchor_steady:through Envoy, /unlimited (no call), hey -c 10, steady
   "envoy_steady:through Envoy, limited, hey -c 10, steady" \
   "anchor_saturated:through Envoy, /unlimited (no call), hey -c 64" \
   "envoy_saturated:through Envoy, limited, hey -c 64, saturated" \
-  "direct_steady:direct gRPC, 1 connection, steady" "direct_saturated:direct gRPC, 64 connections, saturated"; do
+  "direct_steady:direct gRPC, 1 connection, steady" "direct_saturated:direct gRPC, 64 connections, saturated" \
+  "rlqs_anchor_steady:RLQS Envoy, /open/ (filter off), hey -c 10, steady" \
+  "rlqs_steady:RLQS Envoy, /api/ (quota, no call), hey -c 10, steady"; do
   IFS='|' read -r requests rate p50 p99 p999 max others <"$BENCH_TMP/${row%%:*}.row"
   printf '| %-52s | %8s | %10s | %7s | %7s | %9s | %8s | %12s |\n' "${row#*:}" "$requests" "$rate" "$p50" "$p99" "$p999" "$max" "$others"
 done
