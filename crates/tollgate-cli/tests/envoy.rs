@@ -636,3 +636,89 @@ async fn rlqs_splits_one_limit_among_two_replicas_on_redis() {
     let other = common::Serve::start_with(&config, &["--redis", url.as_str()]);
     rlqs_splits_one_limit(&[&one, &other], [0, 0, 1]).await;
 }
+
+/// `tollgate serve` on `config` with its gRPC listener at `grpc` (so that
+/// it can be restarted where Envoy looks for it).
+fn serve_at(config: &Path, grpc: &str, extra: &[&str]) -> common::Serve {
+    let mut command = common::tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", grpc, "--config"]);
+    command.arg(config).args(extra);
+    common::Serve::start_command(command)
+}
+
+/// The quota service killed and restarted under a real Envoy driven at 200
+/// a second, 100 allowed: limited while it runs; once it is gone and the
+/// assignments' 3 s have lapsed, Envoy follows its
+/// `expired_assignment_behavior` (allow all, in `examples/envoy-rlqs`);
+/// once it is back, Envoy reconnects at its next report and is limited
+/// again.
+#[tokio::test]
+async fn rlqs_envoys_fall_back_when_serve_is_killed_and_recover_on_restart() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (_dir, config) = rlqs_config();
+    let grpc = format!("127.0.0.1:{}", common::redis_server::free_port());
+    let serve = serve_at(&config, &grpc, &[]);
+    let envoy = Envoy::start_with("envoy-rlqs/envoy.yaml", &grpc);
+    let faults = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        drop(serve); // SIGKILL, by its pid
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        serve_at(&config, &grpc, &[])
+    });
+    let sent = drive(&[&envoy], &[(Duration::from_secs(40), vec![200])]).await;
+    let _serve = faults.await.unwrap();
+    let seconds: Vec<f64> = (0..40).map(|second| rate(&sent, 0, second, second + 1, 200)).collect();
+    let limited = rate(&sent, 0, 6, 12, 200);
+    assert!(
+        (80.0..=110.0).contains(&limited),
+        "limited: {limited}/s; each second: {seconds:?}"
+    );
+    assert_eq!(
+        count(&sent, 0, 16, 24, 429),
+        0,
+        "serve gone, expired: all allowed; {seconds:?}"
+    );
+    let again = rate(&sent, 0, 32, 40, 200);
+    assert!(
+        (80.0..=110.0).contains(&again),
+        "limited again: {again}/s; each second: {seconds:?}"
+    );
+}
+
+/// Redis killed under a real Envoy driven at 200 a second (100 allowed),
+/// `serve --on-store-error closed`: while Redis is down the failure policy
+/// decides the assignments (closed: deny all, for two intervals at a time);
+/// once it is back, the split resumes.
+#[tokio::test]
+async fn rlqs_assignments_follow_the_failure_policy_when_redis_is_down() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let (_dir, config) = rlqs_config();
+    let serve = common::Serve::start_with(&config, &["--redis", url.as_str(), "--on-store-error", "closed"]);
+    let envoy = Envoy::start_with("envoy-rlqs/envoy.yaml", &serve.grpc);
+    let faults = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        redis.stop();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        redis.restart();
+        redis
+    });
+    let sent = drive(&[&envoy], &[(Duration::from_secs(34), vec![200])]).await;
+    let _redis = faults.await.unwrap();
+    let seconds: Vec<f64> = (0..34).map(|second| rate(&sent, 0, second, second + 1, 200)).collect();
+    let limited = rate(&sent, 0, 5, 10, 200);
+    assert!(
+        (80.0..=110.0).contains(&limited),
+        "limited: {limited}/s; each second: {seconds:?}"
+    );
+    assert_eq!(
+        count(&sent, 0, 13, 20, 200),
+        0,
+        "redis down, closed: all denied; {seconds:?}"
+    );
+    let again = rate(&sent, 0, 26, 34, 200);
+    assert!(
+        (80.0..=110.0).contains(&again),
+        "limited again: {again}/s; each second: {seconds:?}"
+    );
+}
