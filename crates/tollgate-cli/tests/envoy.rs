@@ -574,6 +574,18 @@ async fn rlqs_splits_one_limit(servers: &[&common::Serve], assigned: [usize; 3])
         admitted >= 5_100,
         "{admitted} admitted in 60 s: the limit is left unused: {seconds:?}"
     );
+    // The figures BENCHMARKS.md records (shown with --nocapture).
+    let settled = |start: u64| -> Vec<String> {
+        (0..3)
+            .map(|envoy| format!("{:.1}", rate(&sent, envoy, start + 10, start + 30, 200)))
+            .collect()
+    };
+    eprintln!(
+        "rlqs: {admitted} admitted in 60 s of {}; settled admitted/s per Envoy: {:?} then {:?}",
+        sent.len(),
+        settled(0),
+        settled(30)
+    );
     let shares = [(0, [20.0, 40.0, 40.0]), (30, [40.0, 40.0, 20.0])];
     for (start, fair) in shares {
         for (envoy, expected) in fair.iter().enumerate() {

@@ -78,8 +78,10 @@ impl Server {
         let (reloads, _) = watch::channel(Reload::Initial);
         let settings = options.quotas.clone();
         let service = Arc::new(Service::new(config, store, options));
+        let quotas = Arc::new(quota::Quotas::new(Arc::clone(&service), settings));
+        service.set_quotas(&quotas);
         Self {
-            quotas: Arc::new(quota::Quotas::new(Arc::clone(&service), settings)),
+            quotas,
             service,
             config_path,
             load_options: LoadOptions::default(),

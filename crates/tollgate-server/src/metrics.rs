@@ -35,6 +35,7 @@ use tollgate::{Decision, EngineKind, Path};
 mod labels;
 mod quota;
 
+pub(crate) use quota::bucket_name;
 pub use quota::QuotaMetrics;
 
 use labels::{

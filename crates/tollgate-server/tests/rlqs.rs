@@ -217,6 +217,19 @@ async fn buckets_are_assigned_at_once_and_every_interval() {
             .unwrap();
         assert_eq!(assigned(&mut stream, &id).await, (expected, 3), "{id:?}");
     }
+    let rlconfig = reqwest::get(format!("{}/rlconfig", server.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "rlqs rlqs {name=api} -> rlqs.name_api: 127.0.0.1:",
+        "rlqs rlqs {name=api,tenant=banned} -> blocked: deny all",
+        "rlqs rlqs {name=other} -> no rule: AllowAll",
+    ] {
+        assert!(rlconfig.contains(line), "missing {line} in\n{rlconfig}");
+    }
     let metrics = server.metrics().await;
     for line in [
         "tollgate_rlqs_streams 1",

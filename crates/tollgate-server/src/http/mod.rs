@@ -144,13 +144,15 @@ async fn healthz(State(service): State<Arc<Service>>) -> Response {
     }
 }
 
-/// envoyproxy/ratelimit's `/rlconfig`: every loaded rule, one line each.
+/// envoyproxy/ratelimit's `/rlconfig`: every loaded rule, one line each;
+/// then the quota service's buckets, each with what it matched and each
+/// Envoy's share.
 async fn rlconfig(State(service): State<Arc<Service>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        service.config().dump(),
-    )
-        .into_response()
+    let mut text = service.config().dump();
+    if let Some(quotas) = service.quotas() {
+        text.push_str(&quotas.describe());
+    }
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 
 async fn config(State(service): State<Arc<Service>>) -> Response {

@@ -798,6 +798,45 @@ impl Quotas {
         rows.build()
     }
 
+    /// The buckets Envoys report on, one line each (for `/rlconfig`): the
+    /// domain and the bucket, what it matched, and each Envoy's assigned
+    /// rate; nothing when no Envoy reports.
+    pub fn describe(&self) -> String {
+        let interval = self.settings.interval.as_secs_f64();
+        let state = self.state();
+        let mut lines: Vec<String> = state
+            .buckets
+            .iter()
+            .map(|((domain, bucket), entry)| {
+                let matched = match self.service.match_bucket(domain, bucket.clone()) {
+                    Ok(Some(BucketRule::Limited(block))) => format!("{}.{}", domain, block.rule),
+                    Ok(Some(BucketRule::Unlimited)) => "unlimited: allow all".to_owned(),
+                    Ok(Some(BucketRule::Blocked)) => "blocked: deny all".to_owned(),
+                    Ok(Some(BucketRule::Nothing) | None) | Err(_) => format!("no rule: {:?}", self.settings.unmatched),
+                };
+                let mut envoys: Vec<String> = entry
+                    .envoys
+                    .iter()
+                    .map(|(id, share)| {
+                        let peer = state.streams.get(id).map_or("?", |stream| stream.peer.as_str());
+                        match share.current {
+                            Some(current) => format!("{peer} {:.1}/s", current.per_interval as f64 / interval),
+                            None => format!("{peer} -"),
+                        }
+                    })
+                    .collect();
+                envoys.sort();
+                format!(
+                    "rlqs {domain} {{{}}} -> {matched}: {}\n",
+                    crate::metrics::bucket_name(bucket),
+                    envoys.join(", ")
+                )
+            })
+            .collect();
+        lines.sort();
+        lines.concat()
+    }
+
     /// Expires every assignment of every stream, and ends the streams.
     fn expire_all(&self) {
         let mut state = self.state();
