@@ -437,13 +437,19 @@ impl Quotas {
         current: Option<Current>,
     ) -> Option<Decided> {
         let want = round_randomly(want.max(0.0));
+        // Kept while the share moves less than a tenth: a new assignment
+        // costs its capacity again.
         let keep = current.filter(|current| {
-            current.per_interval > 0 && want.abs_diff(current.per_interval) <= (current.per_interval / 20).max(1)
+            current.per_interval > 0 && want.abs_diff(current.per_interval) <= (current.per_interval / 10).max(1)
         });
+        // Envoy starts a token bucket that replaces another at the old one's
+        // fill ratio: of the new capacity, only what exceeds the old one's
+        // (paid for already) may be unpaid tokens.
+        let held = current.map_or(0, |current| current.burst);
         let over_part = |units: u64| (units as f64 * part).ceil() as u64;
         let asked = match keep {
             Some(current) => over_part(current.per_interval),
-            None => over_part(want) + burst_of(want),
+            None => over_part(want) + burst_of(want).saturating_sub(held),
         };
         let interval = self.settings.interval;
         let outcome = match Policy::new([(block.name.as_str(), block.limit.clone())]) {
@@ -494,15 +500,17 @@ impl Quotas {
                 })
             }
             // A new bucket: it may start full, so this block pays for its
-            // capacity and for its refill over the part of the interval.
+            // capacity (beyond the old one's) and for its refill over the
+            // part of the interval.
             _ if keep.is_none() && granted == asked => Current {
                 per_interval: want,
                 burst: burst_of(want),
             },
             _ => {
                 let burst = granted.div_ceil(11).clamp(1, granted);
+                let unpaid = burst.saturating_sub(held);
                 Current {
-                    per_interval: ((granted - burst) as f64 / part) as u64,
+                    per_interval: ((granted - unpaid) as f64 / part) as u64,
                     burst,
                 }
             }
