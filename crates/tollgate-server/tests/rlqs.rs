@@ -192,12 +192,8 @@ async fn buckets_are_assigned_at_once_and_every_interval() {
     assert!(first.max_tokens >= 1);
     assert_eq!(first.fill_interval.unwrap().seconds, 1);
     // The next interval: alone on the bucket, it gets the whole limit.
-    let (strategy, _) = assigned(&mut stream, &api).await;
-    let Strategy::TokenBucket(next) = strategy else {
-        panic!("{strategy:?}")
-    };
-    let per_second = u64::from(next.max_tokens) + u64::from(next.tokens_per_fill.unwrap().value);
-    assert!((90..=100).contains(&per_second), "{next:?}");
+    let (next, _) = assigned(&mut stream, &api).await;
+    assert!((85..=100).contains(&per_second(&next)), "{next:?}");
 
     let cases = [
         (
@@ -362,4 +358,85 @@ async fn stopping_expires_every_assignment() {
     expired.sort_by_key(|id| id.bucket.len());
     assert_eq!(expired, [api, internal]);
     stop.await.unwrap();
+}
+
+/// The per-second rate of a token bucket assignment (its refill; the
+/// capacity comes once).
+fn per_second(strategy: &Strategy) -> u64 {
+    match strategy {
+        Strategy::TokenBucket(bucket) => {
+            u64::from(bucket.tokens_per_fill.unwrap().value)
+                / u64::try_from(bucket.fill_interval.unwrap().seconds).unwrap()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Two Envoys asking more than the limit each get half of it; once one
+/// closes its stream, the other gets the whole limit at the next interval.
+#[tokio::test]
+async fn a_closed_stream_leaves_its_share_to_the_others() {
+    let server = start(Options::default()).await;
+    let api = bucket(&[("name", "api")]);
+    let (mut one, mut other) = (server.open().await, server.open().await);
+    // Each asked 500 over the last 5 s: 100 a second, the whole limit.
+    for stream in [&one, &other] {
+        stream
+            .reports
+            .send(report("rlqs", vec![usage(api.clone(), 500, 5)]))
+            .unwrap();
+    }
+    // Past the first assignments (each took what the interval had left).
+    for _ in 0..2 {
+        assigned(&mut one, &api).await;
+        assigned(&mut other, &api).await;
+    }
+    let (shared, _) = assigned(&mut one, &api).await;
+    assert!((40..=55).contains(&per_second(&shared)), "{shared:?}");
+    drop(other);
+    let mut alone = 0;
+    for _ in 0..3 {
+        alone = per_second(&assigned(&mut one, &api).await.0);
+    }
+    assert!((85..=100).contains(&alone), "{alone}");
+    server.stop().await;
+}
+
+/// A bucket without requests for `abandon_after` is abandoned: the Envoy
+/// is told to forget it, and it is no longer assigned.
+#[tokio::test]
+async fn a_quiet_bucket_is_abandoned() {
+    // Shorter than `QuotaSettings::new` allows, for the test's sake.
+    let settings = QuotaSettings {
+        abandon_after: Duration::from_secs(2),
+        ..QuotaSettings::default()
+    };
+    let server = start(Options {
+        quotas: settings,
+        ..Options::default()
+    })
+    .await;
+    let mut stream = server.open().await;
+    let api = bucket(&[("name", "api")]);
+    stream
+        .reports
+        .send(report("rlqs", vec![usage(api.clone(), 1, 0)]))
+        .unwrap();
+    assigned(&mut stream, &api).await;
+    let mut abandoned = false;
+    for _ in 0..5 {
+        if next(&mut stream).await.contains(&(api.clone(), None)) {
+            abandoned = true;
+            break;
+        }
+    }
+    assert!(abandoned, "never abandoned");
+    let metrics = server.metrics().await;
+    for line in [
+        r#"tollgate_rlqs_assignments_total{strategy="abandon"} 1"#,
+        "tollgate_rlqs_buckets 0",
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    server.stop().await;
 }
