@@ -440,3 +440,24 @@ async fn a_quiet_bucket_is_abandoned() {
     }
     server.stop().await;
 }
+
+/// One stream reports on at most 10 000 buckets: those past it are refused
+/// and counted, the others assigned (in one answer).
+#[tokio::test]
+async fn a_stream_holds_at_most_ten_thousand_buckets() {
+    let server = start(Options::default()).await;
+    let mut stream = server.open().await;
+    let usages: Vec<BucketQuotaUsage> = (0..10_001)
+        .map(|index| usage(bucket(&[("name", "api"), ("user", &index.to_string())]), 1, 0))
+        .collect();
+    stream.reports.send(report("rlqs", usages)).unwrap();
+    assert_eq!(next(&mut stream).await.len(), 10_000);
+    let metrics = server.metrics().await;
+    for line in [
+        r#"tollgate_rlqs_reports_rejected_total{reason="too_many_buckets"} 1"#,
+        "tollgate_rlqs_buckets 10000",
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    server.stop().await;
+}

@@ -52,7 +52,7 @@ impl QuotaMetrics {
         rlqs.register("reports", "Bucket usages reported, per domain", self.reports.clone());
         rlqs.register(
             "reports_rejected",
-            "Bucket usages skipped: empty_bucket_id, empty_key, implausible_counts",
+            "Bucket usages skipped: empty_bucket_id, empty_key, implausible_counts, too_many_buckets",
             self.rejected.clone(),
         );
         rlqs.register(

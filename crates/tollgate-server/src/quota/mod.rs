@@ -164,6 +164,11 @@ pub struct Usage {
 /// The most requests one report may say a bucket had: more is refused.
 pub const MAX_REPORTED: u64 = 1 << 40;
 
+/// The most buckets one stream may report on (and one report may carry):
+/// the buckets past it are refused, so one Envoy cannot grow the server's
+/// state without bound.
+pub const MAX_BUCKETS_PER_STREAM: usize = 10_000;
+
 /// An Envoy's stream, as the server knows it.
 pub type StreamId = u64;
 
@@ -188,6 +193,8 @@ type BucketKey = (String, BucketId);
 
 struct Stream {
     domain: Option<String>,
+    /// The buckets it reports on.
+    held: usize,
     /// How metrics name this Envoy.
     peer: String,
     sender: mpsc::UnboundedSender<Vec<BucketAction>>,
@@ -265,6 +272,7 @@ impl Quotas {
             id,
             Stream {
                 domain: None,
+                held: 0,
                 peer,
                 sender,
             },
@@ -310,9 +318,15 @@ impl Quotas {
         let mut subscribed = Vec::new();
         {
             let mut state = self.state();
-            for usage in usages {
+            let state = &mut *state;
+            for (index, usage) in usages.into_iter().enumerate() {
                 metrics.report(&domain);
-                if let Err(reason) = readable(&usage) {
+                let readable = if index < MAX_BUCKETS_PER_STREAM {
+                    readable(&usage)
+                } else {
+                    Err("too_many_buckets")
+                };
+                if let Err(reason) = readable {
                     metrics.rejected(reason);
                     tracing::warn!(domain, reason, "rlqs: a bucket's usage is skipped");
                     continue;
@@ -324,28 +338,44 @@ impl Quotas {
                     .elapsed
                     .filter(|elapsed| !elapsed.is_zero())
                     .map(|elapsed| requests as f64 / elapsed.as_secs_f64());
-                let entry = state.buckets.entry((domain.clone(), bucket.clone())).or_default();
-                if let Some(share) = entry.envoys.get_mut(&id) {
+                let key = (domain.clone(), bucket);
+                if let Some(share) = state.buckets.get_mut(&key).and_then(|entry| entry.envoys.get_mut(&id)) {
                     share.demand = demand.or(share.demand);
                     share.reported = now;
                     if requests > 0 {
                         share.busy = now;
                     }
-                } else {
-                    let share = Share {
-                        demand,
-                        reported: now,
-                        busy: now,
-                        current: None,
-                    };
-                    entry.envoys.insert(id, share);
-                    subscribed.push((bucket, demand));
+                    continue;
                 }
+                let Some(stream) = state
+                    .streams
+                    .get_mut(&id)
+                    .filter(|stream| stream.held < MAX_BUCKETS_PER_STREAM)
+                else {
+                    metrics.rejected("too_many_buckets");
+                    continue;
+                };
+                stream.held += 1;
+                let share = Share {
+                    demand,
+                    reported: now,
+                    busy: now,
+                    current: None,
+                };
+                subscribed.push((key.1.clone(), demand));
+                state.buckets.entry(key).or_default().envoys.insert(id, share);
             }
             metrics.buckets(state.buckets.len());
         }
+        // The new buckets' first assignments, in one answer.
+        let mut first = Vec::with_capacity(subscribed.len());
         for (bucket, demand) in subscribed {
-            self.assign_first(id, &domain, bucket, demand).await;
+            if let Some(decided) = self.assign_first(id, &domain, &bucket, demand).await {
+                first.push((bucket, vec![decided]));
+            }
+        }
+        if !first.is_empty() {
+            self.finish(&domain, first);
         }
         Ok(())
     }
@@ -376,20 +406,24 @@ impl Quotas {
     /// Assigns a bucket an Envoy reports for the first time, until the
     /// next interval: its demand (or, not known yet, a quarter of the
     /// limit) for the time left.
-    async fn assign_first(&self, id: StreamId, domain: &str, bucket: BucketId, demand: Option<f64>) {
+    async fn assign_first(
+        &self,
+        id: StreamId,
+        domain: &str,
+        bucket: &BucketId,
+        demand: Option<f64>,
+    ) -> Option<Decided> {
         let interval = self.settings.interval.as_secs_f64();
         let left = 1.0 - phase(SystemTime::now(), self.settings.interval);
         let rule = self.service.match_bucket(domain, bucket.clone());
-        let decided = match rule {
+        match rule {
             Ok(Some(BucketRule::Limited(block))) if block.limit.is_leasable() => {
                 let demand = demand.map_or_else(|| unknown_demand(&block.limit), |demand| demand * interval * HEADROOM);
                 let want = demand.min(block.limit.capacity() as f64);
                 self.take(&block, id, want, left, None).await
             }
             other => Some(self.blanket(id, other.ok().flatten().as_ref())),
-        };
-        let Some(decided) = decided else { return };
-        self.finish(domain, vec![(bucket, vec![decided])]);
+        }
     }
 
     /// The assignment of a bucket whose rule is not a limit taken in
@@ -641,7 +675,8 @@ impl Quotas {
                         bucket: bucket.clone(),
                         action: Action::Abandon,
                     });
-                    if let Some(stream) = state.streams.get(&id) {
+                    if let Some(stream) = state.streams.get_mut(&id) {
+                        stream.held = stream.held.saturating_sub(1);
                         metrics.forget_share(domain, bucket, &stream.peer);
                     }
                 }
