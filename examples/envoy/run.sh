@@ -59,9 +59,12 @@ if $redis; then
   store=(--redis "redis://127.0.0.1:$redis_port")
 fi
 
-# Another example's rules and Envoy configuration (examples/envoy-llm/run.sh).
+# Another example's rules and Envoy configuration, and several Envoys
+# (examples/envoy-llm/run.sh, examples/envoy-rlqs/run.sh): Envoy i's ports are
+# the first one's + 10 i.
 config=${TOLLGATE_CONFIG:-examples/config}
 envoy_config=${ENVOY_CONFIG:-examples/envoy/envoy.yaml}
+envoys=${ENVOY_COUNT:-1}
 
 target/release/tollgate serve --config "$config" --response-headers \
   --http "127.0.0.1:$tollgate_http" --grpc "127.0.0.1:$tollgate_grpc" "${store[@]}" \
@@ -72,10 +75,14 @@ until grep -q "tollgate serve is ready" "$work/tollgate.log" 2>/dev/null; do
   sleep 0.1
 done
 
-sed -e "s/\${ADMIN_PORT}/$admin_port/; s/\${HTTP_PORT}/$envoy_port/; s/\${TCP_PORT}/$envoy_tcp_port/; s/\${GRPC_PORT}/$tollgate_grpc/" \
-  "$envoy_config" >"$work/envoy.yaml"
-"$venv/bin/envoy" -c "$work/envoy.yaml" --concurrency 1 --disable-hot-restart --log-level warn &
-pids+=($!)
+for ((index = 0; index < envoys; index++)); do
+  sed -e "s/\${ADMIN_PORT}/$((admin_port + 10 * index))/; s/\${HTTP_PORT}/$((envoy_port + 10 * index))/" \
+    -e "s/\${TCP_PORT}/$((envoy_tcp_port + 10 * index))/; s/\${GRPC_PORT}/$tollgate_grpc/" \
+    "$envoy_config" >"$work/envoy-$index.yaml"
+  "$venv/bin/envoy" -c "$work/envoy-$index.yaml" --concurrency 1 --disable-hot-restart --log-level warn \
+    --base-id "$index" &
+  pids+=($!)
+done
 
-echo "Envoy on 127.0.0.1:$envoy_port asks tollgate serve (gRPC 127.0.0.1:$tollgate_grpc)$($redis && echo ", limits in Redis 127.0.0.1:$redis_port"). Ctrl-C stops all." >&2
+echo "Envoy on 127.0.0.1:$envoy_port$( ((envoys > 1)) && echo " (and every 10 ports up to $((envoy_port + 10 * (envoys - 1))))") asks tollgate serve (gRPC 127.0.0.1:$tollgate_grpc)$($redis && echo ", limits in Redis 127.0.0.1:$redis_port"). Ctrl-C stops all." >&2
 wait -n "${pids[@]}"

@@ -75,6 +75,22 @@ struct Stream {
     actions: tonic::Streaming<RateLimitQuotaResponse>,
 }
 
+impl Stream {
+    /// Reports `usages` in the domain `rlqs`.
+    fn report(&self, usages: Vec<BucketQuotaUsage>) {
+        self.reports.send(report("rlqs", usages)).unwrap();
+    }
+}
+
+/// A server whose quota service runs with `settings`.
+async fn start_quotas(settings: QuotaSettings) -> Running {
+    start(Options {
+        quotas: settings,
+        ..Options::default()
+    })
+    .await
+}
+
 impl Running {
     async fn open(&self) -> Stream {
         let mut client = RateLimitQuotaServiceClient::connect(self.grpc.clone()).await.unwrap();
@@ -87,13 +103,22 @@ impl Running {
         Stream { reports, actions }
     }
 
-    async fn metrics(&self) -> String {
-        reqwest::get(format!("{}/metrics", self.http))
+    /// The text at `path` of the HTTP listener.
+    async fn text(&self, path: &str) -> String {
+        reqwest::get(format!("{}{path}", self.http))
             .await
             .unwrap()
             .text()
             .await
             .unwrap()
+    }
+
+    /// Asserts that the text at `path` holds each of `lines`.
+    async fn shows(&self, path: &str, lines: &[&str]) {
+        let text = self.text(path).await;
+        for line in lines {
+            assert!(text.contains(line), "missing {line} in {path}:\n{text}");
+        }
     }
 
     async fn stop(mut self) {
@@ -180,10 +205,7 @@ async fn buckets_are_assigned_at_once_and_every_interval() {
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     // Envoy's first report of a bucket: one request, no time elapsed.
-    stream
-        .reports
-        .send(report("rlqs", vec![usage(api.clone(), 1, 0)]))
-        .unwrap();
+    stream.report(vec![usage(api.clone(), 1, 0)]);
     let (strategy, ttl) = assigned(&mut stream, &api).await;
     assert_eq!(ttl, 3);
     let Strategy::TokenBucket(first) = strategy else {
@@ -207,33 +229,29 @@ async fn buckets_are_assigned_at_once_and_every_interval() {
         (bucket(&[("name", "other")]), blanket(BlanketRule::AllowAll)),
     ];
     for (id, expected) in cases {
-        stream
-            .reports
-            .send(report("rlqs", vec![usage(id.clone(), 1, 0)]))
-            .unwrap();
+        stream.report(vec![usage(id.clone(), 1, 0)]);
         assert_eq!(assigned(&mut stream, &id).await, (expected, 3), "{id:?}");
     }
-    let rlconfig = reqwest::get(format!("{}/rlconfig", server.http))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    for line in [
-        "rlqs rlqs {name=api} -> rlqs.name_api: 127.0.0.1:",
-        "rlqs rlqs {name=api,tenant=banned} -> blocked: deny all",
-        "rlqs rlqs {name=other} -> no rule: AllowAll",
-    ] {
-        assert!(rlconfig.contains(line), "missing {line} in\n{rlconfig}");
-    }
-    let metrics = server.metrics().await;
-    for line in [
-        "tollgate_rlqs_streams 1",
-        "tollgate_rlqs_buckets 4",
-        r#"tollgate_rlqs_share{domain="rlqs",bucket="name=api,tenant=banned""#,
-    ] {
-        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
-    }
+    server
+        .shows(
+            "/rlconfig",
+            &[
+                "rlqs rlqs {name=api} -> rlqs.name_api: 127.0.0.1:",
+                "rlqs rlqs {name=api,tenant=banned} -> blocked: deny all",
+                "rlqs rlqs {name=other} -> no rule: AllowAll",
+            ],
+        )
+        .await;
+    server
+        .shows(
+            "/metrics",
+            &[
+                "tollgate_rlqs_streams 1",
+                "tollgate_rlqs_buckets 4",
+                r#"tollgate_rlqs_share{domain="rlqs",bucket="name=api,tenant=banned""#,
+            ],
+        )
+        .await;
     server.stop().await;
 }
 
@@ -244,17 +262,10 @@ async fn unmatched_buckets_get_the_configured_default() {
         unmatched: Blanket::DenyAll,
         ..QuotaSettings::default()
     };
-    let server = start(Options {
-        quotas: settings,
-        ..Options::default()
-    })
-    .await;
+    let server = start_quotas(settings).await;
     let mut stream = server.open().await;
     let other = bucket(&[("name", "other")]);
-    stream
-        .reports
-        .send(report("rlqs", vec![usage(other.clone(), 1, 0)]))
-        .unwrap();
+    stream.report(vec![usage(other.clone(), 1, 0)]);
     assert_eq!(assigned(&mut stream, &other).await, (blanket(BlanketRule::DenyAll), 3));
     server.stop().await;
 }
@@ -271,19 +282,21 @@ async fn bad_usages_are_skipped_and_the_stream_goes_on() {
         usage(bucket(&[("name", "huge")]), u64::MAX, 5),
         usage(api.clone(), 1, 0),
     ];
-    stream.reports.send(report("rlqs", usages)).unwrap();
+    stream.report(usages);
     assert!(matches!(
         assigned(&mut stream, &api).await,
         (Strategy::TokenBucket(_), 3)
     ));
-    let metrics = server.metrics().await;
-    for line in [
-        r#"tollgate_rlqs_reports_rejected_total{reason="empty_bucket_id"} 1"#,
-        r#"tollgate_rlqs_reports_rejected_total{reason="implausible_counts"} 1"#,
-        "tollgate_rlqs_buckets 1",
-    ] {
-        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
-    }
+    server
+        .shows(
+            "/metrics",
+            &[
+                r#"tollgate_rlqs_reports_rejected_total{reason="empty_bucket_id"} 1"#,
+                r#"tollgate_rlqs_reports_rejected_total{reason="implausible_counts"} 1"#,
+                "tollgate_rlqs_buckets 1",
+            ],
+        )
+        .await;
     server.stop().await;
 }
 
@@ -310,10 +323,7 @@ async fn an_unknown_domain_ends_its_stream() {
     }
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
-    stream
-        .reports
-        .send(report("rlqs", vec![usage(api.clone(), 1, 0)]))
-        .unwrap();
+    stream.report(vec![usage(api.clone(), 1, 0)]);
     assert!(matches!(
         assigned(&mut stream, &api).await,
         (Strategy::TokenBucket(_), 3)
@@ -381,10 +391,7 @@ async fn a_closed_stream_leaves_its_share_to_the_others() {
     let (mut one, mut other) = (server.open().await, server.open().await);
     // Each asked 500 over the last 5 s: 100 a second, the whole limit.
     for stream in [&one, &other] {
-        stream
-            .reports
-            .send(report("rlqs", vec![usage(api.clone(), 500, 5)]))
-            .unwrap();
+        stream.report(vec![usage(api.clone(), 500, 5)]);
     }
     // Past the first assignments (each took what the interval had left).
     for _ in 0..2 {
@@ -411,17 +418,10 @@ async fn a_quiet_bucket_is_abandoned() {
         abandon_after: Duration::from_secs(2),
         ..QuotaSettings::default()
     };
-    let server = start(Options {
-        quotas: settings,
-        ..Options::default()
-    })
-    .await;
+    let server = start_quotas(settings).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
-    stream
-        .reports
-        .send(report("rlqs", vec![usage(api.clone(), 1, 0)]))
-        .unwrap();
+    stream.report(vec![usage(api.clone(), 1, 0)]);
     assigned(&mut stream, &api).await;
     let mut abandoned = false;
     for _ in 0..5 {
@@ -431,13 +431,15 @@ async fn a_quiet_bucket_is_abandoned() {
         }
     }
     assert!(abandoned, "never abandoned");
-    let metrics = server.metrics().await;
-    for line in [
-        r#"tollgate_rlqs_assignments_total{strategy="abandon"} 1"#,
-        "tollgate_rlqs_buckets 0",
-    ] {
-        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
-    }
+    server
+        .shows(
+            "/metrics",
+            &[
+                r#"tollgate_rlqs_assignments_total{strategy="abandon"} 1"#,
+                "tollgate_rlqs_buckets 0",
+            ],
+        )
+        .await;
     server.stop().await;
 }
 
@@ -450,14 +452,16 @@ async fn a_stream_holds_at_most_ten_thousand_buckets() {
     let usages: Vec<BucketQuotaUsage> = (0..10_001)
         .map(|index| usage(bucket(&[("name", "api"), ("user", &index.to_string())]), 1, 0))
         .collect();
-    stream.reports.send(report("rlqs", usages)).unwrap();
+    stream.report(usages);
     assert_eq!(next(&mut stream).await.len(), 10_000);
-    let metrics = server.metrics().await;
-    for line in [
-        r#"tollgate_rlqs_reports_rejected_total{reason="too_many_buckets"} 1"#,
-        "tollgate_rlqs_buckets 10000",
-    ] {
-        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
-    }
+    server
+        .shows(
+            "/metrics",
+            &[
+                r#"tollgate_rlqs_reports_rejected_total{reason="too_many_buckets"} 1"#,
+                "tollgate_rlqs_buckets 10000",
+            ],
+        )
+        .await;
     server.stop().await;
 }
