@@ -63,6 +63,40 @@ fn check_config_names_file_and_line() {
     assert!(stderr.contains("invalid rate limit unit \"fortnight\""), "{stderr}");
 }
 
+/// The quota service's intervals are refused unless Envoy can read them
+/// (whole seconds), with a message naming the setting.
+#[test]
+fn rlqs_settings_envoy_cannot_read_are_refused() {
+    let (_dir, config) = five_a_minute();
+    for (args, message) in [
+        (
+            &["--rlqs-interval", "500ms"][..],
+            "rlqs interval must be a whole number of seconds",
+        ),
+        (
+            &["--rlqs-interval", "2s", "--rlqs-ttl", "1s"][..],
+            "rlqs ttl must be a whole number of seconds, at least the interval",
+        ),
+        (
+            &["--rlqs-ttl", "2500ms"][..],
+            "rlqs ttl must be a whole number of seconds",
+        ),
+        (
+            &["--rlqs-abandon-after", "1s"][..],
+            "rlqs abandon-after must be at least 10s",
+        ),
+    ] {
+        let output = tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn serves_and_stops_gracefully_on_sigterm() {
     let (_dir, config) = five_a_minute();
