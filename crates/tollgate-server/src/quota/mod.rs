@@ -403,9 +403,9 @@ impl Quotas {
         }
     }
 
-    /// Assigns a bucket an Envoy reports for the first time, until the
-    /// next interval: its demand (or, not known yet, a quarter of the
-    /// limit) for the time left.
+    /// Assigns a bucket an Envoy reports for the first time: its demand
+    /// (or, not known yet, a quarter of the limit) until the next blocks
+    /// are taken.
     async fn assign_first(
         &self,
         id: StreamId,
@@ -414,7 +414,9 @@ impl Quotas {
         demand: Option<f64>,
     ) -> Option<Decided> {
         let interval = self.settings.interval.as_secs_f64();
-        let left = 1.0 - phase(SystemTime::now(), self.settings.interval);
+        // Until the next interval's blocks are taken: the interval's own
+        // split, if still to come, counts this block as spent.
+        let left = (TAKE_AT - phase(SystemTime::now(), self.settings.interval)).rem_euclid(1.0);
         let rule = self.service.match_bucket(domain, bucket.clone());
         match rule {
             Ok(Some(BucketRule::Limited(block))) if block.limit.is_leasable() => {
@@ -638,7 +640,7 @@ impl Quotas {
         sleep_until(start + self.settings.interval / 4).await;
         let splits = join_all(plans.iter().map(|plan| self.split(plan))).await;
         // ...and once all have read, takes its blocks.
-        sleep_until(start + self.settings.interval * 2 / 5).await;
+        sleep_until(start + self.settings.interval.mul_f64(TAKE_AT)).await;
         let decided = join_all(
             plans
                 .iter()
@@ -939,6 +941,10 @@ const HEADROOM: f64 = 1.1;
 fn unknown_demand(limit: &Limit) -> f64 {
     limit.capacity() as f64 / 4.0
 }
+
+/// When, into its interval, a replica takes the blocks of its Envoys under
+/// the level (those at the level: at one half).
+const TAKE_AT: f64 = 0.4;
 
 /// The counters of a bucket's demand, beside its limit: every Envoy's, in
 /// thousandths, and the Envoys.
