@@ -9,14 +9,15 @@
 //!
 //! Every `interval` (1 s), aligned to the clock, the server splits each
 //! limited bucket's budget among the Envoys that ask for it (max-min fair,
-//! see the `split` module) and takes each Envoy's share from the limit in the store as a
-//! block ([`Op::CheckAtMost`]): several replicas on one Redis split one
+//! see the `split` module) and takes each Envoy's share from the limit in
+//! the store as a block ([`Op::CheckAtMost`]): several replicas on one Redis split one
 //! limit, and no assignment is ever made of units the store did not grant.
 //! An Envoy's assignment is a token bucket that cannot admit more than its
-//! blocks: a new bucket starts full with `max_tokens` and refills at the
-//! block's rate, so the first interval's block pays for both, and while the
-//! assignment is unchanged each interval's block pays for that interval's
-//! refill. Assignments live `ttl` (3 intervals): an Envoy whose server
+//! blocks: a new bucket may start full with `max_tokens` (beyond the
+//! capacity of the one it replaces, whose fill ratio Envoy carries over) and
+//! refills at the block's rate, so its first block pays for both, and while
+//! the assignment is unchanged each interval's block pays for that
+//! interval's refill. Assignments live `ttl` (3 intervals): an Envoy whose server
 //! stopped answering keeps its last rate that long, then falls back to its
 //! own `expired_assignment_behavior`.
 //!
@@ -237,6 +238,25 @@ struct Decided {
     rate: f64,
 }
 
+impl Decided {
+    /// Envoy `stream` assigned `blanket` for `ttl`.
+    fn blanket(stream: StreamId, blanket: Blanket, ttl: Duration) -> Self {
+        Self {
+            stream,
+            action: Action::Assign {
+                strategy: Strategy::Blanket(blanket),
+                ttl,
+            },
+            current: None,
+            rate: if blanket == Blanket::AllowAll {
+                f64::INFINITY
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
 impl Quotas {
     /// The RLQS service over `service`'s configuration and store.
     pub fn new(service: Arc<Service>, settings: QuotaSettings) -> Self {
@@ -417,15 +437,13 @@ impl Quotas {
         // Until the next interval's blocks are taken: the interval's own
         // split, if still to come, counts this block as spent.
         let left = (TAKE_AT - phase(SystemTime::now(), self.settings.interval)).rem_euclid(1.0);
-        let rule = self.service.match_bucket(domain, bucket.clone());
-        match rule {
-            Ok(Some(BucketRule::Limited(block))) if block.limit.is_leasable() => {
-                let demand = demand.map_or_else(|| unknown_demand(&block.limit), |demand| demand * interval * HEADROOM);
-                let want = demand.min(block.limit.capacity() as f64);
-                self.take(&block, id, want, left, None).await
-            }
-            other => Some(self.blanket(id, other.ok().flatten().as_ref())),
-        }
+        let rule = self.service.match_bucket(domain, bucket.clone()).ok().flatten();
+        let Some(block) = splittable(rule.as_ref()) else {
+            return Some(self.blanket(id, rule.as_ref()));
+        };
+        let demand = demand.map_or_else(|| unknown_demand(&block.limit), |demand| demand * interval * HEADROOM);
+        let want = demand.min(block.limit.capacity() as f64);
+        self.take(block, id, want, left, None).await
     }
 
     /// The assignment of a bucket whose rule is not a limit taken in
@@ -444,19 +462,7 @@ impl Quotas {
                 self.settings.unmatched
             }
         };
-        Decided {
-            stream: id,
-            action: Action::Assign {
-                strategy: Strategy::Blanket(blanket),
-                ttl: self.settings.ttl,
-            },
-            current: None,
-            rate: if blanket == Blanket::AllowAll {
-                f64::INFINITY
-            } else {
-                0.0
-            },
-        }
+        Decided::blanket(id, blanket, self.settings.ttl)
     }
 
     /// Takes a block for Envoy `id` to admit about `want` units per
@@ -512,29 +518,11 @@ impl Quotas {
         // for one interval at a time.
         if let Some(allows) = path_allows {
             let blanket = if allows { Blanket::AllowAll } else { Blanket::DenyAll };
-            return Some(Decided {
-                stream: id,
-                action: Action::Assign {
-                    strategy: Strategy::Blanket(blanket),
-                    ttl: interval * 2,
-                },
-                current: None,
-                rate: if allows { f64::INFINITY } else { 0.0 },
-            });
+            return Some(Decided::blanket(id, blanket, interval * 2));
         }
         let current = match keep {
             Some(current) if granted == asked => current,
-            _ if granted == 0 => {
-                return Some(Decided {
-                    stream: id,
-                    action: Action::Assign {
-                        strategy: Strategy::Blanket(Blanket::DenyAll),
-                        ttl,
-                    },
-                    current: None,
-                    rate: 0.0,
-                })
-            }
+            _ if granted == 0 => return Some(Decided::blanket(id, Blanket::DenyAll, ttl)),
             // A new bucket: it may start full, so this block pays for its
             // capacity (beyond the old one's) and for its refill over the
             // part of the interval.
@@ -621,7 +609,7 @@ impl Quotas {
         loop {
             let start = next_start(SystemTime::now(), interval);
             tokio::select! {
-                () = sleep_until(start + interval / 10) => {}
+                () = sleep_until(start + interval.mul_f64(ADD_AT)) => {}
                 _ = stopped.wait_for(|stop| *stop) => break,
             }
             self.interval(start).await;
@@ -637,7 +625,7 @@ impl Quotas {
         // Each replica adds its demands...
         join_all(plans.iter().map(|plan| self.add_demands(plan))).await;
         // ...then, once all have, reads everyone's and the budget...
-        sleep_until(start + self.settings.interval / 4).await;
+        sleep_until(start + self.settings.interval.mul_f64(READ_AT)).await;
         let splits = join_all(plans.iter().map(|plan| self.split(plan))).await;
         // ...and once all have read, takes its blocks.
         sleep_until(start + self.settings.interval.mul_f64(TAKE_AT)).await;
@@ -716,12 +704,9 @@ impl Quotas {
 
     /// Adds this replica's demands on `plan`'s bucket to the store.
     async fn add_demands(&self, plan: &Plan) {
-        let Some(BucketRule::Limited(block)) = &plan.rule else {
+        let Some(block) = splittable(plan.rule.as_ref()) else {
             return;
         };
-        if !block.limit.is_leasable() {
-            return;
-        }
         let totals = Ladder::new(block.limit.capacity()).capped(&plan.demands(&block.limit));
         let result = match self.demand_rows(&block.subject, None, &totals) {
             Ok(spread) => self.service.store().decide_spread(&spread, Op::Record).await.map(drop),
@@ -737,12 +722,7 @@ impl Quotas {
     /// has left, and splits it; `None` when its rule is not a limit taken in
     /// blocks.
     async fn split(&self, plan: &Plan) -> Option<Split> {
-        let Some(BucketRule::Limited(block)) = &plan.rule else {
-            return None;
-        };
-        if !block.limit.is_leasable() {
-            return None;
-        }
+        let block = splittable(plan.rule.as_ref())?;
         let ladder = Ladder::new(block.limit.capacity());
         // The split as every replica sees it; this replica's alone if the
         // store cannot tell.
@@ -757,7 +737,7 @@ impl Quotas {
 
     /// Takes each local Envoy's block of `plan`'s bucket, as `split` says.
     async fn take_shares(&self, plan: &Plan, split: Option<Split>, start: SystemTime) -> Vec<Decided> {
-        let (Some(split), Some(BucketRule::Limited(block))) = (split, &plan.rule) else {
+        let (Some(split), Some(block)) = (split, splittable(plan.rule.as_ref())) else {
             return plan
                 .envoys
                 .iter()
@@ -780,7 +760,7 @@ impl Quotas {
         let mut waited = false;
         for (id, share, capped, current) in shares {
             if capped && !waited {
-                sleep_until(start + self.settings.interval / 2).await;
+                sleep_until(start + self.settings.interval.mul_f64(TAKE_CAPPED_AT)).await;
                 waited = true;
             }
             if let Some(one) = self.take(block, id, share, 1.0, current).await {
@@ -942,9 +922,22 @@ fn unknown_demand(limit: &Limit) -> f64 {
     limit.capacity() as f64 / 4.0
 }
 
-/// When, into its interval, a replica takes the blocks of its Envoys under
-/// the level (those at the level: at one half).
+/// When, into its interval, a replica adds its demands; reads everyone's and
+/// the budget; takes the blocks of its Envoys under the level; and those of
+/// its Envoys at the level (see the module's steps).
+const ADD_AT: f64 = 0.1;
+const READ_AT: f64 = 0.25;
 const TAKE_AT: f64 = 0.4;
+const TAKE_CAPPED_AT: f64 = 0.5;
+
+/// The limit of `rule` when it is split among Envoys: a limit taken in
+/// blocks (the leasable algorithms); the others get blanket rules.
+fn splittable(rule: Option<&BucketRule>) -> Option<&BucketLimit> {
+    match rule {
+        Some(BucketRule::Limited(block)) if block.limit.is_leasable() => Some(block),
+        _ => None,
+    }
+}
 
 /// The counters of a bucket's demand, beside its limit: every Envoy's, in
 /// thousandths, and the Envoys.
