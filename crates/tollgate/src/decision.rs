@@ -30,6 +30,7 @@ pub struct Decision {
 
 impl Decision {
     /// An admitted request, with integer microseconds.
+    #[inline]
     pub(crate) fn allow(limit: u64, remaining: u64, reset_after: u64, wait: u64) -> Self {
         Self {
             allowed: true,
@@ -42,6 +43,7 @@ impl Decision {
     }
 
     /// A denied request, with integer microseconds (`retry_after` `None`: never).
+    #[inline]
     pub(crate) fn deny(limit: u64, remaining: u64, retry_after: Option<u64>, reset_after: u64) -> Self {
         Self {
             allowed: false,

@@ -138,8 +138,18 @@ impl Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     limits: Vec<(String, Limit)>,
+    /// Each limit's [`name_hash`], in order: computed once, for the memory
+    /// store's lookups.
+    name_hashes: Vec<u64>,
     /// Built from named limits: outcomes list each limit's decision.
     named: bool,
+}
+
+/// The hash of a limit's name, the same in every run: names come from the
+/// operator, not from requests, so a fixed seed gives nothing away.
+pub(crate) fn name_hash(name: &[u8]) -> u64 {
+    use std::hash::BuildHasher as _;
+    foldhash::fast::FixedState::with_seed(0x746f_6c6c_6761_7465).hash_one(name)
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -164,9 +174,17 @@ impl Policy {
     /// A policy of one limit, named after its algorithm; its outcomes carry
     /// no per-limit list.
     pub fn single(limit: Limit) -> Self {
+        Self::of(vec![(limit.algorithm().to_owned(), limit)], false)
+    }
+
+    /// The policy of `limits`, checked; `named`: its outcomes list each
+    /// limit's decision.
+    fn of(limits: Vec<(String, Limit)>, named: bool) -> Self {
+        let name_hashes = limits.iter().map(|(name, _)| name_hash(name.as_bytes())).collect();
         Self {
-            limits: vec![(limit.algorithm().to_owned(), limit)],
-            named: false,
+            limits,
+            name_hashes,
+            named,
         }
     }
 
@@ -220,15 +238,12 @@ impl Policy {
                 leased[0]
             )));
         }
-        Ok(Self { limits, named: true })
+        Ok(Self::of(limits, true))
     }
 
     /// The policy of the limits at `indices`, in that order (names kept).
     pub(crate) fn part(&self, indices: &[usize]) -> Self {
-        Self {
-            limits: indices.iter().map(|&index| self.limits[index].clone()).collect(),
-            named: true,
-        }
+        Self::of(indices.iter().map(|&index| self.limits[index].clone()).collect(), true)
     }
 
     /// Reads a limit (`{"algorithm": …}`) or a policy of named limits
@@ -276,6 +291,15 @@ impl Policy {
         self.limits.iter().map(|(name, limit)| (name.as_str(), limit))
     }
 
+    /// Each limit with its name and the name's [`name_hash`], in order.
+    #[inline]
+    pub(crate) fn hashed_limits(&self) -> impl ExactSizeIterator<Item = (&str, u64, &Limit)> {
+        self.limits
+            .iter()
+            .zip(&self.name_hashes)
+            .map(|((name, limit), &hash)| (name.as_str(), hash, limit))
+    }
+
     /// What a refund of units taken at `at` depends on besides its cost,
     /// one key per limit, when every limit's refunds add up: two refunds
     /// with the same keys, applied at one moment, do what one refund of
@@ -296,6 +320,7 @@ impl Policy {
     }
 
     /// True when a limit is a concurrency limiter (taken with leases).
+    #[inline]
     pub fn has_concurrency(&self) -> bool {
         self.limits.iter().any(|(_, limit)| limit.is_concurrency())
     }
@@ -337,6 +362,12 @@ impl Policy {
         if matches!(request.op, Op::Check) && request.costs.is_empty() && !self.has_concurrency() {
             return Ok(());
         }
+        self.validate_each(request)
+    }
+
+    /// [`Policy::validate`] asking each limit.
+    #[inline(never)]
+    fn validate_each(&self, request: &Request) -> Result<()> {
         if !request.costs.is_empty() {
             if request.costs.len() != self.limits.len() {
                 return Err(Error::invalid_argument(format!(
@@ -377,18 +408,31 @@ impl Policy {
         states: &[Option<&State>],
         now: u64,
         request: &'r Request,
-        mut write: impl FnMut(usize, Change<'r>, u64),
+        write: impl FnMut(usize, Change<'r>, u64),
     ) -> Result<Outcome> {
-        debug_assert_eq!(states.len(), self.limits.len());
         self.validate(request)?;
+        Ok(self.decide_validated(states, now, request, write))
+    }
+
+    /// [`Policy::decide`] for a request already validated
+    /// ([`Policy::validate`]).
+    #[inline]
+    pub(crate) fn decide_validated<'r>(
+        &self,
+        states: &[Option<&State>],
+        now: u64,
+        request: &'r Request,
+        mut write: impl FnMut(usize, Change<'r>, u64),
+    ) -> Outcome {
+        debug_assert_eq!(states.len(), self.limits.len());
         if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
-            return Ok(self.decide_single(
+            return self.decide_single(
                 request,
                 now,
                 || limit.available(*state, now),
                 |action, cost| limit.decide(*state, now, action, cost),
                 |change, ttl| write(0, change, ttl),
-            ));
+            );
         }
         let op = &request.op;
         let action = Self::action(op);
@@ -426,7 +470,7 @@ impl Policy {
                 write(index, change, micros(step.decision.reset_after));
             }
         }
-        Ok(self.outcome(op, allowed, cost, now, steps.into_iter().map(|step| step.decision)))
+        self.outcome(op, allowed, cost, now, steps.into_iter().map(|step| step.decision))
     }
 
     /// A policy of one limit, whose decision is the policy's: `available()`
@@ -434,7 +478,8 @@ impl Policy {
     /// `write(change, ttl)` commits the change to its state (`ttl`: µs until
     /// it carries no information) when it changed. The request is already
     /// validated.
-    #[inline]
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
     pub(crate) fn decide_single<'r, C>(
         &self,
         request: &'r Request,
@@ -460,7 +505,8 @@ impl Policy {
 
     /// Assembles the outcome from each limit's decision (in the policy's
     /// order), made at `now` (µs since the epoch).
-    #[inline]
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
     pub(crate) fn outcome(
         &self,
         op: &Op,
@@ -492,6 +538,19 @@ impl Policy {
                 };
             }
         }
+        self.outcome_of_each(granted, lease, now, decisions)
+    }
+
+    /// [`Policy::outcome`] listing each limit's decision; out of line, so
+    /// that the single limit's outcome above is built in place.
+    #[inline(never)]
+    fn outcome_of_each(
+        &self,
+        granted: u64,
+        lease: Option<String>,
+        now: u64,
+        decisions: impl Iterator<Item = Decision>,
+    ) -> Outcome {
         let limits: Vec<(String, Decision)> = self
             .limits
             .iter()

@@ -164,6 +164,46 @@ fn explicit_now_overrides_the_clock() {
     );
 }
 
+/// Tables grow (and rehash) as subjects arrive: every state is found again
+/// after, whichever table holds it (GCRA's or the others'), for a policy of
+/// one limit and for one of several whose names are shared.
+#[test]
+fn state_is_found_again_after_the_tables_grow() {
+    let store = MemoryStore::with_clock(ManualClock::new(Timestamp::EPOCH));
+    let gcra = Policy::single(Limit::gcra(1, Duration::from_secs(60), 2).unwrap());
+    let bucket = Policy::single(Limit::token_bucket(2, 1, Duration::from_secs(60)).unwrap());
+    let both = Policy::new([
+        ("per_minute", Limit::gcra(1, Duration::from_secs(60), 3).unwrap()),
+        ("window", Limit::fixed_window(3, Duration::from_secs(60)).unwrap()),
+    ])
+    .unwrap();
+    let subjects: Vec<Subject> = (0..5_000).map(|i| Subject::new(format!("user-{i}"))).collect();
+    let check = |subject, policy| {
+        store
+            .decide_now(subject, policy, &Request::new(Op::Check, 1))
+            .unwrap()
+            .decision
+            .remaining
+    };
+    for round in 0..2 {
+        for subject in &subjects {
+            assert_eq!(check(subject, &gcra), 1 - round, "{subject}: gcra, round {round}");
+            assert_eq!(
+                check(subject, &bucket),
+                1 - round,
+                "{subject}: token bucket, round {round}"
+            );
+            assert_eq!(check(subject, &both), 2 - round, "{subject}: policy, round {round}");
+        }
+    }
+    for subject in &subjects {
+        let denied = store.decide_now(subject, &gcra, &Request::new(Op::Check, 1)).unwrap();
+        assert!(!denied.decision.allowed, "{subject}: a third check of a burst of 2");
+    }
+    // Per subject: `gcra`, `token_bucket`, and the policy's two limits.
+    assert_eq!(store.len(), 5_000 * 4);
+}
+
 proptest::proptest! {
     /// Any limit, after any history: a check (an acquire, on leases) and its
     /// refund at the same instant leave every limit as a peek saw it before.

@@ -73,6 +73,8 @@ impl Gcra {
     }
 
     /// Admits `cost` cells if they conform.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
     pub(crate) fn check(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Step<GcraState> {
         let ticks = self.ticks;
         let horizon = self.horizon();

@@ -527,6 +527,7 @@ impl Limit {
     }
 
     /// True for the concurrency limiter, which is taken with leases.
+    #[inline]
     pub fn is_concurrency(&self) -> bool {
         fn leases<A: Algorithm>(_: &A) -> bool {
             A::LEASES

@@ -80,6 +80,7 @@ pub struct Tat {
 
 impl Tat {
     /// Ticks between `now` and this instant; zero once it has passed.
+    #[inline]
     pub(crate) fn backlog(self, now: u64, rate: Rate) -> u64 {
         if self.at < now {
             0

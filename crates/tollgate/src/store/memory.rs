@@ -1,6 +1,6 @@
 //! The embedded store: state in this process, sharded.
 //!
-//! Subjects are spread over shards by hash, each behind its own mutex, so
+//! Subjects are spread over shards by hash, each behind its own lock, so
 //! threads deciding for different subjects rarely meet and there is no global
 //! lock on the decision path; all limits of one subject live in one shard, so
 //! a policy is decided under one lock. Inside a shard, hash tables hold a slot
@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hashbrown::hash_table::HashTable;
-use parking_lot::Mutex;
 
 use super::Store;
 use crate::algorithm::gcra::Gcra;
@@ -29,10 +28,16 @@ use crate::algorithm::{Action, Algorithm, Change, State, Update};
 use crate::clock::{micros, Clock, Sleep, SystemClock};
 use crate::decision::Outcome;
 use crate::error::Result;
-use crate::policy::{Policy, Request};
+use crate::policy::{name_hash, Policy, Request};
 use crate::subject::Subject;
 
 type Hasher = foldhash::fast::RandomState;
+
+/// A shard's lock. A decision holds it for tens of nanoseconds and never
+/// across I/O: a waiter spins, yielding its thread between tries, and the
+/// holder releases it with a plain store, where a parking mutex pays an
+/// atomic read-modify-write to release (a third of a decision's time).
+type ShardLock = spin::mutex::SpinMutex<Shard, spin::relax::Yield>;
 
 /// The in-process store; cheap to clone (clones share state).
 #[derive(Clone)]
@@ -50,7 +55,7 @@ struct Inner {
 /// A shard on cache lines of its own, so threads on different shards do not
 /// invalidate each other's lines.
 #[repr(align(128))]
-struct Padded(Mutex<Shard>);
+struct Padded(ShardLock);
 
 struct Shard {
     /// GCRA states.
@@ -107,7 +112,8 @@ impl Key {
         }
     }
 
-    #[inline]
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
     fn is(&self, subject: &str, name: &str) -> bool {
         let (key_subject, key_name) = self.parts();
         same(key_subject, subject.as_bytes()) && same(key_name, name.as_bytes())
@@ -124,7 +130,8 @@ struct Place<'a> {
 }
 
 impl Place<'_> {
-    #[inline]
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
     fn holds(&self, key: &Key) -> bool {
         key.is(self.key, self.name)
     }
@@ -132,7 +139,8 @@ impl Place<'_> {
 
 /// Equal bytes, compared inline: keys are short, and a call to `memcmp`
 /// costs more than the comparison.
-#[inline]
+#[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+#[inline(always)]
 fn same(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
@@ -168,17 +176,19 @@ struct TatSlot {
 }
 
 impl TatSlot {
-    /// Decides a one-limit GCRA policy, updating the TAT in place.
-    #[inline]
-    fn decide(&mut self, gcra: &Gcra, policy: &Policy, request: &Request, now: u64) -> Result<Outcome> {
-        policy.validate(request)?;
+    /// Decides a one-limit GCRA policy (the request validated), updating
+    /// the TAT in place.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    fn decide(&mut self, gcra: &Gcra, policy: &Policy, request: &Request, now: u64) -> Outcome {
         let tat = self.tat;
         // A TAT that has passed says nothing, like no state at all: it stays
         // until the next sweep.
-        Ok(policy.decide_single(
+        policy.decide_single(
             request,
             now,
             || gcra.available(Some(&tat), now),
+            #[inline(always)]
             |action, cost| match action {
                 Action::Refund { .. } | Action::Record => {
                     gcra.decide(Some(&tat), now, action, cost).map(Update::into_whole)
@@ -186,7 +196,7 @@ impl TatSlot {
                 _ => gcra.check(Some(&tat), now, action.check_cost(cost)),
             },
             |tat, _| self.tat = tat,
-        ))
+        )
     }
 }
 
@@ -234,7 +244,7 @@ impl MemoryStoreBuilder {
             inner: Arc::new(Inner {
                 shards: (0..shards)
                     .map(|_| {
-                        Padded(Mutex::new(Shard {
+                        Padded(ShardLock::new(Shard {
                             tats: HashTable::new(),
                             slots: HashTable::new(),
                             next_sweep: 0,
@@ -272,10 +282,14 @@ impl MemoryStore {
         MemoryStoreBuilder::default()
     }
 
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
-        let hash = self.inner.hasher.hash_one(key);
+    /// The hash of a subject's key, which picks its shard.
+    fn subject_hash(&self, key: &str) -> u64 {
+        self.inner.hasher.hash_one(key.as_bytes())
+    }
+
+    fn shard(&self, subject_hash: u64) -> &ShardLock {
         // The high bits pick the shard; the tables inside use all of them.
-        let index = (hash >> 32) as usize & (self.inner.shards.len() - 1);
+        let index = (subject_hash >> 32) as usize & (self.inner.shards.len() - 1);
         &self.inner.shards[index].0
     }
 
@@ -283,9 +297,12 @@ impl MemoryStore {
         request.now.unwrap_or_else(|| self.inner.clock.now()).as_micros()
     }
 
-    fn place<'a>(&self, key: &'a str, name: &'a str) -> Place<'a> {
+    /// Where `name` (hashed to `name_hash`) of the subject `key` (hashed to
+    /// `subject_hash`) lives.
+    #[inline]
+    fn place<'a>(subject_hash: u64, key: &'a str, name: &'a str, name_hash: u64) -> Place<'a> {
         Place {
-            hash: self.hash_parts(key.as_bytes(), name.as_bytes()),
+            hash: slot_hash(subject_hash, name_hash),
             key,
             name,
         }
@@ -293,11 +310,7 @@ impl MemoryStore {
 
     fn key_hash(&self, key: &Key) -> u64 {
         let (subject, name) = key.parts();
-        self.hash_parts(subject, name)
-    }
-
-    fn hash_parts(&self, subject: &[u8], name: &[u8]) -> u64 {
-        self.inner.hasher.hash_one((subject, name))
+        slot_hash(self.inner.hasher.hash_one(subject), name_hash(name))
     }
 
     /// Decides without waiting: the memory store never blocks on I/O.
@@ -305,15 +318,24 @@ impl MemoryStore {
     /// # Errors
     ///
     /// An operation the policy's limits do not support.
+    #[inline]
     pub fn decide_now(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
+        policy.validate(request)?;
+        Ok(self.decide_validated(subject, policy, request))
+    }
+
+    /// [`MemoryStore::decide_now`] for a request already validated. Out of
+    /// line and infallible, so that the outcome is written once, in place.
+    fn decide_validated(&self, subject: &Subject, policy: &Policy, request: &Request) -> Outcome {
         let now = self.now(request);
         let key = subject.as_key();
-        let shard = self.shard(key);
-        let single = policy.limits().next().filter(|_| policy.len() == 1);
+        let subject_hash = self.subject_hash(key);
+        let shard = self.shard(subject_hash);
+        let single = policy.hashed_limits().next().filter(|_| policy.len() == 1);
         let mut shard = shard.lock();
         shard.sweep_if_due(now, self.inner.sweep_every);
-        if let Some((name, limit)) = single {
-            let place = self.place(key, name);
+        if let Some((name, name_hash, limit)) = single {
+            let place = Self::place(subject_hash, key, name, name_hash);
             if let Some(gcra) = limit.as_gcra() {
                 if let Some(slot) = shard.tats.find_mut(place.hash, |slot| place.holds(&slot.key)) {
                     return slot.decide(gcra, policy, request, now);
@@ -322,61 +344,50 @@ impl MemoryStore {
             }
             return self.decide_one(&mut shard, place, policy, request, now);
         }
-        self.decide_many(&mut shard, key, policy, request, now)
+        self.decide_many(&mut shard, subject_hash, key, policy, request, now)
     }
 
     /// A policy of one limit other than GCRA: one lookup, and the state
     /// updated in place.
-    #[inline]
-    fn decide_one(
-        &self,
-        shard: &mut Shard,
-        place: Place<'_>,
-        policy: &Policy,
-        request: &Request,
-        now: u64,
-    ) -> Result<Outcome> {
+    #[inline(never)]
+    fn decide_one(&self, shard: &mut Shard, place: Place<'_>, policy: &Policy, request: &Request, now: u64) -> Outcome {
         let Some(slot) = shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) else {
             return self.decide_new(shard, place, policy, request, now);
         };
         let state = (slot.expires > now).then_some(&slot.state);
         let mut write = None;
-        let outcome = policy.decide(&[state], now, request, |_, change, ttl| write = Some((change, ttl)))?;
+        let outcome = policy.decide_validated(&[state], now, request, |_, change, ttl| write = Some((change, ttl)));
         match write {
             Some((change, ttl)) if ttl > 0 => slot.commit(change, now + ttl),
             // A state with nothing left to say is dropped at once.
             Some(_) => remove(&mut shard.slots, place.hash, |slot| place.holds(&slot.key)),
             None => {}
         }
-        Ok(outcome)
+        outcome
     }
 
     /// A policy of one limit whose table holds no state for it.
-    fn decide_new(
-        &self,
-        shard: &mut Shard,
-        place: Place<'_>,
-        policy: &Policy,
-        request: &Request,
-        now: u64,
-    ) -> Result<Outcome> {
+    #[inline(never)]
+    fn decide_new(&self, shard: &mut Shard, place: Place<'_>, policy: &Policy, request: &Request, now: u64) -> Outcome {
         let mut write = None;
-        let outcome = policy.decide(&[None], now, request, |_, change, ttl| write = Some((change, ttl)))?;
+        let outcome = policy.decide_validated(&[None], now, request, |_, change, ttl| write = Some((change, ttl)));
         if let Some((change, ttl)) = write {
             self.put_new(shard, place, change, ttl, now);
         }
-        Ok(outcome)
+        outcome
     }
 
     /// A policy of several limits, all-or-nothing under the write lock.
+    #[inline(never)]
     fn decide_many(
         &self,
         shard: &mut Shard,
+        subject_hash: u64,
         key: &str,
         policy: &Policy,
         request: &Request,
         now: u64,
-    ) -> Result<Outcome> {
+    ) -> Outcome {
         const INLINE_LIMITS: usize = 4;
         let count = policy.len();
         // GCRA states are copied out of their slots into `tats`; the others
@@ -389,9 +400,9 @@ impl MemoryStore {
             spilled_tats = (0..count).map(|_| None).collect();
             &mut spilled_tats
         };
-        for ((name, limit), tat) in policy.limits().zip(tats.iter_mut()) {
+        for ((name, name_hash, limit), tat) in policy.hashed_limits().zip(tats.iter_mut()) {
             if limit.as_gcra().is_some() {
-                let place = self.place(key, name);
+                let place = Self::place(subject_hash, key, name, name_hash);
                 *tat = shard
                     .tats
                     .find(place.hash, |slot| place.holds(&slot.key))
@@ -408,11 +419,11 @@ impl MemoryStore {
             spilled = vec![None; count];
             &mut spilled
         };
-        for (((name, limit), tat), state) in policy.limits().zip(tats.iter()).zip(states.iter_mut()) {
+        for (((name, name_hash, limit), tat), state) in policy.hashed_limits().zip(tats.iter()).zip(states.iter_mut()) {
             *state = if limit.as_gcra().is_some() {
                 tat.as_ref()
             } else {
-                let place = self.place(key, name);
+                let place = Self::place(subject_hash, key, name, name_hash);
                 shard
                     .slots
                     .find(place.hash, |slot| place.holds(&slot.key))
@@ -421,14 +432,15 @@ impl MemoryStore {
             };
         }
         let mut writes = Vec::new();
-        let outcome = policy.decide(states, now, request, |index, change, ttl| {
+        let outcome = policy.decide_validated(states, now, request, |index, change, ttl| {
             writes.push((index, change, ttl));
-        })?;
+        });
         for (index, change, ttl) in writes {
-            let name = policy.limits().nth(index).map_or("", |(name, _)| name);
-            self.put(shard, self.place(key, name), change, ttl, now);
+            if let Some((name, name_hash, _)) = policy.hashed_limits().nth(index) {
+                self.put(shard, Self::place(subject_hash, key, name, name_hash), change, ttl, now);
+            }
         }
-        Ok(outcome)
+        outcome
     }
 
     /// Commits `change` to the state of `(key, name)` it was decided on, for
@@ -492,9 +504,10 @@ impl MemoryStore {
     /// Forgets `subject`'s state for every limit of `policy`.
     pub fn reset_now(&self, subject: &Subject, policy: &Policy) {
         let key = subject.as_key();
-        let mut shard = self.shard(key).lock();
-        for (name, _) in policy.limits() {
-            let place = self.place(key, name);
+        let subject_hash = self.subject_hash(key);
+        let mut shard = self.shard(subject_hash).lock();
+        for (name, name_hash, _) in policy.hashed_limits() {
+            let place = Self::place(subject_hash, key, name, name_hash);
             remove(&mut shard.slots, place.hash, |slot| place.holds(&slot.key));
             remove(&mut shard.tats, place.hash, |slot| place.holds(&slot.key));
         }
@@ -530,6 +543,14 @@ impl MemoryStore {
     }
 }
 
+/// The hash of a slot: its subject's (which also picks the shard), mixed
+/// with its name's, which the policy keeps, so that a lookup hashes only
+/// the subject.
+#[inline]
+fn slot_hash(subject_hash: u64, name_hash: u64) -> u64 {
+    subject_hash ^ name_hash.rotate_left(23)
+}
+
 /// Removes the entry `is` finds, if any.
 fn remove<T>(table: &mut HashTable<T>, hash: u64, is: impl Fn(&T) -> bool) {
     if let Ok(entry) = table.find_entry(hash, is) {
@@ -554,6 +575,7 @@ impl Shard {
     /// not from what is left: keys whose state lapses between their visits
     /// (a limit well under its rate) would otherwise be dropped and put back
     /// over and over, each sweep leaving the shard nearly empty.
+    #[inline(never)]
     fn sweep(&mut self, now: u64, every: u64) {
         let held = self.slots.len() + self.tats.len();
         self.slots.retain(|slot| slot.expires > now);
