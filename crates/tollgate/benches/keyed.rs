@@ -29,7 +29,7 @@ use governor::nanos::Nanos;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::{Clock as _, Limit, MemoryStore, Op, Policy, Request, Subject, SystemClock, Timestamp};
+use tollgate::{Clock as _, DirectLimiter, Limit, MemoryStore, Op, Policy, Request, Subject, SystemClock, Timestamp};
 
 /// Distinct keys.
 const KEYS: usize = 10_000;
@@ -322,6 +322,35 @@ impl Fair for FairGovernor {
     }
 }
 
+/// Tollgate's limiter without a key, deciding at the virtual time.
+struct FairTollgateDirect {
+    limiter: DirectLimiter,
+    clock: VirtualClock,
+}
+
+impl FairTollgateDirect {
+    fn new(rate: u32, burst: u32) -> Self {
+        let limit = Limit::gcra(u64::from(rate), Duration::from_secs(1), u64::from(burst)).expect("valid limit");
+        Self {
+            limiter: DirectLimiter::new(limit),
+            clock: VirtualClock::new(DIRECT_STEP_NS),
+        }
+    }
+}
+
+impl Fair for FairTollgateDirect {
+    type Key = ();
+
+    fn clock(&self) -> VirtualClock {
+        self.clock
+    }
+
+    fn check_at(&self, _key: &(), ns: u64) -> bool {
+        let request = Request::new(Op::Check, 1).at(Timestamp::from_micros(ns / 1_000));
+        self.limiter.decide_now(&request).expect("a check").decision.allowed
+    }
+}
+
 /// One key: Tollgate's single subject against governor's direct limiter.
 struct FairDirect {
     limiter: RateLimiter<NotKeyed, InMemoryState, VirtualClock, NoOpMiddleware<Nanos>>,
@@ -403,7 +432,8 @@ fn fair<F: Fair>(c: &mut Criterion, group: &str, name: &str, side: &F, keys: &[F
 /// sides always allow (a key comes back every 1 ms; 10 000 a second per key)
 /// and where both deny half (500 a second per key, burst 1), on one thread
 /// and two; then one key on one thread, against governor's direct limiter
-/// (a check every µs: 1 M/s always allows, 500 k/s allows half).
+/// (a check every µs: 1 M/s always allows, 500 k/s allows half): Tollgate's
+/// memory store with one subject, and its `DirectLimiter` (no key).
 fn fair_runs(c: &mut Criterion, order: &[u64]) {
     let subjects = Tollgate::keys(order);
     let strings = Governor::<String>::keys(order);
@@ -431,6 +461,13 @@ fn fair_runs(c: &mut Criterion, order: &[u64]) {
             "tollgate",
             &FairTollgate::new(rate, 1, DIRECT_STEP_NS),
             &one,
+        );
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "tollgate_direct",
+            &FairTollgateDirect::new(rate, 1),
+            &[()],
         );
         fair(
             c,

@@ -45,6 +45,7 @@
 mod algorithm;
 mod clock;
 mod decision;
+mod direct;
 pub mod duration;
 #[cfg(feature = "engine")]
 pub mod engine;
@@ -64,6 +65,7 @@ pub use algorithm::{
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
 pub use decision::{Decision, Outcome, Path, Restrictiveness};
+pub use direct::DirectLimiter;
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
 pub use policy::{Op, Policy, Request};

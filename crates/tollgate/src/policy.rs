@@ -402,6 +402,7 @@ impl Policy {
     /// `states[i]` (`ttl`: µs until it carries no information; zero to drop
     /// it). Nothing is committed here: the states are only read. The Lua
     /// function `decide` in the Redis store's script mirrors this one.
+    #[cfg(any(feature = "engine", test))]
     #[inline]
     pub(crate) fn decide<'r>(
         &self,
@@ -488,19 +489,47 @@ impl Policy {
         decide: impl Fn(Action<'r>, u64) -> Step<C>,
         write: impl FnOnce(C, u64),
     ) -> Outcome {
-        let op = &request.op;
+        let single = self.single_step(request, available, decide);
+        if let Some(change) = single.step.change {
+            write(change, micros(single.step.decision.reset_after));
+        }
+        self.single_outcome(request, single.step.decision, single.allowed, single.cost, now)
+    }
+
+    /// [`Policy::decide_single`] up to its change, not yet committed: for
+    /// a store that commits by compare-and-swap and decides again when
+    /// another decision committed first.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn single_step<'r, C>(
+        &self,
+        request: &'r Request,
+        available: impl FnOnce() -> u64,
+        decide: impl Fn(Action<'r>, u64) -> Step<C>,
+    ) -> SingleStep<C> {
         let cost = resolved_cost(request, available);
-        let action = Self::action(op);
+        let action = Self::action(&request.op);
         let cost_seen = request.costs.first().copied().unwrap_or(cost);
         let mut step = decide(action, cost_seen);
         let allowed = step.decision.allowed;
         if !allowed && action == Action::Check && self.limits[0].1.records_overage() {
             step = decide(Action::Record, cost_seen);
         }
-        if let Some(change) = step.change {
-            write(change, micros(step.decision.reset_after));
-        }
-        self.outcome(op, allowed, cost, now, std::iter::once(step.decision))
+        SingleStep { step, allowed, cost }
+    }
+
+    /// The outcome of a [`SingleStep`] committed.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn single_outcome(
+        &self,
+        request: &Request,
+        decision: Decision,
+        allowed: bool,
+        cost: u64,
+        now: u64,
+    ) -> Outcome {
+        self.outcome(&request.op, allowed, cost, now, std::iter::once(decision))
     }
 
     /// Assembles the outcome from each limit's decision (in the policy's
@@ -566,6 +595,17 @@ impl Policy {
             decided_at: Timestamp::from_micros(now),
         }
     }
+}
+
+/// A policy of one limit decided, its change not yet committed.
+pub(crate) struct SingleStep<C> {
+    /// The limit's decision and change.
+    pub step: Step<C>,
+    /// Whether the request was admitted (before a refused check's overage
+    /// was recorded).
+    pub allowed: bool,
+    /// The cost decided on (`check_at_most` resolved).
+    pub cost: u64,
 }
 
 /// The cost of `request`, with `check_at_most` resolved against

@@ -68,7 +68,7 @@ mod properties;
 pub use self::calendar::Period;
 pub use self::concurrency::ConcurrencySpec;
 pub use self::core::WindowSpec;
-pub(crate) use self::core::{Action, Algorithm, Step, Update};
+pub(crate) use self::core::{Action, Algorithm, Step};
 #[cfg(feature = "engine")]
 pub use self::encoding::Value;
 #[cfg(feature = "engine")]

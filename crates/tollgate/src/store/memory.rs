@@ -24,7 +24,7 @@ use hashbrown::hash_table::HashTable;
 use super::Store;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
-use crate::algorithm::{Action, Algorithm, Change, State, Update};
+use crate::algorithm::{Algorithm, Change, State};
 use crate::clock::{micros, Clock, Sleep, SystemClock};
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -189,12 +189,7 @@ impl TatSlot {
             now,
             || gcra.available(Some(&tat), now),
             #[inline(always)]
-            |action, cost| match action {
-                Action::Refund { .. } | Action::Record => {
-                    gcra.decide(Some(&tat), now, action, cost).map(Update::into_whole)
-                }
-                _ => gcra.check(Some(&tat), now, action.check_cost(cost)),
-            },
+            |action, cost| gcra.step(Some(&tat), now, action, cost),
             |tat, _| self.tat = tat,
         )
     }

@@ -1,0 +1,311 @@
+//! One subject's limits in this process: the path without a key.
+//!
+//! A [`DirectLimiter`] holds the state of one policy for one subject (a
+//! whole service's limit, one client's connection): no key to hash, no
+//! table to look it up in. A policy of one GCRA limit whose emission
+//! interval is whole microseconds (100 per second, not 7) keeps its TAT in
+//! one atomic word, updated by compare-and-swap: no lock is taken, and a
+//! denial writes nothing. Any other policy keeps its states behind one lock,
+//! held for a decision as a memory store shard's is. The decisions are the
+//! memory store's, made by the same policy code on the same states.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::rate::Tat;
+use crate::algorithm::{Algorithm, State};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, Outcome};
+use crate::error::Result;
+use crate::policy::{Op, Policy, Request};
+
+/// One policy's state for one subject, in this process; see the module docs.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{DirectLimiter, Limit};
+///
+/// let limiter = DirectLimiter::new(Limit::gcra(100, Duration::from_secs(1), 10)?);
+/// assert!(limiter.check(1)?.allowed);
+/// # Ok::<(), tollgate::Error>(())
+/// ```
+pub struct DirectLimiter {
+    policy: Policy,
+    clock: Arc<dyn Clock>,
+    cell: Cell,
+}
+
+/// Where the states live.
+enum Cell {
+    /// A single GCRA limit's TAT, µs since the epoch (zero: none).
+    Tat(Gcra, AtomicU64),
+    /// Each limit's state, in the policy's order.
+    Locked(spin::mutex::SpinMutex<Vec<Held>, spin::relax::Yield>),
+}
+
+/// A limit's state and when it stops carrying information (µs).
+#[derive(Default)]
+struct Held {
+    state: Option<State>,
+    expires: u64,
+}
+
+impl DirectLimiter {
+    /// The limiter of `policy` (a [`Limit`](crate::Limit) or a
+    /// [`Policy`]) on the system clock.
+    pub fn new(policy: impl Into<Policy>) -> Self {
+        Self::with_clock(policy, SystemClock)
+    }
+
+    /// The limiter of `policy` on `clock` (a
+    /// [`ManualClock`](crate::ManualClock) in tests).
+    pub fn with_clock(policy: impl Into<Policy>, clock: impl Clock) -> Self {
+        let policy = policy.into();
+        let single_gcra = policy
+            .limits()
+            .next()
+            .and_then(|(_, limit)| limit.as_gcra())
+            .filter(|gcra| policy.len() == 1 && gcra.whole_micros());
+        let cell = match single_gcra {
+            Some(gcra) => Cell::Tat(*gcra, AtomicU64::new(0)),
+            None => Cell::Locked(spin::mutex::SpinMutex::new(
+                (0..policy.len()).map(|_| Held::default()).collect(),
+            )),
+        };
+        Self {
+            policy,
+            clock: Arc::new(clock),
+            cell,
+        }
+    }
+
+    /// The policy it decides.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Checks `cost` units now.
+    ///
+    /// # Errors
+    ///
+    /// As [`DirectLimiter::decide_now`].
+    pub fn check(&self, cost: u64) -> Result<Decision> {
+        self.decide_now(&Request::new(Op::Check, cost))
+            .map(|outcome| outcome.decision)
+    }
+
+    /// Decides `request` (any operation, at its `now` or the clock's), all
+    /// or nothing over the policy's limits, as a
+    /// [`MemoryStore`](crate::MemoryStore) decides it for one subject.
+    ///
+    /// # Errors
+    ///
+    /// An operation the policy's limits do not support.
+    #[inline]
+    pub fn decide_now(&self, request: &Request) -> Result<Outcome> {
+        self.policy.validate(request)?;
+        let now = request.now.unwrap_or_else(|| self.clock.now()).as_micros();
+        match &self.cell {
+            Cell::Tat(gcra, tat) => Ok(self.decide_tat(gcra, tat, request, now)),
+            Cell::Locked(held) => Ok(self.decide_locked(&mut held.lock(), request, now)),
+        }
+    }
+
+    /// A single GCRA limit: the TAT read, decided on, and swapped for the
+    /// new one if no other decision swapped it meanwhile (else decided
+    /// again on that one).
+    #[inline]
+    fn decide_tat(&self, gcra: &Gcra, tat: &AtomicU64, request: &Request, now: u64) -> Outcome {
+        loop {
+            let seen = tat.load(Ordering::Acquire);
+            // A TAT that has passed says nothing, like none at all.
+            let state = (seen > 0).then_some(Tat { at: seen, frac: 0 });
+            let single = self.policy.single_step(
+                request,
+                || gcra.available(state.as_ref(), now),
+                #[inline(always)]
+                |action, cost| gcra.step(state.as_ref(), now, action, cost),
+            );
+            if let Some(new) = single.step.change {
+                if tat
+                    .compare_exchange_weak(seen, new.at, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+            }
+            return self
+                .policy
+                .single_outcome(request, single.step.decision, single.allowed, single.cost, now);
+        }
+    }
+
+    /// Any other policy, under its lock.
+    fn decide_locked(&self, held: &mut [Held], request: &Request, now: u64) -> Outcome {
+        let states: Vec<Option<&State>> = held
+            .iter()
+            .map(|held| held.state.as_ref().filter(|_| held.expires > now))
+            .collect();
+        let mut writes = Vec::new();
+        let outcome = self
+            .policy
+            .decide_validated(&states, now, request, |index, change, ttl| {
+                writes.push((index, change, ttl));
+            });
+        let live: Vec<bool> = states.iter().map(Option::is_some).collect();
+        drop(states);
+        for (index, change, ttl) in writes {
+            let held = &mut held[index];
+            if ttl == 0 {
+                // A state with nothing left to say is dropped at once.
+                *held = Held::default();
+                continue;
+            }
+            match &mut held.state {
+                Some(state) if live[index] => change.apply(state),
+                // Decided on no state (none, or expired): a whole new one.
+                state => *state = change.into_state(),
+            }
+            held.expires = now + ttl;
+        }
+        outcome
+    }
+
+    /// Forgets every limit's state.
+    pub fn reset(&self) {
+        match &self.cell {
+            Cell::Tat(_, tat) => tat.store(0, Ordering::Release),
+            Cell::Locked(held) => held.lock().iter_mut().for_each(|held| *held = Held::default()),
+        }
+    }
+}
+
+impl std::fmt::Debug for DirectLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectLimiter")
+            .field("policy", &self.policy)
+            .field("lock_free", &matches!(self.cell, Cell::Tat(..)))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::{Limit, MemoryStore, Subject};
+
+    const T0: u64 = 1_700_000_000_123_457;
+
+    /// The policies compared: the lock-free GCRA, a GCRA whose interval is
+    /// not whole microseconds, the other algorithms, and a policy of two.
+    fn policies() -> Vec<Policy> {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        vec![
+            Policy::single(Limit::gcra(10, s(1), 3).unwrap()),
+            Policy::single(Limit::gcra(7, s(1), 2).unwrap()),
+            Policy::single(Limit::token_bucket(5, 2, s(1)).unwrap()),
+            Policy::single(Limit::fixed_window(4, ms(700)).unwrap()),
+            Policy::single(Limit::sliding_window(6, s(1), 10).unwrap()),
+            Policy::single(Limit::reservation(4, s(1), 2).unwrap()),
+            Policy::single(Limit::sliding_log(5, ms(900)).unwrap()),
+            Policy::single(Limit::leaky_bucket(3, s(1), 4).unwrap()),
+            Policy::single(Limit::concurrency(3, ms(500)).unwrap()),
+            Policy::new([
+                ("per_second", Limit::gcra(5, s(1), 5).unwrap()),
+                ("per_window", Limit::fixed_window(8, s(2)).unwrap()),
+            ])
+            .unwrap(),
+        ]
+    }
+
+    /// The request of step `ask` (0–5) weighing `cost`, at `now`.
+    fn request(ask: u8, cost: u64, now: u64, lease: u8) -> Request {
+        let op = match ask {
+            0 | 1 => Op::Check,
+            2 => Op::Record,
+            3 => Op::Reserve {
+                max_wait: Some(Duration::from_millis(300)),
+            },
+            4 => Op::Acquire {
+                lease: format!("lease-{lease}"),
+                max_wait: None,
+            },
+            _ => Op::Release {
+                lease: format!("lease-{lease}"),
+            },
+        };
+        Request::new(op, cost).at(Timestamp::from_micros(now))
+    }
+
+    proptest! {
+        /// Whatever the policy and the requests, a direct limiter decides
+        /// as a memory store does for one subject, outcome for outcome.
+        #[test]
+        fn decides_as_the_memory_store_does(
+            policy in 0..10usize,
+            steps in proptest::collection::vec((0u64..400_000, 0u8..6, 0u64..5, 0u8..3), 1..40),
+        ) {
+            let policy = &policies()[policy];
+            let direct = DirectLimiter::with_clock(policy.clone(), ManualClock::new(Timestamp::EPOCH));
+            let store = MemoryStore::with_clock(ManualClock::new(Timestamp::EPOCH));
+            let subject = Subject::new("one");
+            let mut now = T0;
+            for (dt, ask, cost, lease) in steps {
+                now += dt;
+                let request = request(ask, cost, now, lease);
+                // Outcomes, or the errors' messages (an operation refused).
+                let expected = store.decide_now(&subject, policy, &request).map_err(|error| error.to_string());
+                let got = direct.decide_now(&request).map_err(|error| error.to_string());
+                prop_assert_eq!(got, expected, "{:?} at {}", request.op, now);
+            }
+        }
+    }
+
+    #[test]
+    fn whole_microsecond_gcra_is_lock_free_and_others_are_not() {
+        let lock_free = |policy: &Policy| matches!(DirectLimiter::new(policy.clone()).cell, Cell::Tat(..));
+        let policies = policies();
+        assert!(lock_free(&policies[0]));
+        assert!(policies[1..].iter().all(|policy| !lock_free(policy)));
+    }
+
+    #[test]
+    fn reset_forgets_every_state() {
+        for policy in policies() {
+            let direct = DirectLimiter::with_clock(policy.clone(), ManualClock::new(Timestamp::from_micros(T0)));
+            let fresh = direct.decide_now(&request(0, 0, T0, 0)).unwrap();
+            let spent = if policy.has_concurrency() {
+                request(4, 1, T0, 0)
+            } else {
+                request(0, 1, T0, 0)
+            };
+            assert!(direct.decide_now(&spent).unwrap().decision.allowed);
+            assert_ne!(direct.decide_now(&request(0, 0, T0, 0)).unwrap(), fresh);
+            direct.reset();
+            assert_eq!(direct.decide_now(&request(0, 0, T0, 0)).unwrap(), fresh, "{policy:?}");
+        }
+    }
+
+    /// Eight threads on one lock-free limit admit exactly its burst.
+    #[test]
+    fn threads_racing_admit_exactly_the_burst() {
+        let direct = DirectLimiter::with_clock(
+            Limit::gcra(1, Duration::from_secs(3600), 1000).unwrap(),
+            ManualClock::new(Timestamp::from_micros(T0)),
+        );
+        let admitted: u64 = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| (0..1000).filter(|_| direct.check(1).unwrap().allowed).count() as u64))
+                .collect();
+            threads.into_iter().map(|thread| thread.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 1000);
+    }
+}
