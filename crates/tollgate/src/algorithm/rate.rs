@@ -61,7 +61,12 @@ impl Rate {
     /// Whole units in `ticks` (rounded down).
     #[inline]
     pub fn units(self, ticks: u64) -> u64 {
-        ticks / self.unit
+        // Less than one unit (a denial's room, often) needs no division.
+        if ticks < self.unit {
+            0
+        } else {
+            ticks / self.unit
+        }
     }
 }
 
