@@ -23,13 +23,16 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{black_box, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use futures_util::FutureExt as _;
 use governor::clock::Clock as _;
 use governor::middleware::NoOpMiddleware;
 use governor::nanos::Nanos;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::{Clock as _, DirectLimiter, Limit, MemoryStore, Op, Policy, Request, Subject, SystemClock, Timestamp};
+use tollgate::{
+    Clock as _, DirectLimiter, Limit, Limiter, MemoryStore, Op, Policy, Request, Subject, SystemClock, Timestamp,
+};
 
 /// Distinct keys.
 const KEYS: usize = 10_000;
@@ -292,6 +295,53 @@ impl Fair for FairTollgate {
     }
 }
 
+/// Tollgate's `Limiter` over the memory store: its async `decide`, the
+/// future polled once (the memory store never waits), or with `now` its
+/// `decide_now`, without a future.
+struct FairLimiter {
+    limiter: Limiter,
+    clock: VirtualClock,
+    now: bool,
+}
+
+impl FairLimiter {
+    fn new(rate: u32, burst: u32, now: bool) -> Self {
+        let limit = Limit::gcra(u64::from(rate), Duration::from_secs(1), u64::from(burst)).expect("valid limit");
+        Self {
+            limiter: Limiter::in_memory(limit),
+            clock: VirtualClock::new(STEP_NS),
+            now,
+        }
+    }
+}
+
+impl Fair for FairLimiter {
+    type Key = Subject;
+
+    fn clock(&self) -> VirtualClock {
+        self.clock
+    }
+
+    fn check_at(&self, key: &Subject, ns: u64) -> bool {
+        let request = Request::new(Op::Check, 1).at(Timestamp::from_micros(ns / 1_000));
+        if self.now {
+            return self
+                .limiter
+                .decide_now(key, &request)
+                .expect("a check")
+                .decision
+                .allowed;
+        }
+        self.limiter
+            .decide(key, &request)
+            .now_or_never()
+            .expect("the memory store never waits")
+            .expect("a check")
+            .decision
+            .allowed
+    }
+}
+
 /// governor keyed by `String` (the same bytes as Tollgate's subjects), on the virtual clock.
 struct FairGovernor {
     limiter: RateLimiter<String, DefaultKeyedStateStore<String>, VirtualClock, NoOpMiddleware<Nanos>>,
@@ -431,7 +481,7 @@ fn fair<F: Fair>(c: &mut Criterion, group: &str, name: &str, side: &F, keys: &[F
 /// The fair runs: virtual time, the same keys in the same order, where both
 /// sides always allow (a key comes back every 1 ms; 10 000 a second per key)
 /// and where both deny half (500 a second per key, burst 1), on one thread
-/// and two; then one key on one thread, against governor's direct limiter
+/// and two (Tollgate also through its `Limiter`, async and not); then one key on one thread, against governor's direct limiter
 /// (a check every µs: 1 M/s always allows, 500 k/s allows half): Tollgate's
 /// memory store with one subject, and its `DirectLimiter` (no key).
 fn fair_runs(c: &mut Criterion, order: &[u64]) {
@@ -443,6 +493,20 @@ fn fair_runs(c: &mut Criterion, order: &[u64]) {
             &format!("keyed/{group}"),
             "tollgate",
             &FairTollgate::new(rate, 1, STEP_NS),
+            &subjects,
+        );
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "tollgate_limiter",
+            &FairLimiter::new(rate, 1, false),
+            &subjects,
+        );
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "tollgate_limiter_now",
+            &FairLimiter::new(rate, 1, true),
             &subjects,
         );
         fair(

@@ -204,6 +204,30 @@ fn state_is_found_again_after_the_tables_grow() {
     assert_eq!(store.len(), 5_000 * 4);
 }
 
+/// The limiter's calls without a future decide on the same state as its
+/// async ones, with the same answers.
+#[tokio::test]
+async fn decisions_without_a_future_share_the_async_ones_state() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+    let limit = Limit::gcra(1, Duration::from_secs(60), 4).unwrap();
+    let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), limit);
+    let subject = Subject::new("both");
+    assert_eq!(limiter.check(&subject).await.unwrap().remaining, 3);
+    assert_eq!(limiter.check_now(&subject).unwrap().remaining, 2);
+    assert_eq!(limiter.check(&subject).await.unwrap().remaining, 1);
+    let peek = Request::new(Op::Check, 0);
+    assert_eq!(
+        limiter.decide_now(&subject, &peek).unwrap(),
+        limiter.decide(&subject, &peek).await.unwrap()
+    );
+    assert!(limiter.check_now(&subject).unwrap().allowed);
+    let denied = limiter.check_now(&subject).unwrap();
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after, Some(Duration::from_secs(60)));
+    clock.advance(Duration::from_secs(60));
+    assert!(limiter.check_now(&subject).unwrap().allowed);
+}
+
 proptest::proptest! {
     /// Any limit, after any history: a check (an acquire, on leases) and its
     /// refund at the same instant leave every limit as a peek saw it before.
