@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
-use crate::algorithm::{Algorithm, State};
+use crate::algorithm::{Algorithm, Change, State};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
@@ -49,6 +49,29 @@ enum Cell {
 struct Held {
     state: Option<State>,
     expires: u64,
+}
+
+impl Held {
+    /// The state, unless it has expired by `now`.
+    fn live(&self, now: u64) -> Option<&State> {
+        self.state.as_ref().filter(|_| self.expires > now)
+    }
+
+    /// Commits `change`, decided on this state (none when it had expired),
+    /// until `ttl` µs after `now`; none once it has nothing left to say.
+    fn commit(&mut self, change: Change<'_>, ttl: u64, now: u64) {
+        if ttl == 0 {
+            *self = Self::default();
+            return;
+        }
+        // Decided on none (or on an expired state, read as none), the
+        // change is a whole new state, which `apply` puts in place.
+        match &mut self.state {
+            Some(state) => change.apply(state),
+            state => *state = change.into_state(),
+        }
+        self.expires = now + ttl;
+    }
 }
 
 impl DirectLimiter {
@@ -135,39 +158,36 @@ impl DirectLimiter {
                     continue;
                 }
             }
+            let decisions = std::iter::once(single.step.decision);
             return self
                 .policy
-                .single_outcome(request, single.step.decision, single.allowed, single.cost, now);
+                .outcome(&request.op, single.allowed, single.cost, now, decisions);
         }
     }
 
     /// Any other policy, under its lock.
     fn decide_locked(&self, held: &mut [Held], request: &Request, now: u64) -> Outcome {
-        let states: Vec<Option<&State>> = held
-            .iter()
-            .map(|held| held.state.as_ref().filter(|_| held.expires > now))
-            .collect();
+        if let [one] = held {
+            let mut write = None;
+            let outcome = self
+                .policy
+                .decide_validated(&[one.live(now)], now, request, |_, change, ttl| {
+                    write = Some((change, ttl));
+                });
+            if let Some((change, ttl)) = write {
+                one.commit(change, ttl, now);
+            }
+            return outcome;
+        }
+        let states: Vec<Option<&State>> = held.iter().map(|held| held.live(now)).collect();
         let mut writes = Vec::new();
         let outcome = self
             .policy
             .decide_validated(&states, now, request, |index, change, ttl| {
                 writes.push((index, change, ttl));
             });
-        let live: Vec<bool> = states.iter().map(Option::is_some).collect();
-        drop(states);
         for (index, change, ttl) in writes {
-            let held = &mut held[index];
-            if ttl == 0 {
-                // A state with nothing left to say is dropped at once.
-                *held = Held::default();
-                continue;
-            }
-            match &mut held.state {
-                Some(state) if live[index] => change.apply(state),
-                // Decided on no state (none, or expired): a whole new one.
-                state => *state = change.into_state(),
-            }
-            held.expires = now + ttl;
+            held[index].commit(change, ttl, now);
         }
         outcome
     }

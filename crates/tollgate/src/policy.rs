@@ -493,7 +493,13 @@ impl Policy {
         if let Some(change) = single.step.change {
             write(change, micros(single.step.decision.reset_after));
         }
-        self.single_outcome(request, single.step.decision, single.allowed, single.cost, now)
+        self.outcome(
+            &request.op,
+            single.allowed,
+            single.cost,
+            now,
+            std::iter::once(single.step.decision),
+        )
     }
 
     /// [`Policy::decide_single`] up to its change, not yet committed: for
@@ -516,20 +522,6 @@ impl Policy {
             step = decide(Action::Record, cost_seen);
         }
         SingleStep { step, allowed, cost }
-    }
-
-    /// The outcome of a [`SingleStep`] committed.
-    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
-    #[inline(always)]
-    pub(crate) fn single_outcome(
-        &self,
-        request: &Request,
-        decision: Decision,
-        allowed: bool,
-        cost: u64,
-        now: u64,
-    ) -> Outcome {
-        self.outcome(&request.op, allowed, cost, now, std::iter::once(decision))
     }
 
     /// Assembles the outcome from each limit's decision (in the policy's
