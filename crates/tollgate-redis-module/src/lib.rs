@@ -15,6 +15,13 @@
 //! and Lua clients can share a server. `RedisStore` uses the command when
 //! the server has it and the library otherwise.
 //!
+//! **Sorted sets.** A sliding log's or a concurrency limit's set is read
+//! through the module API's sorted-set calls (first or last in a score
+//! range, next, previous, a member's score) on the key held open: only the
+//! members the decision needs, which the algorithm names
+//! (`Algorithm::fetch`), so no command runs and the cost does not grow
+//! with the set.
+//!
 //! **Replication.** What a decision writes is replicated (the effects, never
 //! the command: a replica re-running a decision would make it at another
 //! time), wrapped by the server in one `MULTI`/`EXEC` per call. Expiries go
@@ -25,7 +32,7 @@
 //! the one Valkey keeps: the same `.so` loads into both.
 
 use std::cell::RefCell;
-use std::os::raw::c_longlong;
+use std::os::raw::{c_int, c_longlong};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_module::{
@@ -33,7 +40,7 @@ use redis_module::{
     redis_module, CallOptionsBuilder, CallResult, Context, NextArg, RedisError, RedisResult, RedisString, RedisValue,
 };
 use tollgate::engine::protocol::{self, PROTOCOL};
-use tollgate::engine::{Engine, Keyspace, Value};
+use tollgate::engine::{Engine, Keyspace, Scores, SortedSet, Value, Visit};
 
 thread_local! {
     /// The engine, with the limits it has parsed; commands run on the
@@ -85,6 +92,31 @@ impl OpenKey {
     }
 }
 
+/// A module string holding `bytes`, freed when dropped.
+fn module_string(ctx: *mut raw::RedisModuleCtx, bytes: &[u8]) -> RedisString {
+    RedisString::create_from_slice(ctx, bytes)
+}
+
+/// The score of `member` in the sorted set open at `key`.
+fn zset_score(ctx: *mut raw::RedisModuleCtx, key: *mut raw::RedisModuleKey, member: &[u8]) -> Option<i64> {
+    let member = module_string(ctx, member);
+    let mut score = 0.0;
+    // SAFETY: the module API's function, on a key held open and a live string.
+    let found = unsafe { raw::RedisModule_ZsetScore?(key, member.inner, &mut score) };
+    // Tollgate's scores are integers below 2^53: exact as doubles.
+    #[allow(clippy::cast_possible_truncation)]
+    (found == raw::REDISMODULE_OK as c_int).then_some(score as i64)
+}
+
+/// A bound of a score range, as the module API takes it: the score, and
+/// whether it is excluded.
+fn bound(end: Option<(i64, bool)>, unbounded: f64) -> (f64, c_int) {
+    #[allow(clippy::cast_precision_loss)]
+    end.map_or((unbounded, 0), |(score, included)| {
+        (score as f64, c_int::from(!included))
+    })
+}
+
 impl Drop for OpenKey {
     fn drop(&mut self) {
         raw::close_key(self.0);
@@ -100,10 +132,10 @@ struct Server<'a> {
     key_bytes: &'a [&'a [u8]],
     /// The time read for this call (µs), once read.
     now: Option<u64>,
-    /// String (or missing) keys that `read` opened, by their place among
-    /// the command's keys: `set` writes them without looking them up
-    /// again. Closed before a command runs through the server, which may
-    /// replace the value a handle points at.
+    /// Keys opened to be read, by their place among the command's keys:
+    /// read again and `set` without looking them up again. Closed before a
+    /// command runs through the server, which may replace the value a
+    /// handle points at.
     open: Vec<(usize, OpenKey)>,
 }
 
@@ -120,6 +152,20 @@ impl Server<'_> {
             Some(at) => self.keys[at].clone(),
             None => self.ctx.create_string(bytes),
         }
+    }
+
+    /// The key named `bytes`, held open for reading (and `set` after).
+    fn held_open(&mut self, bytes: &[u8]) -> &OpenKey {
+        let position = self.position(bytes).unwrap_or(usize::MAX);
+        let index = match self.open.iter().position(|(at, _)| *at == position) {
+            Some(index) => index,
+            None => {
+                let name = self.name(bytes);
+                self.open.push((position, OpenKey::open(self.ctx, &name)));
+                self.open.len() - 1
+            }
+        };
+        &self.open[index].1
     }
 
     /// The key named `bytes`, opened by `read` or now.
@@ -209,22 +255,77 @@ fn score(text: &[u8]) -> Option<i64> {
         .or_else(|| text.parse::<f64>().ok().map(|score| score as i64))
 }
 
+/// A sorted set read through the module API, on the key held open: no
+/// command runs, nothing is copied but the members visited.
+impl SortedSet for Server<'_> {
+    fn is_sorted_set(&mut self, key: &[u8]) -> bool {
+        self.held_open(key).key_type() == KeyType::ZSet
+    }
+
+    fn score(&mut self, key: &[u8], member: &[u8]) -> Option<i64> {
+        let key = self.held_open(key).0;
+        zset_score(self.ctx.get_raw(), key, member)
+    }
+
+    fn scan(&mut self, key: &[u8], scores: Scores, reverse: bool, visit: &mut Visit<'_>) {
+        let key = self.held_open(key).0;
+        let ctx = self.ctx.get_raw();
+        let (min, min_excluded) = bound(scores.from, f64::NEG_INFINITY);
+        let (max, max_excluded) = bound(scores.to, f64::INFINITY);
+        // SAFETY: the module API's range functions, on a key held open and
+        // not written while the range is walked; each element returned is
+        // a new string, freed when its `RedisString` drops.
+        unsafe {
+            let (Some(first), Some(last), Some(next), Some(prev), Some(end), Some(current), Some(stop)) = (
+                raw::RedisModule_ZsetFirstInScoreRange,
+                raw::RedisModule_ZsetLastInScoreRange,
+                raw::RedisModule_ZsetRangeNext,
+                raw::RedisModule_ZsetRangePrev,
+                raw::RedisModule_ZsetRangeEndReached,
+                raw::RedisModule_ZsetRangeCurrentElement,
+                raw::RedisModule_ZsetRangeStop,
+            ) else {
+                return;
+            };
+            let start = if reverse { last } else { first };
+            if start(key, min, max, min_excluded, max_excluded) != raw::REDISMODULE_OK as c_int {
+                return;
+            }
+            while end(key) == 0 {
+                let mut score = 0.0;
+                let element = current(key, &mut score);
+                if element.is_null() {
+                    break;
+                }
+                let element = RedisString::from_redis_module_string(ctx, element);
+                #[allow(clippy::cast_possible_truncation)]
+                let more = visit(element.as_slice(), score as i64, &mut |member| {
+                    zset_score(ctx, key, member)
+                });
+                drop(element);
+                if !more || (if reverse { prev(key) } else { next(key) }) == 0 {
+                    break;
+                }
+            }
+            stop(key);
+        }
+    }
+}
+
 impl Keyspace for Server<'_> {
     fn now(&mut self) -> u64 {
         *self.now.get_or_insert_with(clock_micros)
     }
 
     fn read(&mut self, key: &[u8]) -> Value {
-        let name = self.name(key);
-        let opened = OpenKey::open(self.ctx, &name);
-        let value = match opened.key_type() {
+        let opened = self.held_open(key);
+        match opened.key_type() {
             KeyType::Empty => Value::Missing,
             KeyType::String => match opened.bytes() {
                 Some(bytes) => Value::String(bytes.to_vec()),
                 None => Value::Other,
             },
             KeyType::Hash => {
-                drop(opened);
                 let Some(items) = self.read_command("HGETALL", &[key]) else {
                     return Value::Other;
                 };
@@ -235,10 +336,9 @@ impl Keyspace for Server<'_> {
                         fields.push((field, value));
                     }
                 }
-                return Value::Hash(fields);
+                Value::Hash(fields)
             }
             KeyType::ZSet => {
-                drop(opened);
                 let Some(items) = self.read_command("ZRANGE", &[key, b"0", b"-1", b"WITHSCORES"]) else {
                     return Value::Other;
                 };
@@ -249,14 +349,10 @@ impl Keyspace for Server<'_> {
                         members.push((member, value));
                     }
                 }
-                return Value::Zset(members);
+                Value::Zset(members)
             }
-            _ => return Value::Other,
-        };
-        if let Some(position) = self.position(key) {
-            self.open.push((position, opened));
+            _ => Value::Other,
         }
-        value
     }
 
     fn set(&mut self, key: &[u8], value: &[u8], expire_ms: u64) {

@@ -2,10 +2,12 @@
 //! server in the same run (`scripts/bench-redis.sh` runs it):
 //!
 //! 1. Redis CPU per decision of each algorithm (`INFO commandstats`, one
-//!    decision per call), next to a 12-line GCRA script and an
-//!    `INCRBY` + `PEXPIRE` script called the same way;
+//!    decision per call), next to a 12-line GCRA script, an
+//!    `INCRBY` + `PEXPIRE` script and a hand-written sliding log
+//!    (`ZREMRANGEBYSCORE` + `ZCARD` + `ZADD` + `PEXPIRE`) called the same way;
 //! 2. the sliding log and the concurrency limiter on one key holding 10,
-//!    1 000, 20 000 and 100 000 live entries;
+//!    1 000, 20 000 and 100 000 live entries, next to the hand-written
+//!    sliding log on a key of as many;
 //! 3. the longest call: one decision on a sliding log (a concurrency key)
 //!    whose 1 000 … 100 000 entries (leases) have all left the window
 //!    (ended), so that it trims them all;
@@ -25,6 +27,10 @@ use tollgate::{Limit, Op, Policy, RedisStore, Request, Store, Subject, Timestamp
 /// The anchor: GCRA in a dozen lines (TIME, GET, SET … PX), as one writes it
 /// by hand (also run by `scripts/bench-redis.sh` and `tools/client-choice`).
 const GCRA_ANCHOR: &str = include_str!("anchors/gcra.lua");
+
+/// The anchor for the sorted sets (sliding log, concurrency): a sliding log
+/// by hand (TIME, ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE).
+const SORTED_ANCHOR: &str = include_str!("anchors/sliding_log.lua");
 
 /// The anchor for a fixed window: count and expire.
 const FIXED_ANCHOR: &str = r"
@@ -135,19 +141,26 @@ async fn load(store: &RedisStore, policy: &Policy, decisions: u64, op: impl Fn(u
     }
 }
 
-/// The anchor `sha` called `decisions` times the same way.
-async fn load_anchor(connection: &MultiplexedConnection, sha: &str, decisions: u64, args: [u64; 2]) {
+/// The anchor `sha` called `decisions` times the same way, on `key(i)`
+/// with `args(i)` for the `i`-th call.
+async fn load_anchor(
+    connection: &MultiplexedConnection,
+    sha: &str,
+    decisions: u64,
+    key: impl Fn(u64) -> String + Clone + Send + 'static,
+    args: impl Fn(u64) -> Vec<String> + Clone + Send + 'static,
+) {
     let mut tasks = Vec::new();
     for task in 0..TASKS {
         let (mut connection, sha) = (connection.clone(), sha.to_owned());
+        let (key, args) = (key.clone(), args.clone());
         tasks.push(tokio::spawn(async move {
             for i in (task..decisions).step_by(TASKS as usize) {
                 let _: redis::Value = redis::cmd("EVALSHA")
                     .arg(&sha)
                     .arg(1)
-                    .arg(format!("anchor:{{cost:{}}}:gcra", i % KEYS))
-                    .arg(args[0])
-                    .arg(args[1])
+                    .arg(key(i))
+                    .arg(args(i))
                     .query_async(&mut connection)
                     .await
                     .unwrap();
@@ -195,22 +208,40 @@ async fn cpu_per_decision(store: &RedisStore, raw: &mut MultiplexedConnection, d
         .query_async(raw)
         .await
         .unwrap();
+    let sorted_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SORTED_ANCHOR)
+        .query_async(raw)
+        .await
+        .unwrap();
     println!("## Redis CPU per decision (µs, INFO commandstats, one decision per call, {decisions} decisions over {KEYS} keys)\n");
     println!("Each algorithm is measured {ROUNDS} times, each time right after its anchor; the");
     println!("table gives the least of each and the median of the {ROUNDS} ratios.\n");
     println!("| what | µs per decision | its anchor, µs | ratio to its anchor (median) |");
     println!("|---|---:|---:|---:|");
     for (name, limit) in algorithms() {
-        let (sha, args, anchor_name) = if name == "fixed_window" {
-            (&fixed_sha, [1, 3_600_000], "INCRBY + PEXPIRE")
-        } else {
-            (&gcra_sha, [1, 1_000_000_000], "the GCRA script")
+        // Each anchor on keys of its own.
+        let (sha, args, anchor, anchor_name): (&str, fn(u64) -> Vec<String>, _, _) = match name {
+            "fixed_window" => (
+                &fixed_sha,
+                |_| vec!["1".into(), "3600000".into()],
+                "fixed",
+                "INCRBY + PEXPIRE",
+            ),
+            "sliding_log" | "concurrency" => (&sorted_sha, sorted_anchor_args, "log", "the sliding log script"),
+            _ => (
+                &gcra_sha,
+                |_| vec!["1".into(), "1000000000".into()],
+                "gcra",
+                "the GCRA script",
+            ),
         };
         let policy = Policy::single(limit.clone());
         let (mut ours, mut anchors, mut ratios) = (f64::MAX, f64::MAX, Vec::new());
         for _ in 0..ROUNDS {
             reset_stats(raw).await;
-            load_anchor(&*raw, sha, decisions, args).await;
+            let key = move |i| format!("anchor:{{cost:{}}}:{anchor}", i % KEYS);
+            load_anchor(&*raw, sha, decisions, key, args).await;
             let (usec, calls) = command_stats(raw, "evalsha").await;
             let anchor = usec / calls;
             reset_stats(raw).await;
@@ -230,14 +261,60 @@ async fn cpu_per_decision(store: &RedisStore, raw: &mut MultiplexedConnection, d
     }
 }
 
+/// The hand-written sliding log's arguments for its `i`-th call: a window
+/// of an hour, a limit no run reaches, a member of its own.
+fn sorted_anchor_args(i: u64) -> Vec<String> {
+    vec![
+        "3600000000".into(),
+        "1000000000".into(),
+        format!("request-{i}"),
+        "3600000".into(),
+    ]
+}
+
+/// Redis CPU per call of the hand-written sliding log on a key of `entries`
+/// members (at distinct instants of the last `entries` µs), `calls` calls.
+async fn sorted_anchor_on(raw: &mut MultiplexedConnection, entries: u64, calls: u64) -> f64 {
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SORTED_ANCHOR)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let key = format!("anchor:entries:{entries}");
+    let start = system_micros() - entries - 1_000;
+    for chunk in (0..entries).collect::<Vec<_>>().chunks(1_000) {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&key);
+        for &i in chunk {
+            zadd.arg(start + i).arg(format!("fill-{i}"));
+        }
+        let _: () = zadd.query_async(raw).await.unwrap();
+    }
+    reset_stats(raw).await;
+    for i in 0..calls {
+        let _: redis::Value = redis::cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg(&key)
+            .arg(sorted_anchor_args(i))
+            .query_async(raw)
+            .await
+            .unwrap();
+    }
+    let (usec, calls) = command_stats(raw, "evalsha").await;
+    usec / calls.max(1.0)
+}
+
 /// 2. Logs and leases of many entries.
 async fn many_entries(store: &RedisStore, raw: &mut MultiplexedConnection) {
     println!("\n## One key holding many entries: Redis CPU per decision (µs)\n");
-    println!("| live entries | sliding_log check | concurrency acquire or release |");
-    println!("|---:|---:|---:|");
+    println!("| live entries | sliding_log check | concurrency acquire or release | the sliding log script | log / script | leases / script |");
+    println!("|---:|---:|---:|---:|---:|---:|");
     let measured = 2_000;
     for entries in [10u64, 1_000, 20_000, 100_000] {
         let mut row = format!("| {entries} |");
+        let mut costs = Vec::new();
         for (name, limit) in [
             ("log", Limit::sliding_log(1_000_000_000, hour()).unwrap()),
             ("lease", Limit::concurrency(1_000_000_000, hour()).unwrap()),
@@ -270,7 +347,16 @@ async fn many_entries(store: &RedisStore, raw: &mut MultiplexedConnection) {
                 .unwrap();
             let held = 1_000_000_000 - outcome.decision.remaining;
             write!(row, " {per_call:.2} ({held} held) |").unwrap();
+            costs.push(per_call);
         }
+        let anchor = sorted_anchor_on(raw, entries, measured).await;
+        write!(
+            row,
+            " {anchor:.2} | {:.2} | {:.2} |",
+            costs[0] / anchor,
+            costs[1] / anchor
+        )
+        .unwrap();
         println!("{row}");
     }
 }

@@ -327,7 +327,7 @@ impl Policy {
 
     /// The action every limit sees for `op`; `check_at_most` is resolved to a
     /// `check` of what is available by the caller.
-    fn action(op: &Op) -> Action<'_> {
+    pub(crate) fn action(op: &Op) -> Action<'_> {
         match op {
             Op::Check | Op::CheckAtMost => Action::Check,
             Op::Reserve { max_wait } => Action::Reserve(max_wait.map(micros)),

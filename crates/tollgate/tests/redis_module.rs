@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use proptest::prelude::*;
 use tollgate::{Limit, Outcome, Policy, RedisStore, Request, Result, Store, Subject};
 
-use common::differential::{any_policies_sharing_names, any_policy, memory_and_store_agree};
+use common::differential::{any_policies_sharing_names, any_policy, memory_and_store_agree, replay, Step, StepOp};
 use common::redis_server::RedisServer;
 
 static PREFIXES: AtomicUsize = AtomicUsize::new(0);
@@ -210,6 +210,145 @@ fn the_module_decides_exactly_as_memory() {
     let redis = runtime.block_on(store(&server, "module", None)).unwrap();
     agree(&redis, &runtime, 300, false, "one");
     agree(&redis, &runtime, 150, true, "shared");
+}
+
+/// One step of a hand-written trace, on the first subject and policy.
+fn step(dt: u64, cost: u64, op: StepOp) -> Step {
+    Step {
+        dt,
+        key: 0,
+        cost,
+        op,
+        costs: None,
+        policy: 0,
+    }
+}
+
+const MS: u64 = 1_000;
+
+/// A sliding log of 800 per second, filled with 300 entries of 1 to 4
+/// units (750 in all), one a millisecond; then denials whose `retry_after`
+/// lands deep in it, records over the limit, refunds (one emptying an
+/// entry with others before and after it), entries leaving the window.
+fn a_long_log() -> Vec<Step> {
+    let mut log: Vec<Step> = (0..300).map(|i| step(MS, 1 + i % 4, StepOp::Check)).collect();
+    let probes = |steps: &mut Vec<Step>| {
+        for cost in [0, 1, 49, 50, 51, 200, 640, 800, 801] {
+            steps.push(step(0, cost, StepOp::Check));
+        }
+        steps.push(step(0, 300, StepOp::AtMost));
+        steps.push(step(0, 30, StepOp::Record));
+    };
+    probes(&mut log);
+    log.push(step(MS, 5, StepOp::Check));
+    log.push(step(MS, 3, StepOp::Refund(1, None)));
+    log.push(step(0, 2, StepOp::Refund(0, None)));
+    probes(&mut log);
+    // 800 ms on, the oldest hundred entries have left.
+    log.push(step(800 * MS, 1, StepOp::Check));
+    probes(&mut log);
+    log.push(step(2_000 * MS, 1, StepOp::Check));
+    probes(&mut log);
+    // Last, on a log of a few entries (the stored set is checked after it).
+    log.push(step(2_000 * MS, 1, StepOp::Check));
+    log.extend((0..5).map(|_| step(MS, 1, StepOp::Check)));
+    log.push(step(MS, 4, StepOp::Check));
+    log.push(step(MS, 2, StepOp::Check));
+    log.push(step(0, 4, StepOp::Refund(2, None)));
+    log.push(step(MS, 1, StepOp::Check));
+    log
+}
+
+/// 200 leases of 1 to 3 units (399 in all) on a limit of 400, one taken a
+/// millisecond, each for one second; then denials that walk many leases,
+/// renewals deep in the set, releases of the leases that end last, leases
+/// ending while others live.
+fn many_leases() -> Vec<Step> {
+    let mut leases: Vec<Step> = (0..200u8)
+        .map(|i| step(MS, 1 + u64::from(i % 3), StepOp::Acquire(i)))
+        .collect();
+    let denials = |steps: &mut Vec<Step>| {
+        for cost in [2, 150, 300, 400, 401] {
+            steps.push(step(0, cost, StepOp::Acquire(250)));
+        }
+        // Renewals: the lease's own units count as freed.
+        steps.push(step(0, 200, StepOp::Acquire(5)));
+        steps.push(step(0, 200, StepOp::Acquire(199)));
+        steps.push(step(0, 0, StepOp::Check));
+    };
+    denials(&mut leases);
+    leases.push(step(MS, 0, StepOp::Release(199)));
+    leases.push(step(0, 0, StepOp::Release(198)));
+    leases.push(step(0, 2, StepOp::Acquire(199)));
+    leases.push(step(0, 1, StepOp::Acquire(7)));
+    denials(&mut leases);
+    // 900 ms on, about a hundred leases have ended.
+    leases.push(step(900 * MS, 1, StepOp::Acquire(251)));
+    leases.push(step(0, 0, StepOp::Release(150)));
+    denials(&mut leases);
+    leases.push(step(2_000 * MS, 1, StepOp::Acquire(252)));
+    denials(&mut leases);
+    leases
+}
+
+/// Checks that the set at `key` is whole: a log's totals rise from its
+/// base (no entry emptied and kept); leases add up to their total.
+fn assert_set_is_whole(server: &RedisServer, key: &str, limit: &Limit) {
+    let mut connection = redis::Client::open(server.url()).unwrap().get_connection().unwrap();
+    let members: Vec<(Vec<u8>, i64)> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut connection)
+        .unwrap();
+    assert!(members.len() > 2, "{limit}: {members:?}");
+    if limit.is_concurrency() {
+        let score = |member: &[u8]| members.iter().find(|(m, _)| m == member).map(|&(_, s)| s);
+        let units: i64 = members
+            .iter()
+            .filter(|&&(_, ends)| ends > 0)
+            .map(|(name, _)| score(&[b"\0c", name.as_slice()].concat()).map_or(1, i64::abs))
+            .sum();
+        assert_eq!(score(b"\0n"), Some(-units), "{limit}: {members:?}");
+    } else {
+        assert_eq!(
+            (members[0].0.as_slice(), members[1].0.as_slice()),
+            (&b"\0x"[..], &b"\0b"[..])
+        );
+        assert!(
+            members[1..].windows(2).all(|pair| pair[0].1 < pair[1].1),
+            "{limit}: {members:?}"
+        );
+    }
+}
+
+/// Logs and leases far longer than the random traces grow: the module
+/// reads only the members each decision needs, answers as the memory store
+/// does, and leaves a whole set.
+#[test]
+fn keys_of_many_entries_are_decided_as_memory_decides() {
+    let server = RedisServer::start_with_module(&[]);
+    let runtime = common::runtime();
+    let redis = runtime.block_on(store(&server, "module", None)).unwrap();
+    let second = std::time::Duration::from_secs(1);
+    let log = Limit::sliding_log(800, second).unwrap();
+    for (limit, steps) in [
+        (log.clone(), a_long_log()),
+        (log.recording_overage().unwrap(), a_long_log()),
+        (Limit::concurrency(400, second).unwrap(), many_leases()),
+    ] {
+        let policies = [Policy::single(limit.clone())];
+        let subjects = [Subject::new("many").and(limit.to_string()), Subject::new("unused")];
+        let memory = tollgate::MemoryStore::new();
+        let expected = runtime.block_on(replay(&memory, &policies, &steps, &subjects));
+        let actual = runtime.block_on(replay(&redis, &policies, &steps, &subjects));
+        for (index, (expected, actual)) in expected.iter().zip(&actual).enumerate() {
+            assert_eq!(expected, actual, "{limit}, step {index}");
+        }
+        let name = policies[0].limits().next().unwrap().0;
+        assert_set_is_whole(&server, &redis.key(&subjects[0], name), &limit);
+    }
 }
 
 /// Decides by the module and by Lua in turn (a pattern drawn per call) on

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update};
 #[cfg(feature = "engine")]
-use super::core::{Encoded, Loaded, Value};
+use super::core::{Encoded, Loaded, Scores, SortedSet, Value};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
@@ -143,6 +143,12 @@ impl Concurrency {
             .map_or(0, |((expires, _), _)| expires - now)
     }
 
+    /// Units that must end before `cost` more fit, when `held_by_others`
+    /// are held by the leases other than the one renewed (and they do not fit).
+    fn needed(&self, held_by_others: u64, cost: u64) -> u64 {
+        held_by_others + cost - self.limit
+    }
+
     /// Takes (or renews) lease `id` for `cost` units if they fit; `id` may be
     /// `None` only for a peek (`cost == 0`).
     pub(crate) fn acquire<'a>(
@@ -164,7 +170,7 @@ impl Concurrency {
         }
         if cost > self.limit.saturating_sub(held_by_others) {
             // Leases end soonest-first: wait until enough units have expired.
-            let needed = held_by_others + cost - self.limit;
+            let needed = self.needed(held_by_others, cost);
             let mut freed = 0;
             let retry_after = state.and_then(|state| {
                 state
@@ -214,9 +220,6 @@ impl Algorithm for Concurrency {
     const NAME: &'static str = "concurrency";
     #[cfg(feature = "engine")]
     const ID: u8 = 8;
-    // A sorted set the module would read whole: Lua decides it.
-    #[cfg(feature = "redis")]
-    const MODULE_DECIDES: bool = false;
     const LEASES: bool = true;
 
     fn build(spec: &ConcurrencySpec) -> Result<Self> {
@@ -282,6 +285,91 @@ impl Algorithm for Concurrency {
             limit,
             ttl: Duration::from_micros(ttl),
         })
+    }
+
+    /// The members a decision reads: "\0n"; the leases that have ended;
+    /// the lease named, if live; the two live leases that end last (a
+    /// `reset_after`, the lease named left out); on a denial, the live
+    /// leases soonest to end until enough units are freed. Each lease read
+    /// with its "\0c" member, when it has one. O(log n + leases ended +
+    /// leases walked), as the Lua twin reads it.
+    #[cfg(feature = "engine")]
+    fn fetch(
+        &self,
+        set: &mut dyn SortedSet,
+        key: &[u8],
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Option<Vec<(Vec<u8>, i64)>> {
+        /// Reads the lease `name` scored `ends`, with its units.
+        fn lease(
+            members: &mut Vec<(Vec<u8>, i64)>,
+            name: &[u8],
+            ends: i64,
+            score: &mut dyn FnMut(&[u8]) -> Option<i64>,
+        ) -> u64 {
+            members.push((name.to_vec(), ends));
+            let member = [COST, name].concat();
+            match score(&member) {
+                Some(units) => {
+                    members.push((member, units));
+                    units.unsigned_abs()
+                }
+                None => 1,
+            }
+        }
+        if !set.is_sorted_set(key) {
+            return None;
+        }
+        let mut members = Vec::with_capacity(8);
+        let Some(total) = set.score(key, TOTAL) else {
+            // Another algorithm's set: no state.
+            return Some(members);
+        };
+        members.push((TOTAL.to_vec(), total));
+        let mut in_flight = total.unsigned_abs();
+        let now_score = i64::try_from(now).unwrap_or(i64::MAX);
+        set.scan(key, Scores::between(0, now_score), false, &mut |name, ends, score| {
+            in_flight = in_flight.saturating_sub(lease(&mut members, name, ends, score));
+            true
+        });
+        let id = match action {
+            Action::Acquire { lease, .. } => lease,
+            Action::Release(lease) | Action::Refund { lease: Some(lease), .. } => Some(lease),
+            _ => None,
+        };
+        let mut renewed = 0;
+        if let Some(id) = id {
+            if let Some(ends) = set.score(key, id.as_bytes()).filter(|&ends| ends > now_score) {
+                renewed = lease(&mut members, id.as_bytes(), ends, &mut |member| set.score(key, member));
+            }
+        }
+        let mut last = 0;
+        set.scan(key, Scores::above(now_score), true, &mut |name, ends, score| {
+            lease(&mut members, name, ends, score);
+            last += 1;
+            last < 2
+        });
+        let held_by_others = in_flight.saturating_sub(renewed);
+        let cost = action.check_cost(cost);
+        if !matches!(action, Action::Release(_))
+            && cost <= self.limit
+            && cost > self.limit.saturating_sub(held_by_others)
+        {
+            let needed = self.needed(held_by_others, cost);
+            let mut freed = 0;
+            set.scan(key, Scores::above(now_score), false, &mut |name, ends, score| {
+                let units = lease(&mut members, name, ends, score);
+                if id.is_none_or(|id| id.as_bytes() != name) {
+                    freed += units;
+                }
+                freed < needed
+            });
+        }
+        members.sort_unstable_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        members.dedup();
+        Some(members)
     }
 
     /// A sorted set: each lease's name scored by when it ends, "\0n" scored

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "engine")]
-pub(crate) use super::encoding::{Encoded, Loaded, Value};
+pub(crate) use super::encoding::{Encoded, Loaded, Scores, SortedSet, Value};
 use super::rate::MAX_TICKS;
 use crate::clock::micros;
 use crate::decision::Decision;
@@ -117,10 +117,6 @@ pub(crate) trait Algorithm: Copy {
     /// True when refunds give back to one count whenever the units were
     /// taken, and add up (buckets and TATs): see [`Algorithm::refund_key`].
     const REFUNDS_ADD_UP: bool = false;
-    /// False for a limit whose state grows with traffic into a sorted set
-    /// that the Redis module reads whole: the Lua library decides those.
-    #[cfg(feature = "redis")]
-    const MODULE_DECIDES: bool = true;
 
     /// Validates `spec`.
     ///
@@ -215,6 +211,24 @@ pub(crate) trait Algorithm: Copy {
     /// which decides the same.
     #[cfg(feature = "engine")]
     fn script_spec(params: &[u64]) -> Option<Self::Spec>;
+
+    /// What a decision of `action` for `cost` units at `now` reads of
+    /// `key`: `None` for the whole value, as most states are read. A state
+    /// kept as a sorted set that grows with traffic reads only the members
+    /// the decision needs, in the set's order: [`load`](Self::load) reads
+    /// them as it reads the whole set, and decides the same. A write then
+    /// changes only members it read.
+    #[cfg(feature = "engine")]
+    fn fetch(
+        &self,
+        _set: &mut dyn SortedSet,
+        _key: &[u8],
+        _now: u64,
+        _action: Action<'_>,
+        _cost: u64,
+    ) -> Option<Vec<(Vec<u8>, i64)>> {
+        None
+    }
 
     /// The state held in a key's `value` at `now`, read as the Lua twin's
     /// `load` reads it: none when it has lapsed or is another algorithm's.

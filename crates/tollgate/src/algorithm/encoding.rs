@@ -35,6 +35,87 @@ impl Value {
     }
 }
 
+/// A key's sorted set, read a few members at a time: how an algorithm whose
+/// state is a sorted set reads only the members one decision needs
+/// ([`Algorithm::fetch`](super::core::Algorithm::fetch)), so that its cost
+/// does not grow with the set. Scores are integers, as Tollgate writes them.
+pub trait SortedSet {
+    /// Whether `key` holds a sorted set.
+    fn is_sorted_set(&mut self, key: &[u8]) -> bool;
+
+    /// The score of `member` in the sorted set at `key`, if it has one.
+    fn score(&mut self, key: &[u8], member: &[u8]) -> Option<i64>;
+
+    /// Visits the members of the sorted set at `key` whose scores lie in
+    /// `scores`, lowest first (highest first when `reverse`; members of one
+    /// score in byte order, or reversed), while `visit` returns true.
+    /// `visit` is given each member, its score, and the score of any other
+    /// member of the set on asking.
+    fn scan(&mut self, key: &[u8], scores: Scores, reverse: bool, visit: &mut Visit<'_>);
+}
+
+/// What [`SortedSet::scan`] calls for each member visited: given the
+/// member, its score and a reader of any other member's score, it says
+/// whether to go on.
+pub type Visit<'a> = dyn FnMut(&[u8], i64, &mut dyn FnMut(&[u8]) -> Option<i64>) -> bool + 'a;
+
+/// A range of scores, each end included or not (`None`: unbounded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scores {
+    /// The lowest score, and whether it is included.
+    pub from: Option<(i64, bool)>,
+    /// The highest score, and whether it is included.
+    pub to: Option<(i64, bool)>,
+}
+
+impl Scores {
+    /// Every score.
+    pub const ALL: Scores = Scores { from: None, to: None };
+
+    /// Scores of `from` or more.
+    pub(crate) fn from(from: i64) -> Self {
+        Scores {
+            from: Some((from, true)),
+            to: None,
+        }
+    }
+
+    /// Scores above `above`.
+    pub(crate) fn above(above: i64) -> Self {
+        Scores {
+            from: Some((above, false)),
+            to: None,
+        }
+    }
+
+    /// Scores below `below`.
+    pub(crate) fn below(below: i64) -> Self {
+        Scores {
+            from: None,
+            to: Some((below, false)),
+        }
+    }
+
+    /// Scores above `above`, up to `to` included.
+    pub(crate) fn between(above: i64, to: i64) -> Self {
+        Scores {
+            from: Some((above, false)),
+            to: Some((to, true)),
+        }
+    }
+
+    /// Whether `score` lies in the range.
+    pub fn holds(&self, score: i64) -> bool {
+        let low = self
+            .from
+            .is_none_or(|(from, included)| score > from || (included && score == from));
+        let high = self
+            .to
+            .is_none_or(|(to, included)| score < to || (included && score == to));
+        low && high
+    }
+}
+
 /// What loading a key's value for one limit gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Loaded<S> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::calendar::Period;
 use super::core::{Action, Algorithm, Step, Update, WindowSpec};
 #[cfg(feature = "engine")]
-use super::encoding::{Encoded, Loaded, Value};
+use super::encoding::{Encoded, Loaded, SortedSet, Value};
 use super::fixed_window::FixedWindowSpec;
 use super::gcra::Gcra;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
@@ -486,15 +486,6 @@ impl Limit {
         dispatch!(&self.kind, p => leasable(p))
     }
 
-    /// False for a limit the Redis module leaves to the Lua library.
-    #[cfg(feature = "redis")]
-    pub(crate) fn module_decides(&self) -> bool {
-        fn decides<A: Algorithm>(_: &A) -> bool {
-            A::MODULE_DECIDES
-        }
-        dispatch!(&self.kind, p => decides(p))
-    }
-
     /// The parameters this limit was built from.
     pub fn spec(&self) -> &LimitSpec {
         &self.spec
@@ -596,6 +587,20 @@ impl Limit {
     #[cfg(feature = "engine")]
     pub(crate) fn load(&self, value: &Value, now: u64) -> Loaded<State> {
         dispatch!(&self.kind, p => load(p, value, now))
+    }
+
+    /// What a decision of `action` for `cost` units at `now` reads of `key`
+    /// (see [`Algorithm::fetch`]): `None` for the whole value.
+    #[cfg(feature = "engine")]
+    pub(crate) fn fetch(
+        &self,
+        set: &mut dyn SortedSet,
+        key: &[u8],
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Option<Vec<(Vec<u8>, i64)>> {
+        dispatch!(&self.kind, p => p.fetch(set, key, now, action, cost))
     }
 
     /// The key's value for `state` (`None`: another algorithm's state), which

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec};
 #[cfg(feature = "engine")]
-use super::core::{Encoded, Loaded, Value};
+use super::core::{Encoded, Loaded, Scores, SortedSet, Value};
 #[cfg(feature = "engine")]
 use super::encoding::{number, text};
 use crate::decision::Decision;
@@ -143,6 +143,28 @@ impl SlidingLog {
             .map_or(0, |&(at, _)| at + self.window - now)
     }
 
+    /// Units of the `total` live that must leave the window before `cost`
+    /// more fit (when they do not).
+    fn needed(&self, total: u64, cost: u64) -> u64 {
+        total + cost - self.limit
+    }
+
+    /// The units that must leave before a request of `cost` fits, for every
+    /// request a decision of `cost` may look at (a check of it, of one unit
+    /// when `check_at_most` finds nothing, of none in a peek; a record of
+    /// it): the entries where a denial's `retry_after` lands.
+    #[cfg(feature = "engine")]
+    fn retry_targets(&self, total: u64, cost: u64) -> impl Iterator<Item = u64> + '_ {
+        let check = [cost, 1, 0]
+            .into_iter()
+            .filter(move |&cost| total.saturating_add(cost) > self.limit)
+            .map(move |cost| self.needed(total, cost));
+        let record = Some(cost)
+            .filter(|&cost| cost <= self.limit && total.saturating_add(cost) > self.limit)
+            .map(|cost| self.needed(total + cost, cost));
+        check.chain(record).filter(move |&needed| needed <= total)
+    }
+
     /// When `needed` more of the live units have left the window.
     fn retry_after(&self, live: &Live<'_>, needed: u64, now: u64) -> Option<u64> {
         let target = live.gone + needed;
@@ -166,7 +188,7 @@ impl SlidingLog {
         // above the limit has left nothing.
         if total.saturating_add(cost) > self.limit {
             // The oldest entries leave first: wait until enough units have left.
-            let needed = total + cost - self.limit;
+            let needed = self.needed(total, cost);
             let retry_after = live.and_then(|live| self.retry_after(&live, needed, now));
             return Step::unchanged(Decision::deny(self.limit, remaining, retry_after, reset_after));
         }
@@ -207,7 +229,7 @@ impl SlidingLog {
         // A request of `cost` after them waits until enough units have
         // left: the logged ones first, then these.
         let retry_after = (cost <= self.limit).then(|| {
-            let needed = total + cost + cost - self.limit;
+            let needed = self.needed(total + cost, cost);
             live.as_ref()
                 .filter(|_| needed <= total)
                 .and_then(|live| self.retry_after(live, needed, now))
@@ -259,9 +281,6 @@ impl Algorithm for SlidingLog {
     const NAME: &'static str = "sliding_log";
     #[cfg(feature = "engine")]
     const ID: u8 = 3;
-    // A sorted set the module would read whole: Lua decides it.
-    #[cfg(feature = "redis")]
-    const MODULE_DECIDES: bool = false;
     const LEASABLE: bool = true;
 
     fn build(spec: &WindowSpec) -> Result<Self> {
@@ -309,6 +328,76 @@ impl Algorithm for SlidingLog {
     #[cfg(feature = "engine")]
     fn script_spec(params: &[u64]) -> Option<WindowSpec> {
         WindowSpec::from_script(params)
+    }
+
+    /// The members a decision reads: "\0x" and "\0b"; from the front, the
+    /// entries that have left the window and the first live one; the newest;
+    /// the entries a denial's `retry_after` lands on; for a refund, the
+    /// entry refunded, the one before it and every later one (whose totals
+    /// drop). O(log n + entries that left + entries refunded through), as
+    /// the Lua twin reads it.
+    #[cfg(feature = "engine")]
+    fn fetch(
+        &self,
+        set: &mut dyn SortedSet,
+        key: &[u8],
+        now: u64,
+        action: Action<'_>,
+        cost: u64,
+    ) -> Option<Vec<(Vec<u8>, i64)>> {
+        if !set.is_sorted_set(key) {
+            return None;
+        }
+        let mut members: Vec<(Vec<u8>, i64)> = Vec::with_capacity(8);
+        set.scan(key, Scores::ALL, false, &mut |member, score, _| {
+            members.push((member.to_vec(), score));
+            match members.len() {
+                1 => member == EXPIRES,
+                2 => member == BASE,
+                _ => number(member).is_some_and(|at| at.saturating_add(self.window) <= now),
+            }
+        });
+        let head = members.len();
+        if head < 3 || members[0].0 != EXPIRES || members[1].0 != BASE {
+            // No entry, or another algorithm's set: no state.
+            return Some(members);
+        }
+        let mut newest = None;
+        set.scan(key, Scores::ALL, true, &mut |member, score, _| {
+            newest = Some((member.to_vec(), score));
+            false
+        });
+        members.extend(newest.filter(|newest| *newest != members[head - 1]));
+        // The live units: the newest total less the last that left.
+        let base = members[head - 2].1;
+        let total = members[members.len() - 1].1.wrapping_sub(base).cast_unsigned();
+        let targets: Vec<u64> = self.retry_targets(total, action.check_cost(cost)).collect();
+        for needed in targets {
+            set.scan(
+                key,
+                Scores::from(base.wrapping_add_unsigned(needed)),
+                false,
+                &mut |member, score, _| {
+                    members.push((member.to_vec(), score));
+                    false
+                },
+            );
+        }
+        if let Action::Refund { at, .. } = action {
+            if let Some(own) = set.score(key, &text(at)) {
+                set.scan(key, Scores::from(own), false, &mut |member, score, _| {
+                    members.push((member.to_vec(), score));
+                    true
+                });
+                set.scan(key, Scores::below(own), true, &mut |member, score, _| {
+                    members.push((member.to_vec(), score));
+                    false
+                });
+            }
+        }
+        members.sort_unstable_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        members.dedup();
+        Some(members)
     }
 
     /// A sorted set: "\0x" scored minus the instant the log says nothing

@@ -18,8 +18,8 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-pub use crate::algorithm::Value;
 use crate::algorithm::{Encoded, Limit, LimitSpec, Loaded, State};
+pub use crate::algorithm::{Scores, SortedSet, Value, Visit};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
 use crate::policy::{Policy, Request};
@@ -34,8 +34,9 @@ use self::protocol::{
 };
 
 /// Where the engine reads and writes keys: the server's keyspace, inside
-/// the command being run (so a decision is atomic).
-pub trait Keyspace {
+/// the command being run (so a decision is atomic). A sorted set is read a
+/// few members at a time ([`SortedSet`]).
+pub trait Keyspace: SortedSet {
     /// The server's time, µs since the Unix epoch.
     fn now(&mut self) -> u64;
     /// The whole value at `key`.
@@ -221,7 +222,16 @@ fn decide_policy(
     now: u64,
     reply: &mut Vec<i64>,
 ) -> Result<(), CallError> {
-    let values: Inline<Value> = keys.iter().map(|key| keyspace.read(key)).collect();
+    // Each key as its limit reads it: whole, or (a sorted set that grows
+    // with traffic) the members this decision needs.
+    let action = Policy::action(&request.op);
+    let mut values: Inline<Value> = SmallVec::with_capacity(keys.len());
+    let mut partial: Inline<bool> = SmallVec::with_capacity(keys.len());
+    for (index, (key, (_, limit))) in keys.iter().zip(policy.limits()).enumerate() {
+        let members = limit.fetch(keyspace, key, now, action, request.cost_of(index));
+        partial.push(members.is_some());
+        values.push(members.map_or_else(|| keyspace.read(key), Value::Zset));
+    }
     let mut states: Inline<Option<State>> = SmallVec::with_capacity(values.len());
     for ((_, limit), value) in policy.limits().zip(&values) {
         match limit.load(value, now) {
@@ -253,12 +263,18 @@ fn decide_policy(
             keyspace.command(&[b"DEL", key]);
             continue;
         }
-        let state = match states[index].take() {
-            Some(mut state) => {
-                change.apply(&mut state);
-                Some(state)
+        let mut old = &values[index];
+        let state = if let Some(mut state) = states[index].take() {
+            change.apply(&mut state);
+            Some(state)
+        } else {
+            if partial[index] {
+                // A set read in part that held no state (lapsed, or
+                // another algorithm's): replaced whole.
+                keyspace.command(&[b"DEL", key]);
+                old = &Value::Missing;
             }
-            None => change.into_state(),
+            change.into_state()
         };
         let limit = policy.limits().nth(index).map(|(_, limit)| limit);
         let Some(encoded) = state
@@ -267,7 +283,7 @@ fn decide_policy(
         else {
             continue;
         };
-        write(keyspace, key, &values[index], encoded, expire_ms(ttl, explicit_now));
+        write(keyspace, key, old, encoded, expire_ms(ttl, explicit_now));
     }
     let decisions: Inline<&Decision> = if outcome.limits.is_empty() {
         smallvec::smallvec![&outcome.decision]
@@ -287,9 +303,13 @@ fn decide_policy(
     Ok(())
 }
 
+/// Fields or members by name, to compare a value with the one it replaces.
+type Index<'a, V> = HashMap<&'a [u8], V, foldhash::fast::RandomState>;
+
 /// Writes `encoded` over `old`, the value it replaces: a string whole, a
 /// hash or sorted set only where it differs (the whole of it over a value of
-/// another type), then its expiry.
+/// another type), then its expiry. A sorted set read in part changes only
+/// where it was read: what the state leaves out of the members read goes.
 fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded, expire_ms: u64) {
     let ms = itoa::Buffer::new().format(expire_ms).as_bytes().to_vec();
     match encoded {
@@ -303,7 +323,7 @@ fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded
                     &[]
                 }
             };
-            let new: HashMap<&[u8], &[u8]> = fields.iter().map(|(f, v)| (f.as_slice(), v.as_slice())).collect();
+            let new: Index<&[u8]> = fields.iter().map(|(f, v)| (f.as_slice(), v.as_slice())).collect();
             let gone: Vec<&[u8]> = old
                 .iter()
                 .filter(|(field, _)| !new.contains_key(field.as_slice()))
@@ -314,7 +334,7 @@ fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded
                 args.extend(gone);
                 keyspace.command(&args);
             }
-            let kept: HashMap<&[u8], &[u8]> = old.iter().map(|(f, v)| (f.as_slice(), v.as_slice())).collect();
+            let kept: Index<&[u8]> = old.iter().map(|(f, v)| (f.as_slice(), v.as_slice())).collect();
             let mut args: Vec<&[u8]> = vec![b"HSET", key];
             for (field, value) in &fields {
                 if kept.get(field.as_slice()) != Some(&value.as_slice()) {
@@ -336,7 +356,7 @@ fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded
                     &[]
                 }
             };
-            let new: HashMap<&[u8], i64> = members.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+            let new: Index<i64> = members.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
             let gone: Vec<&[u8]> = old
                 .iter()
                 .filter(|(member, _)| !new.contains_key(member.as_slice()))
@@ -347,7 +367,7 @@ fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded
                 args.extend(gone);
                 keyspace.command(&args);
             }
-            let kept: HashMap<&[u8], i64> = old.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+            let kept: Index<i64> = old.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
             let scores: Vec<(Vec<u8>, &[u8])> = members
                 .iter()
                 .filter(|(member, score)| kept.get(member.as_slice()) != Some(score))

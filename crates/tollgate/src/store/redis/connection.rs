@@ -79,12 +79,8 @@ const MODULE_PROTOCOL: i64 = crate::engine::PROTOCOL;
 /// How decisions are made on this server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Engine {
-    /// `TOLLGATE.DECIDE` of the Redis module (the Rust algorithms). Under
-    /// `engine=auto`, with the Lua library beside it for decisions on a
-    /// sliding log or a concurrency limit: the module reads a sorted set
-    /// whole, where the library reads only what it needs (both keep the
-    /// same keys). Under `engine=module`, the module decides everything.
-    Module(Option<Box<Engine>>),
+    /// `TOLLGATE.DECIDE` of the Redis module (the Rust algorithms).
+    Module,
     /// `FCALL` of the function library (Redis 7+, Valkey).
     Function,
     /// `EVALSHA` of the script, by its SHA-1.
@@ -95,7 +91,7 @@ impl Engine {
     /// The command that calls the engine, before its keys and arguments.
     pub(super) fn command(&self) -> redis::Cmd {
         match self {
-            Self::Module(_) => redis::cmd("TOLLGATE.DECIDE"),
+            Self::Module => redis::cmd("TOLLGATE.DECIDE"),
             Self::Function => redis::cmd("FCALL").arg(library_name()).to_owned(),
             Self::Script(sha) => redis::cmd("EVALSHA").arg(sha).to_owned(),
         }
@@ -103,21 +99,13 @@ impl Engine {
 
     /// True for the module.
     pub(super) fn is_module(&self) -> bool {
-        matches!(self, Self::Module(_))
-    }
-
-    /// The engine for a call: the library beside the module when `lua`.
-    pub(super) fn for_call(&self, lua: bool) -> &Engine {
-        match self {
-            Self::Module(Some(library)) if lua => library,
-            engine => engine,
-        }
+        matches!(self, Self::Module)
     }
 
     /// Which engine this is.
     pub(super) fn kind(&self) -> EngineKind {
         match self {
-            Self::Module(_) => EngineKind::Module,
+            Self::Module => EngineKind::Module,
             Self::Function | Self::Script(_) => EngineKind::Lua,
         }
     }
@@ -126,7 +114,7 @@ impl Engine {
     /// or a new master without the module).
     pub(super) fn is_lost(&self, error: &redis::RedisError) -> bool {
         match self {
-            Self::Module(_) => Fault::of(error) == Fault::UnknownCommand,
+            Self::Module => Fault::of(error) == Fault::UnknownCommand,
             Self::Function => Fault::of(error) == Fault::NoFunction,
             Self::Script(_) => Fault::of(error) == Fault::NoScript,
         }
@@ -181,9 +169,9 @@ async fn load_engine<C: ConnectionLike + Send>(
     protocol: Option<i64>,
 ) -> redis::RedisResult<Engine> {
     match (choice, protocol) {
-        (EngineChoice::Lua, _) | (EngineChoice::Auto, None) => load_library(connection).await,
-        (EngineChoice::Module, Some(MODULE_PROTOCOL)) => Ok(Engine::Module(None)),
-        (_, Some(MODULE_PROTOCOL)) => Ok(Engine::Module(Some(Box::new(load_library(connection).await?)))),
+        (EngineChoice::Module | EngineChoice::Auto, Some(MODULE_PROTOCOL)) => Ok(Engine::Module),
+        // No module, or one of another version: the library decides.
+        (EngineChoice::Lua | EngineChoice::Auto, _) => load_library(connection).await,
         (EngineChoice::Module, None) => Err(no_module(
             "the server (on a Cluster, a master) has no tollgate module loaded (the store URL says engine=module)",
         )),
@@ -191,8 +179,6 @@ async fn load_engine<C: ConnectionLike + Send>(
             "the server's tollgate module speaks protocol {other}, this client {MODULE_PROTOCOL} \
              (the store URL says engine=module)"
         ))),
-        // A module of another version: the library decides.
-        (EngineChoice::Auto, Some(_)) => load_library(connection).await,
     }
 }
 

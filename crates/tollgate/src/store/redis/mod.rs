@@ -172,9 +172,6 @@ struct Encoded {
     args: Vec<String>,
     /// How many integers its reply holds.
     reply_len: usize,
-    /// Decided by the Lua library even where the module is (a sliding log
-    /// or a concurrency limit among its limits).
-    lua: bool,
 }
 
 /// A decision waiting for the batcher, and where its reply goes.
@@ -381,7 +378,7 @@ impl Client {
             self.pick_engine_again().await;
         }
         let current = self.engine.read().clone();
-        let engine = current.for_call(decisions.iter().any(|decision| decision.lua));
+        let engine = &*current;
         let first_key = decisions
             .iter()
             .find_map(|decision| decision.keys.first())
@@ -399,7 +396,7 @@ impl Client {
                 *self.engine.write() = Arc::clone(&found);
                 let command = fill(found.command(), decisions);
                 self.connection
-                    .run(&command, found.for_call(false), first_key)
+                    .run(&command, &found, first_key)
                     .await
                     .map_err(store_error)
             }
@@ -727,14 +724,10 @@ impl RedisStore {
             let params = limit.script_params_near(|| now.unwrap_or_else(|| SystemClock.now().as_micros()));
             args.push(limit_argument(params.as_ref(), request.cost_of(index)));
         }
-        // Limits the module leaves to the library (it would read their
-        // sorted sets whole).
-        let lua = policy.limits().any(|(_, limit)| !limit.module_decides());
         Encoded {
             keys,
             args,
             reply_len: op.reply_len(policy.len()),
-            lua,
         }
     }
 }
@@ -886,7 +879,6 @@ mod tests {
             decision: Encoded {
                 keys: keys.iter().map(ToString::to_string).collect(),
                 args: Vec::new(),
-                lua: false,
                 reply_len: 2,
             },
             reply,
