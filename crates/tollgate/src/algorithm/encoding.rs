@@ -1,6 +1,7 @@
 //! How a state is kept in a Redis key, for the native engine (the Redis
-//! module): the value a key holds as the engine reads it ([`Value`]), what a
-//! load makes of it ([`Loaded`]), and the value a state is written as
+//! module): the value a key holds as the engine reads it ([`Value`]), a
+//! sorted set read a few members at a time ([`SortedSet`]), what a load
+//! makes of it ([`Loaded`]), and the value a state is written as
 //! ([`Encoded`]). Each algorithm reads and writes exactly the encoding of
 //! its Lua twin (described at the top of its `.lua` file), so a key written
 //! by one engine is read exactly by the other. This module knows none of
@@ -8,7 +9,7 @@
 
 use super::rate::Tat;
 
-/// A key's value, read whole.
+/// A key's value as the engine read it: whole, or a sorted set in part.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Value {
     /// No such key.
@@ -19,7 +20,8 @@ pub enum Value {
     /// A hash: its fields and values, in no order.
     Hash(Vec<(Vec<u8>, Vec<u8>)>),
     /// A sorted set: its members and their (integer) scores, lowest score
-    /// first (members of equal scores in byte order), as `ZRANGE … WITHSCORES`.
+    /// first (members of equal scores in byte order), as `ZRANGE … WITHSCORES`;
+    /// all of them, or those one decision reads (see `Algorithm::fetch`).
     Zset(Vec<(Vec<u8>, i64)>),
     /// A key of another type (a list, a stream…).
     Other,
