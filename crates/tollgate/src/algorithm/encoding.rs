@@ -39,8 +39,8 @@ impl Value {
 
 /// A key's sorted set, read a few members at a time: how an algorithm whose
 /// state is a sorted set reads only the members one decision needs
-/// ([`Algorithm::fetch`](super::core::Algorithm::fetch)), so that its cost
-/// does not grow with the set. Scores are integers, as Tollgate writes them.
+/// (`Algorithm::fetch`), so that its cost does not grow with the set.
+/// Scores are integers, as Tollgate writes them.
 pub trait SortedSet {
     /// Whether `key` holds a sorted set.
     fn is_sorted_set(&mut self, key: &[u8]) -> bool;
