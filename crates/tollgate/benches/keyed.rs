@@ -260,14 +260,16 @@ trait Fair: Sync {
     fn check_at(&self, key: &Self::Key, ns: u64) -> bool;
 }
 
-/// Tollgate's memory store, deciding at the virtual time (an explicit `now`).
-struct FairTollgate {
+/// Tollgate's memory store, deciding at the virtual time (an explicit
+/// `now`): its `check_at`, or (`REQUEST`) a check `Request` through
+/// `decide_now`.
+struct FairTollgate<const REQUEST: bool> {
     store: MemoryStore,
     policy: Policy,
     clock: VirtualClock,
 }
 
-impl FairTollgate {
+impl<const REQUEST: bool> FairTollgate<REQUEST> {
     fn new(rate: u32, burst: u32, step: u64) -> Self {
         let limit = Limit::gcra(u64::from(rate), Duration::from_secs(1), u64::from(burst)).expect("valid limit");
         Self {
@@ -278,7 +280,7 @@ impl FairTollgate {
     }
 }
 
-impl Fair for FairTollgate {
+impl<const REQUEST: bool> Fair for FairTollgate<REQUEST> {
     type Key = Subject;
 
     fn clock(&self) -> VirtualClock {
@@ -286,12 +288,17 @@ impl Fair for FairTollgate {
     }
 
     fn check_at(&self, key: &Subject, ns: u64) -> bool {
-        let request = Request::new(Op::Check, 1).at(Timestamp::from_micros(ns / 1_000));
-        self.store
-            .decide_now(key, &self.policy, &request)
-            .expect("a check")
-            .decision
-            .allowed
+        let now = Timestamp::from_micros(ns / 1_000);
+        if REQUEST {
+            let request = Request::new(Op::Check, 1).at(now);
+            return self
+                .store
+                .decide_now(key, &self.policy, &request)
+                .expect("a check")
+                .decision
+                .allowed;
+        }
+        self.store.check_at(key, &self.policy, 1, now).expect("a check").allowed
     }
 }
 
@@ -372,13 +379,14 @@ impl Fair for FairGovernor {
     }
 }
 
-/// Tollgate's limiter without a key, deciding at the virtual time.
-struct FairTollgateDirect {
+/// Tollgate's limiter without a key, deciding at the virtual time: its
+/// `check_at`, or (`REQUEST`) a check `Request` through `decide_now`.
+struct FairTollgateDirect<const REQUEST: bool> {
     limiter: DirectLimiter,
     clock: VirtualClock,
 }
 
-impl FairTollgateDirect {
+impl<const REQUEST: bool> FairTollgateDirect<REQUEST> {
     fn new(rate: u32, burst: u32) -> Self {
         let limit = Limit::gcra(u64::from(rate), Duration::from_secs(1), u64::from(burst)).expect("valid limit");
         Self {
@@ -388,7 +396,7 @@ impl FairTollgateDirect {
     }
 }
 
-impl Fair for FairTollgateDirect {
+impl<const REQUEST: bool> Fair for FairTollgateDirect<REQUEST> {
     type Key = ();
 
     fn clock(&self) -> VirtualClock {
@@ -396,8 +404,12 @@ impl Fair for FairTollgateDirect {
     }
 
     fn check_at(&self, _key: &(), ns: u64) -> bool {
-        let request = Request::new(Op::Check, 1).at(Timestamp::from_micros(ns / 1_000));
-        self.limiter.decide_now(&request).expect("a check").decision.allowed
+        let now = Timestamp::from_micros(ns / 1_000);
+        if REQUEST {
+            let request = Request::new(Op::Check, 1).at(now);
+            return self.limiter.decide_now(&request).expect("a check").decision.allowed;
+        }
+        self.limiter.check_at(1, now).expect("a check").allowed
     }
 }
 
@@ -492,7 +504,14 @@ fn fair_runs(c: &mut Criterion, order: &[u64]) {
             c,
             &format!("keyed/{group}"),
             "tollgate",
-            &FairTollgate::new(rate, 1, STEP_NS),
+            &FairTollgate::<false>::new(rate, 1, STEP_NS),
+            &subjects,
+        );
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "tollgate_request",
+            &FairTollgate::<true>::new(rate, 1, STEP_NS),
             &subjects,
         );
         fair(
@@ -523,14 +542,21 @@ fn fair_runs(c: &mut Criterion, order: &[u64]) {
             c,
             &format!("keyed/{group}"),
             "tollgate",
-            &FairTollgate::new(rate, 1, DIRECT_STEP_NS),
+            &FairTollgate::<false>::new(rate, 1, DIRECT_STEP_NS),
             &one,
         );
         fair(
             c,
             &format!("keyed/{group}"),
             "tollgate_direct",
-            &FairTollgateDirect::new(rate, 1),
+            &FairTollgateDirect::<false>::new(rate, 1),
+            &[()],
+        );
+        fair(
+            c,
+            &format!("keyed/{group}"),
+            "tollgate_direct_request",
+            &FairTollgateDirect::<true>::new(rate, 1),
             &[()],
         );
         fair(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
 use crate::algorithm::{Algorithm, Change, State};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
 use crate::policy::{Op, Policy, Request};
@@ -34,6 +34,8 @@ pub struct DirectLimiter {
     policy: Policy,
     clock: Arc<dyn Clock>,
     cell: Cell,
+    /// Whether a refused check counts its cost ([`Policy::records_overage`]).
+    records_overage: bool,
 }
 
 /// Where the states live.
@@ -97,6 +99,7 @@ impl DirectLimiter {
             )),
         };
         Self {
+            records_overage: policy.records_overage(),
             policy,
             clock: Arc::new(clock),
             cell,
@@ -113,8 +116,32 @@ impl DirectLimiter {
     /// # Errors
     ///
     /// As [`DirectLimiter::decide_now`].
+    #[inline]
     pub fn check(&self, cost: u64) -> Result<Decision> {
-        self.decide_now(&Request::new(Op::Check, cost))
+        self.check_at(cost, self.clock.now())
+    }
+
+    /// Checks `cost` units at `now` (tests, simulations, replays), as
+    /// [`DirectLimiter::decide_now`] decides a check at that instant. A
+    /// single GCRA limit that does not record its overage is checked on its
+    /// TAT at once, without a request or an outcome to build.
+    ///
+    /// # Errors
+    ///
+    /// As [`DirectLimiter::decide_now`].
+    #[inline]
+    pub fn check_at(&self, cost: u64, now: Timestamp) -> Result<Decision> {
+        match &self.cell {
+            Cell::Tat(gcra, tat) if !self.records_overage => Ok(check_tat(gcra, tat, now.as_micros(), cost)),
+            _ => self.check_request(cost, now),
+        }
+    }
+
+    /// [`DirectLimiter::check_at`] as a request; out of line, so that
+    /// `decide_now` keeps its inlining where a caller calls it alone.
+    #[inline(never)]
+    fn check_request(&self, cost: u64, now: Timestamp) -> Result<Decision> {
+        self.decide_now(&Request::new(Op::Check, cost).at(now))
             .map(|outcome| outcome.decision)
     }
 
@@ -150,13 +177,8 @@ impl DirectLimiter {
                 #[inline(always)]
                 |action, cost| gcra.step(state.as_ref(), now, action, cost),
             );
-            if let Some(new) = single.step.change {
-                if tat
-                    .compare_exchange_weak(seen, new.at, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-                {
-                    continue;
-                }
+            if !swapped(tat, seen, single.step.change) {
+                continue;
             }
             let decisions = std::iter::once(single.step.decision);
             return self
@@ -201,6 +223,29 @@ impl DirectLimiter {
     }
 }
 
+/// Whether `tat`, seen holding `seen`, now holds `change` (a decision that
+/// changed nothing has nothing to swap).
+#[inline]
+fn swapped(tat: &AtomicU64, seen: u64, change: Option<Tat>) -> bool {
+    change.is_none_or(|new| {
+        tat.compare_exchange_weak(seen, new.at, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    })
+}
+
+/// A check of `cost` cells of a single GCRA limit on the TAT in `tat`.
+#[inline]
+fn check_tat(gcra: &Gcra, tat: &AtomicU64, now: u64, cost: u64) -> Decision {
+    loop {
+        let seen = tat.load(Ordering::Acquire);
+        let state = (seen > 0).then_some(Tat { at: seen, frac: 0 });
+        let step = gcra.check(state.as_ref(), now, cost);
+        if swapped(tat, seen, step.change) {
+            return step.decision;
+        }
+    }
+}
+
 impl std::fmt::Debug for DirectLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectLimiter")
@@ -217,18 +262,20 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::clock::{ManualClock, Timestamp};
+    use crate::clock::ManualClock;
     use crate::{Limit, MemoryStore, Subject};
 
     const T0: u64 = 1_700_000_000_123_457;
 
-    /// The policies compared: the lock-free GCRA, a GCRA whose interval is
-    /// not whole microseconds, the other algorithms, and a policy of two.
+    /// The policies compared: the lock-free GCRA (also recording its
+    /// overage), a GCRA whose interval is not whole microseconds, the other
+    /// algorithms, and a policy of two.
     fn policies() -> Vec<Policy> {
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
         vec![
             Policy::single(Limit::gcra(10, s(1), 3).unwrap()),
+            Policy::single(Limit::gcra(10, s(1), 3).unwrap().recording_overage().unwrap()),
             Policy::single(Limit::gcra(7, s(1), 2).unwrap()),
             Policy::single(Limit::token_bucket(5, 2, s(1)).unwrap()),
             Policy::single(Limit::fixed_window(4, ms(700)).unwrap()),
@@ -269,7 +316,7 @@ mod tests {
         /// as a memory store does for one subject, outcome for outcome.
         #[test]
         fn decides_as_the_memory_store_does(
-            policy in 0..10usize,
+            policy in 0..11usize,
             steps in proptest::collection::vec((0u64..400_000, 0u8..6, 0u64..5, 0u8..3), 1..40),
         ) {
             let policy = &policies()[policy];
@@ -282,6 +329,12 @@ mod tests {
                 let request = request(ask, cost, now, lease);
                 // Outcomes, or the errors' messages (an operation refused).
                 let expected = store.decide_now(&subject, policy, &request).map_err(|error| error.to_string());
+                if ask == 0 {
+                    // A check by `check_at`: the decision of the same outcome.
+                    let got = direct.check_at(cost, Timestamp::from_micros(now)).map_err(|error| error.to_string());
+                    prop_assert_eq!(got, expected.map(|outcome| outcome.decision), "check at {}", now);
+                    continue;
+                }
                 let got = direct.decide_now(&request).map_err(|error| error.to_string());
                 prop_assert_eq!(got, expected, "{:?} at {}", request.op, now);
             }
@@ -292,8 +345,8 @@ mod tests {
     fn whole_microsecond_gcra_is_lock_free_and_others_are_not() {
         let lock_free = |policy: &Policy| matches!(DirectLimiter::new(policy.clone()).cell, Cell::Tat(..));
         let policies = policies();
-        assert!(lock_free(&policies[0]));
-        assert!(policies[1..].iter().all(|policy| !lock_free(policy)));
+        assert!(lock_free(&policies[0]) && lock_free(&policies[1]));
+        assert!(policies[2..].iter().all(|policy| !lock_free(policy)));
     }
 
     #[test]

@@ -215,8 +215,7 @@ impl Limiter<MemoryStore> {
     ///
     /// As [`Limiter::decide_now`].
     pub fn check_now(&self, subject: &Subject) -> Result<Decision> {
-        self.decide_now(subject, &Request::new(Op::Check, 1))
-            .map(|outcome| outcome.decision)
+        self.store.check(subject, &self.policy, 1)
     }
 }
 

@@ -269,3 +269,39 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// Any policy of one or two limits (GCRA among them, recording its
+    /// overage or not): `check_at` answers the decision `decide_now` gives
+    /// the same check, step for step, on two stores fed the same history of
+    /// checks and other operations.
+    #[test]
+    fn check_at_decides_as_a_check_request_does(
+        policy in common::differential::any_policy(),
+        steps in proptest::collection::vec((0u64..300_000, 0u64..4, proptest::bool::ANY), 1..30),
+    ) {
+        let checked = MemoryStore::new();
+        let requested = MemoryStore::new();
+        let subject = Subject::new("check");
+        let mut now = common::conformance::T0;
+        for (dt, cost, check) in steps {
+            now += dt;
+            let at = Timestamp::from_micros(now);
+            let request = if check {
+                Request::new(Op::Check, cost).at(at)
+            } else {
+                // Another operation on both, so that checks meet states of
+                // every kind.
+                Request::new(Op::Record, cost).at(at)
+            };
+            let expected = requested.decide_now(&subject, &policy, &request).map_err(|error| error.to_string());
+            if check {
+                let got = checked.check_at(&subject, &policy, cost, at).map_err(|error| error.to_string());
+                proptest::prop_assert_eq!(got, expected.map(|outcome| outcome.decision));
+            } else {
+                let got = checked.decide_now(&subject, &policy, &request).map_err(|error| error.to_string());
+                proptest::prop_assert_eq!(got, expected);
+            }
+        }
+    }
+}

@@ -25,10 +25,10 @@ use super::Store;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
 use crate::algorithm::{Algorithm, Change, State};
-use crate::clock::{micros, Clock, Sleep, SystemClock};
-use crate::decision::Outcome;
+use crate::clock::{micros, Clock, Sleep, SystemClock, Timestamp};
+use crate::decision::{Decision, Outcome};
 use crate::error::Result;
-use crate::policy::{name_hash, Policy, Request};
+use crate::policy::{name_hash, Op, Policy, Request};
 use crate::subject::Subject;
 
 type Hasher = foldhash::fast::RandomState;
@@ -340,6 +340,82 @@ impl MemoryStore {
             return self.decide_one(&mut shard, place, policy, request, now);
         }
         self.decide_many(&mut shard, subject_hash, key, policy, request, now)
+    }
+
+    /// The shard of the subject `key`, locked (and swept when due), with
+    /// the subject's hash.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    fn lock_shard(&self, key: &str, now: u64) -> (u64, spin::mutex::SpinMutexGuard<'_, Shard>) {
+        let subject_hash = self.subject_hash(key);
+        let mut shard = self.shard(subject_hash).lock();
+        shard.sweep_if_due(now, self.inner.sweep_every);
+        (subject_hash, shard)
+    }
+
+    /// Checks `cost` units for `subject` now, on the store's clock: the
+    /// decision of [`MemoryStore::decide_now`]'s check.
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryStore::decide_now`].
+    #[inline]
+    pub fn check(&self, subject: &Subject, policy: &Policy, cost: u64) -> Result<Decision> {
+        self.check_at(subject, policy, cost, self.inner.clock.now())
+    }
+
+    /// Checks `cost` units for `subject` at `now` (tests, simulations,
+    /// replays): the decision of [`MemoryStore::decide_now`]'s check at that
+    /// instant. A one-limit GCRA policy that does not record its overage is
+    /// checked on its TAT in place, without a request or an outcome to build.
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryStore::decide_now`].
+    #[inline]
+    pub fn check_at(&self, subject: &Subject, policy: &Policy, cost: u64, now: Timestamp) -> Result<Decision> {
+        let single = policy.hashed_limits().next().filter(|_| policy.len() == 1);
+        match single {
+            Some((name, name_hash, limit)) if !limit.records_overage() => match limit.as_gcra() {
+                Some(gcra) => Ok(self.check_tat(subject, policy, (name, name_hash, gcra), cost, now.as_micros())),
+                None => self.check_request(subject, policy, cost, now),
+            },
+            _ => self.check_request(subject, policy, cost, now),
+        }
+    }
+
+    /// A check of `cost` cells of `policy`'s one limit, the GCRA `gcra`
+    /// named `name` (hashed to `name_hash`), for `subject`: on its TAT in
+    /// place.
+    fn check_tat(
+        &self,
+        subject: &Subject,
+        policy: &Policy,
+        (name, name_hash, gcra): (&str, u64, &Gcra),
+        cost: u64,
+        now: u64,
+    ) -> Decision {
+        let key = subject.as_key();
+        let (subject_hash, mut shard) = self.lock_shard(key, now);
+        let place = Self::place(subject_hash, key, name, name_hash);
+        if let Some(slot) = shard.tats.find_mut(place.hash, |slot| place.holds(&slot.key)) {
+            // A TAT that has passed says nothing, like no state at all.
+            let step = gcra.check(Some(&slot.tat), now, cost);
+            if let Some(tat) = step.change {
+                slot.tat = tat;
+            }
+            return step.decision;
+        }
+        let request = Request::new(Op::Check, cost).at(Timestamp::from_micros(now));
+        self.decide_new(&mut shard, place, policy, &request, now).decision
+    }
+
+    /// [`MemoryStore::check_at`] as a request; out of line, so that
+    /// `decide_now` keeps its inlining where a caller calls it alone.
+    #[inline(never)]
+    fn check_request(&self, subject: &Subject, policy: &Policy, cost: u64, now: Timestamp) -> Result<Decision> {
+        self.decide_now(subject, policy, &Request::new(Op::Check, cost).at(now))
+            .map(|outcome| outcome.decision)
     }
 
     /// A policy of one limit other than GCRA: one lookup, and the state
