@@ -410,12 +410,14 @@ impl MemoryStore {
         self.decide_new(&mut shard, place, policy, &request, now).decision
     }
 
-    /// [`MemoryStore::check_at`] as a request; out of line, so that
-    /// `decide_now` keeps its inlining where a caller calls it alone.
+    /// [`MemoryStore::check_at`] as a request; out of line, and without
+    /// calling `decide_now`, so that `decide_now` keeps its one caller in
+    /// this crate (the async store) and its inlining there.
     #[inline(never)]
     fn check_request(&self, subject: &Subject, policy: &Policy, cost: u64, now: Timestamp) -> Result<Decision> {
-        self.decide_now(subject, policy, &Request::new(Op::Check, cost).at(now))
-            .map(|outcome| outcome.decision)
+        let request = Request::new(Op::Check, cost).at(now);
+        policy.validate(&request)?;
+        Ok(self.decide_validated(subject, policy, &request).decision)
     }
 
     /// A policy of one limit other than GCRA: one lookup, and the state
