@@ -194,26 +194,21 @@ async fn main() {
     memory_per_key(&store, &mut raw).await;
 }
 
+/// The SHA-1 of `script`, loaded.
+async fn load_script(raw: &mut MultiplexedConnection, script: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script)
+        .query_async(raw)
+        .await
+        .unwrap()
+}
+
 /// 1. Redis CPU per decision, next to the anchors.
 async fn cpu_per_decision(store: &RedisStore, raw: &mut MultiplexedConnection, decisions: u64) {
-    let gcra_sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(GCRA_ANCHOR)
-        .query_async(raw)
-        .await
-        .unwrap();
-    let fixed_sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(FIXED_ANCHOR)
-        .query_async(raw)
-        .await
-        .unwrap();
-    let sorted_sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SORTED_ANCHOR)
-        .query_async(raw)
-        .await
-        .unwrap();
+    let gcra_sha = load_script(raw, GCRA_ANCHOR).await;
+    let fixed_sha = load_script(raw, FIXED_ANCHOR).await;
+    let sorted_sha = load_script(raw, SORTED_ANCHOR).await;
     println!("## Redis CPU per decision (µs, INFO commandstats, one decision per call, {decisions} decisions over {KEYS} keys)\n");
     println!("Each algorithm is measured {ROUNDS} times, each time right after its anchor; the");
     println!("table gives the least of each and the median of the {ROUNDS} ratios.\n");
@@ -275,12 +270,7 @@ fn sorted_anchor_args(i: u64) -> Vec<String> {
 /// Redis CPU per call of the hand-written sliding log on a key of `entries`
 /// members (at distinct instants of the last `entries` µs), `calls` calls.
 async fn sorted_anchor_on(raw: &mut MultiplexedConnection, entries: u64, calls: u64) -> f64 {
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SORTED_ANCHOR)
-        .query_async(raw)
-        .await
-        .unwrap();
+    let sha = load_script(raw, SORTED_ANCHOR).await;
     let key = format!("anchor:entries:{entries}");
     let start = system_micros() - entries - 1_000;
     for chunk in (0..entries).collect::<Vec<_>>().chunks(1_000) {
