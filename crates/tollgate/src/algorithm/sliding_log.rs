@@ -149,20 +149,22 @@ impl SlidingLog {
         total + cost - self.limit
     }
 
-    /// The units that must leave before a request of `cost` fits, for every
-    /// request a decision of `cost` may look at (a check of it, of one unit
-    /// when `check_at_most` finds nothing, of none in a peek; a record of
-    /// it): the entries where a denial's `retry_after` lands.
+    /// The units that must leave before a request fits, for every request a
+    /// decision of `cost` may look at: a check of it, of one unit (what
+    /// `check_at_most` asks when nothing is left) or of none (a peek), and
+    /// a record of the first two (a refused check that records its
+    /// overage). The entries where a denial's `retry_after` lands.
     #[cfg(feature = "engine")]
     fn retry_targets(&self, total: u64, cost: u64) -> impl Iterator<Item = u64> + '_ {
-        let check = [cost, 1, 0]
+        [cost, 1, 0]
             .into_iter()
             .filter(move |&cost| total.saturating_add(cost) > self.limit)
-            .map(move |cost| self.needed(total, cost));
-        let record = Some(cost)
-            .filter(|&cost| cost <= self.limit && total.saturating_add(cost) > self.limit)
-            .map(|cost| self.needed(total + cost, cost));
-        check.chain(record).filter(move |&needed| needed <= total)
+            .flat_map(move |cost| {
+                let record = (cost > 0 && cost <= self.limit).then(|| self.needed(total + cost, cost));
+                [Some(self.needed(total, cost)), record]
+            })
+            .flatten()
+            .filter(move |&needed| needed <= total)
     }
 
     /// When `needed` more of the live units have left the window.
