@@ -92,14 +92,9 @@ impl OpenKey {
     }
 }
 
-/// A module string holding `bytes`, freed when dropped.
-fn module_string(ctx: *mut raw::RedisModuleCtx, bytes: &[u8]) -> RedisString {
-    RedisString::create_from_slice(ctx, bytes)
-}
-
 /// The score of `member` in the sorted set open at `key`.
 fn zset_score(ctx: *mut raw::RedisModuleCtx, key: *mut raw::RedisModuleKey, member: &[u8]) -> Option<i64> {
-    let member = module_string(ctx, member);
+    let member = RedisString::create_from_slice(ctx, member);
     let mut score = 0.0;
     // SAFETY: the module API's function, on a key held open and a live string.
     let found = unsafe { raw::RedisModule_ZsetScore?(key, member.inner, &mut score) };

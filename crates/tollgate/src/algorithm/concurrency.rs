@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update};
 #[cfg(feature = "engine")]
-use super::core::{Encoded, Loaded, Scores, SortedSet, Value};
+use super::core::{in_set_order, Encoded, Loaded, Members, Scores, SortedSet, Value};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
@@ -294,21 +294,9 @@ impl Algorithm for Concurrency {
     /// with its "\0c" member, when it has one. O(log n + leases ended +
     /// leases walked), as the Lua twin reads it.
     #[cfg(feature = "engine")]
-    fn fetch(
-        &self,
-        set: &mut dyn SortedSet,
-        key: &[u8],
-        now: u64,
-        action: Action<'_>,
-        cost: u64,
-    ) -> Option<Vec<(Vec<u8>, i64)>> {
+    fn fetch(&self, set: &mut dyn SortedSet, key: &[u8], now: u64, action: Action<'_>, cost: u64) -> Option<Members> {
         /// Reads the lease `name` scored `ends`, with its units.
-        fn lease(
-            members: &mut Vec<(Vec<u8>, i64)>,
-            name: &[u8],
-            ends: i64,
-            score: &mut dyn FnMut(&[u8]) -> Option<i64>,
-        ) -> u64 {
+        fn lease(members: &mut Members, name: &[u8], ends: i64, score: &mut dyn FnMut(&[u8]) -> Option<i64>) -> u64 {
             members.push((name.to_vec(), ends));
             let member = [COST, name].concat();
             match score(&member) {
@@ -322,7 +310,7 @@ impl Algorithm for Concurrency {
         if !set.is_sorted_set(key) {
             return None;
         }
-        let mut members = Vec::with_capacity(8);
+        let mut members = Members::with_capacity(8);
         let Some(total) = set.score(key, TOTAL) else {
             // Another algorithm's set: no state.
             return Some(members);
@@ -367,9 +355,7 @@ impl Algorithm for Concurrency {
                 freed < needed
             });
         }
-        members.sort_unstable_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
-        members.dedup();
-        Some(members)
+        Some(in_set_order(members))
     }
 
     /// A sorted set: each lease's name scored by when it ends, "\0n" scored

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "engine")]
-pub(crate) use super::encoding::{Encoded, Loaded, Scores, SortedSet, Value};
+pub(crate) use super::encoding::{in_set_order, Encoded, Loaded, Members, Scores, SortedSet, Value};
 use super::rate::MAX_TICKS;
 use crate::clock::micros;
 use crate::decision::Decision;
@@ -226,7 +226,7 @@ pub(crate) trait Algorithm: Copy {
         _now: u64,
         _action: Action<'_>,
         _cost: u64,
-    ) -> Option<Vec<(Vec<u8>, i64)>> {
+    ) -> Option<Members> {
         None
     }
 

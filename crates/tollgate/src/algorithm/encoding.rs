@@ -22,7 +22,7 @@ pub enum Value {
     /// A sorted set: its members and their (integer) scores, lowest score
     /// first (members of equal scores in byte order), as `ZRANGE … WITHSCORES`;
     /// all of them, or those one decision reads (see `Algorithm::fetch`).
-    Zset(Vec<(Vec<u8>, i64)>),
+    Zset(Members),
     /// A key of another type (a list, a stream…).
     Other,
 }
@@ -54,6 +54,17 @@ pub trait SortedSet {
     /// `visit` is given each member, its score, and the score of any other
     /// member of the set on asking.
     fn scan(&mut self, key: &[u8], scores: Scores, reverse: bool, visit: &mut Visit<'_>);
+
+    /// Appends to `members` the first `most` (at least one) members of the
+    /// sorted set at `key` in `scores`, in the order of [`SortedSet::scan`].
+    fn read_into(&mut self, key: &[u8], scores: Scores, reverse: bool, most: usize, members: &mut Members) {
+        let mut left = most;
+        self.scan(key, scores, reverse, &mut |member, score, _| {
+            members.push((member.to_vec(), score));
+            left = left.saturating_sub(1);
+            left > 0
+        });
+    }
 }
 
 /// What [`SortedSet::scan`] calls for each member visited: given the
@@ -105,17 +116,17 @@ impl Scores {
             to: Some((to, true)),
         }
     }
+}
 
-    /// Whether `score` lies in the range.
-    pub fn holds(&self, score: i64) -> bool {
-        let low = self
-            .from
-            .is_none_or(|(from, included)| score > from || (included && score == from));
-        let high = self
-            .to
-            .is_none_or(|(to, included)| score < to || (included && score == to));
-        low && high
-    }
+/// Members of a sorted set and their scores.
+pub type Members = Vec<(Vec<u8>, i64)>;
+
+/// `members` in the set's order (by score, then by bytes), each once: what
+/// a load reads, however the members were gathered.
+pub(crate) fn in_set_order(mut members: Members) -> Members {
+    members.sort_unstable_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    members.dedup();
+    members
 }
 
 /// What loading a key's value for one limit gives.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::calendar::Period;
 use super::core::{Action, Algorithm, Step, Update, WindowSpec};
 #[cfg(feature = "engine")]
-use super::encoding::{Encoded, Loaded, SortedSet, Value};
+use super::encoding::{Encoded, Loaded, Members, SortedSet, Value};
 use super::fixed_window::FixedWindowSpec;
 use super::gcra::Gcra;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
@@ -599,7 +599,7 @@ impl Limit {
         now: u64,
         action: Action<'_>,
         cost: u64,
-    ) -> Option<Vec<(Vec<u8>, i64)>> {
+    ) -> Option<Members> {
         dispatch!(&self.kind, p => p.fetch(set, key, now, action, cost))
     }
 

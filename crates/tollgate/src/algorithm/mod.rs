@@ -72,7 +72,7 @@ pub(crate) use self::core::{Action, Algorithm, Step};
 #[cfg(feature = "engine")]
 pub(crate) use self::encoding::{number, Encoded, Loaded};
 #[cfg(feature = "engine")]
-pub use self::encoding::{Scores, SortedSet, Value, Visit};
+pub use self::encoding::{Members, Scores, SortedSet, Value, Visit};
 pub use self::fixed_window::FixedWindowSpec;
 pub use self::gcra::GcraSpec;
 pub use self::leaky_bucket::LeakyBucketSpec;

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec};
 #[cfg(feature = "engine")]
-use super::core::{Encoded, Loaded, Scores, SortedSet, Value};
+use super::core::{in_set_order, Encoded, Loaded, Members, Scores, SortedSet, Value};
 #[cfg(feature = "engine")]
 use super::encoding::{number, text};
 use crate::decision::Decision;
@@ -339,18 +339,11 @@ impl Algorithm for SlidingLog {
     /// drop). O(log n + entries that left + entries refunded through), as
     /// the Lua twin reads it.
     #[cfg(feature = "engine")]
-    fn fetch(
-        &self,
-        set: &mut dyn SortedSet,
-        key: &[u8],
-        now: u64,
-        action: Action<'_>,
-        cost: u64,
-    ) -> Option<Vec<(Vec<u8>, i64)>> {
+    fn fetch(&self, set: &mut dyn SortedSet, key: &[u8], now: u64, action: Action<'_>, cost: u64) -> Option<Members> {
         if !set.is_sorted_set(key) {
             return None;
         }
-        let mut members: Vec<(Vec<u8>, i64)> = Vec::with_capacity(8);
+        let mut members = Members::with_capacity(8);
         set.scan(key, Scores::ALL, false, &mut |member, score, _| {
             members.push((member.to_vec(), score));
             match members.len() {
@@ -364,42 +357,23 @@ impl Algorithm for SlidingLog {
             // No entry, or another algorithm's set: no state.
             return Some(members);
         }
-        let mut newest = None;
-        set.scan(key, Scores::ALL, true, &mut |member, score, _| {
-            newest = Some((member.to_vec(), score));
-            false
-        });
-        members.extend(newest.filter(|newest| *newest != members[head - 1]));
+        // The newest (read again when the walk above reached it).
+        set.read_into(key, Scores::ALL, true, 1, &mut members);
         // The live units: the newest total less the last that left.
         let base = members[head - 2].1;
         let total = members[members.len() - 1].1.wrapping_sub(base).cast_unsigned();
         let targets: Vec<u64> = self.retry_targets(total, action.check_cost(cost)).collect();
         for needed in targets {
-            set.scan(
-                key,
-                Scores::from(base.wrapping_add_unsigned(needed)),
-                false,
-                &mut |member, score, _| {
-                    members.push((member.to_vec(), score));
-                    false
-                },
-            );
+            let reaching = Scores::from(base.wrapping_add_unsigned(needed));
+            set.read_into(key, reaching, false, 1, &mut members);
         }
         if let Action::Refund { at, .. } = action {
             if let Some(own) = set.score(key, &text(at)) {
-                set.scan(key, Scores::from(own), false, &mut |member, score, _| {
-                    members.push((member.to_vec(), score));
-                    true
-                });
-                set.scan(key, Scores::below(own), true, &mut |member, score, _| {
-                    members.push((member.to_vec(), score));
-                    false
-                });
+                set.read_into(key, Scores::from(own), false, usize::MAX, &mut members);
+                set.read_into(key, Scores::below(own), true, 1, &mut members);
             }
         }
-        members.sort_unstable_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
-        members.dedup();
-        Some(members)
+        Some(in_set_order(members))
     }
 
     /// A sorted set: "\0x" scored minus the instant the log says nothing

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use smallvec::SmallVec;
 
 use crate::algorithm::{Encoded, Limit, LimitSpec, Loaded, State};
-pub use crate::algorithm::{Scores, SortedSet, Value, Visit};
+pub use crate::algorithm::{Members, Scores, SortedSet, Value, Visit};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
 use crate::policy::{Policy, Request};

@@ -375,13 +375,12 @@ impl MemoryStore {
     #[inline]
     pub fn check_at(&self, subject: &Subject, policy: &Policy, cost: u64, now: Timestamp) -> Result<Decision> {
         let single = policy.hashed_limits().next().filter(|_| policy.len() == 1);
-        match single {
-            Some((name, name_hash, limit)) if !limit.records_overage() => match limit.as_gcra() {
-                Some(gcra) => Ok(self.check_tat(subject, policy, (name, name_hash, gcra), cost, now.as_micros())),
-                None => self.check_request(subject, policy, cost, now),
-            },
-            _ => self.check_request(subject, policy, cost, now),
+        if let Some((name, name_hash, limit)) = single.filter(|(_, _, limit)| !limit.records_overage()) {
+            if let Some(gcra) = limit.as_gcra() {
+                return Ok(self.check_tat(subject, policy, (name, name_hash, gcra), cost, now.as_micros()));
+            }
         }
+        self.check_request(subject, policy, cost, now)
     }
 
     /// A check of `cost` cells of `policy`'s one limit, the GCRA `gcra`

@@ -377,14 +377,13 @@ impl Client {
         if self.recheck.load(Ordering::Acquire) && self.recheck.swap(false, Ordering::AcqRel) {
             self.pick_engine_again().await;
         }
-        let current = self.engine.read().clone();
-        let engine = &*current;
+        let engine = self.engine.read().clone();
         let first_key = decisions
             .iter()
             .find_map(|decision| decision.keys.first())
             .map_or("", String::as_str);
         let command = fill(engine.command(), decisions);
-        match self.connection.run(&command, engine, first_key).await {
+        match self.connection.run(&command, &engine, first_key).await {
             // The server lost the module (a restart without it, a failover
             // to a master without it): nothing was decided; pick again.
             Err(error) if engine.is_module() && engine.is_lost(&error) => {
