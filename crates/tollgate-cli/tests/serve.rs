@@ -184,14 +184,15 @@ async fn one_domain_spreads_over_a_cluster_and_a_refused_request_takes_nothing()
     let cluster = RedisCluster::start();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("spread.yaml");
+    // Sliding logs, not windows aligned on the clock: no window ends mid-test.
     std::fs::write(
         &config,
         "domain: spread\n\
          descriptors:\n\
          \x20 - key: remote_address\n\
-         \x20   rate_limit: {unit: minute, requests_per_unit: 1}\n\
+         \x20   rate_limit: {unit: hour, requests_per_unit: 1, algorithm: {algorithm: sliding_log, limit: 1, window: 1h}}\n\
          \x20 - key: user\n\
-         \x20   rate_limit: {unit: minute, requests_per_unit: 10}\n",
+         \x20   rate_limit: {unit: hour, requests_per_unit: 10, algorithm: {algorithm: sliding_log, limit: 10, window: 1h}}\n",
     )
     .unwrap();
     let url = cluster.url();
@@ -234,7 +235,7 @@ async fn one_domain_spreads_over_a_cluster_and_a_refused_request_takes_nothing()
     assert_eq!(total, 10_000, "{keys:?}");
     assert!(keys.iter().all(|&held| held * 2 <= total), "keys per master: {keys:?}");
 
-    // Across slots: the address (1 a minute, now spent) refuses; the user's
+    // Across slots: the address (1 an hour, now spent) refuses; the user's
     // unit is given back, so the user still has 10 - 1 left afterwards.
     let user = || ("user", "alice".to_owned());
     let address = || ("remote_address", "10.0.0.0".to_owned());

@@ -314,11 +314,13 @@ fn a_decision_across_slots_is_refunded_when_one_slot_denies() {
     let full = Subject::new("across").and("ip").and("203.0.113.7");
     let other = Subject::new("across").and("user").and("alice");
     assert_ne!(slot(&full), slot(&other), "the test needs two slots");
-    let minute = Duration::from_secs(60);
+    let hour = Duration::from_secs(3_600);
     let spread = |cost| {
         let mut rows = tollgate::Spread::builder();
-        rows.row(full.clone(), "rule", Limit::fixed_window(1, minute).unwrap(), cost);
-        rows.row(other.clone(), "rule", Limit::gcra(10, minute, 10).unwrap(), cost);
+        // A log, not a window aligned on the clock: no window ends mid-test
+        // and admits again.
+        rows.row(full.clone(), "rule", Limit::sliding_log(1, hour).unwrap(), cost);
+        rows.row(other.clone(), "rule", Limit::gcra(10, hour, 10).unwrap(), cost);
         rows.build().unwrap()
     };
     let check = tollgate::Op::Check;

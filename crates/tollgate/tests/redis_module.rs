@@ -67,7 +67,7 @@ async fn the_store_prefers_the_module_and_falls_back_to_lua() {
 async fn a_server_that_loses_the_module_is_decided_by_lua() {
     let server = RedisServer::start_with_module(&["--enable-module-command".to_owned(), "yes".to_owned()]);
     let redis = store(&server, "auto", None).await.unwrap();
-    let policy = Policy::single(Limit::fixed_window(3, std::time::Duration::from_secs(60)).unwrap());
+    let policy = Policy::single(Limit::sliding_log(3, std::time::Duration::from_secs(3_600)).unwrap());
     let subject = Subject::new("lost");
     let check = Request::new(tollgate::Op::Check, 1);
     assert!(redis.decide(&subject, &policy, &check).await.unwrap().decision.allowed);
@@ -89,7 +89,7 @@ async fn a_reconnected_store_picks_up_a_module_loaded_meanwhile() {
         return;
     }
     let redis = store(&server, "auto", None).await.unwrap();
-    let policy = Policy::single(Limit::fixed_window(100, std::time::Duration::from_secs(600)).unwrap());
+    let policy = Policy::single(Limit::sliding_log(100, std::time::Duration::from_secs(3_600)).unwrap());
     let subject = Subject::new("upgraded");
     let check = Request::new(tollgate::Op::Check, 1);
     assert!(redis.decide(&subject, &policy, &check).await.unwrap().decision.allowed);
