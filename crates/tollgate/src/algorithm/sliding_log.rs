@@ -362,8 +362,7 @@ impl Algorithm for SlidingLog {
         // The live units: the newest total less the last that left.
         let base = members[head - 2].1;
         let total = members[members.len() - 1].1.wrapping_sub(base).cast_unsigned();
-        let targets: Vec<u64> = self.retry_targets(total, action.check_cost(cost)).collect();
-        for needed in targets {
+        for needed in self.retry_targets(total, action.check_cost(cost)) {
             let reaching = Scores::from(base.wrapping_add_unsigned(needed));
             set.read_into(key, reaching, false, 1, &mut members);
         }
