@@ -9,11 +9,12 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tollgate::{AnyStore, MemoryStore, OnStoreError, ResilientStore};
 use tollgate_server::quota::{Blanket, QuotaSettings};
-use tollgate_server::settings::Settings;
+use tollgate_server::settings::{RedisTls, Settings};
+use tollgate_server::xds::XdsSettings;
 use tollgate_server::{Config, LoadOptions, Options, Server};
 
 use crate::bench::{parse_duration, parse_on_store_error};
-use crate::store::{connect_redis, StoreUrl};
+use crate::store::{connect_redis_with, redis_builder, StoreUrl};
 use crate::UsageError;
 
 /// Arguments of `tollgate serve`.
@@ -28,8 +29,19 @@ pub struct Args {
     /// Default: envoyproxy/ratelimit's runtime directory,
     /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`
     /// (`/srv/runtime_data/current/config`), every file under it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "xds")]
     config: Option<PathBuf>,
+    /// Take the limits from this xDS control plane (`host:port`) instead of
+    /// files: `RateLimitConfig` resources over ADS, state of the world, as
+    /// Envoy Gateway serves them (or `CONFIG_TYPE=GRPC_XDS_SOTW` with
+    /// `CONFIG_GRPC_XDS_SERVER_URL`; TLS and the rest from
+    /// `CONFIG_GRPC_XDS_*`).
+    #[arg(long, value_name = "SERVER")]
+    xds: Option<String>,
+    /// With --xds: the node id the control plane knows this service by
+    /// (or `CONFIG_GRPC_XDS_NODE_ID`). [default: default]
+    #[arg(long, value_name = "ID")]
+    xds_node: Option<String>,
     /// A Redis URL (`redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://`) to share limits between
     /// replicas; without it (or `REDIS_URL`), the embedded memory store.
     #[arg(long)]
@@ -113,6 +125,13 @@ pub struct Args {
 /// that cannot be reached, an address that cannot be bound.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let settings = Settings::from_env().map_err(UsageError)?;
+    if let Some(xds) = xds_settings(args, &settings) {
+        if args.check_config {
+            return Err(UsageError("--check-config reads files; the limits come from xDS here".to_owned()).into());
+        }
+        init_logs(args, &settings);
+        return serve(args, &settings, Source::Xds(xds));
+    }
     let (config_path, load_options, watch_root) = match (&args.config, &settings.config) {
         (Some(path), _) => (
             path.clone(),
@@ -141,6 +160,51 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         Err(error) => return Err(UsageError(error.to_string()).into()),
     };
+    let files = Files {
+        config,
+        path: config_path,
+        options: load_options,
+        watch_root,
+        initial_failed: initial_config_failed,
+    };
+    serve(args, &settings, Source::Files(files))
+}
+
+/// Where the limits come from.
+enum Source {
+    Files(Files),
+    Xds(XdsSettings),
+}
+
+/// The configuration files, as read at start.
+struct Files {
+    config: Config,
+    path: PathBuf,
+    options: LoadOptions,
+    watch_root: Option<PathBuf>,
+    initial_failed: bool,
+}
+
+/// The xDS client's settings, when the limits come from a control plane:
+/// `--xds`, else `CONFIG_TYPE=GRPC_XDS_SOTW` (unless `--config` is given).
+fn xds_settings(args: &Args, settings: &Settings) -> Option<XdsSettings> {
+    let mut xds = match (&args.xds, &settings.xds) {
+        (Some(server), from_env) => XdsSettings {
+            server: server.clone(),
+            ..from_env.clone().unwrap_or_default()
+        },
+        (None, Some(from_env)) if args.config.is_none() => from_env.clone(),
+        _ => return None,
+    };
+    xds.merge_domains = settings.merge_domains;
+    if let Some(node) = &args.xds_node {
+        xds.node_id.clone_from(node);
+    }
+    Some(xds)
+}
+
+/// Starts the server on `source`'s limits and runs it until a signal.
+fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()> {
     let store_timeout = args
         .store_timeout
         .or(settings.store_timeout)
@@ -156,21 +220,39 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let grpc_address = args.grpc.or(settings.grpc).unwrap_or_else(|| loopback(8081));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let store = store(redis.as_deref(), &prefix, args.on_store_error, store_timeout, args.deny_cache).await?;
+        let redis_tls = &settings.redis_tls;
+        let store = store(redis.as_deref(), &prefix, redis_tls, args.on_store_error, store_timeout, args.deny_cache).await?;
         let http = TcpListener::bind(http_address)
             .await
             .with_context(|| format!("cannot listen on {http_address}"))?;
         let grpc = TcpListener::bind(grpc_address)
             .await
             .with_context(|| format!("cannot listen on {grpc_address}"))?;
-        let options = options(args, &settings)?;
-        let domains = config.domains.len();
-        let mut server = Server::new(config, Some(config_path.clone()), store, options).load_options(load_options);
-        if let Some(root) = watch_root.filter(|root| root.is_dir()) {
-            server = server.also_watch(root);
-        }
-        if initial_config_failed {
-            server = server.initial_config_failed();
+        let options = options(args, settings)?;
+        let (mut server, config_text, domains) = match source {
+            Source::Files(files) => {
+                let domains = files.config.domains.len();
+                let text = files.path.display().to_string();
+                let mut server =
+                    Server::new(files.config, Some(files.path), store, options).load_options(files.options);
+                if let Some(root) = files.watch_root.filter(|root| root.is_dir()) {
+                    server = server.also_watch(root);
+                }
+                if files.initial_failed {
+                    server = server.initial_config_failed();
+                }
+                (server, text, domains)
+            }
+            Source::Xds(xds) => {
+                let text = format!("xds {} (node {})", xds.server, xds.node_id);
+                let server = Server::new(Config::default(), None, store, options).xds(xds, !settings.force_start);
+                (server, text, 0)
+            }
+        };
+        if let Some(tls) = &settings.grpc_tls {
+            let acceptor = tollgate_server::tls::Acceptor::new(tls.clone())
+                .map_err(|error| UsageError(format!("GRPC_SERVER_USE_TLS: {error}")))?;
+            server = server.grpc_tls(acceptor);
         }
         let mut debug_address = None;
         if let Some(address) = settings.debug {
@@ -193,7 +275,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             grpc = %grpc.local_addr()?,
             metrics = %metrics_address.map(|address| address.to_string()).unwrap_or_default(),
             debug = %debug_address.map(|address| address.to_string()).unwrap_or_default(),
-            config = %config_path.display(),
+            config = %config_text,
+            grpc_tls = settings.grpc_tls.is_some(),
             store = if redis.is_some() { "redis" } else { "memory" },
             domains,
             "tollgate serve is ready"
@@ -211,6 +294,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 async fn store(
     redis: Option<&str>,
     prefix: &str,
+    tls: &RedisTls,
     on_error: OnStoreError,
     timeout: Duration,
     deny_cache: usize,
@@ -219,7 +303,7 @@ async fn store(
         None => AnyStore::Memory(MemoryStore::new()),
         Some(url) => match StoreUrl::parse(url)? {
             StoreUrl::Redis(url) => AnyStore::Resilient(
-                redis_store(&url, prefix, on_error)
+                redis_store(&url, prefix, tls, on_error)
                     .await?
                     .on_error(on_error)
                     .timeout(timeout)
@@ -266,9 +350,12 @@ fn options(args: &Args, settings: &Settings) -> Result<Options, UsageError> {
 async fn redis_store(
     url: &str,
     prefix: &str,
+    tls: &RedisTls,
     on_error: OnStoreError,
 ) -> anyhow::Result<tollgate::ResilientStoreBuilder<tollgate::RedisStore>> {
-    match connect_redis(url, prefix).await {
+    let url = &with_redis_tls(url, tls);
+    let builder = || redis_tls_files(redis_builder(url, prefix), tls);
+    match connect_redis_with(builder()?, url).await {
         Ok(store) => {
             tracing::info!(engine = %store.engine(), "redis: connected");
             Ok(ResilientStore::builder(store))
@@ -280,17 +367,46 @@ async fn redis_store(
                 policy = on_error.as_str(),
                 "the store does not answer yet: starting, and connecting in the background"
             );
-            let (url, prefix) = (url.to_owned(), prefix.to_owned());
+            let builder = builder()?;
             Ok(ResilientStore::connecting(Box::new(move || {
-                let (url, prefix) = (url.clone(), prefix.clone());
+                let builder = builder.clone();
                 Box::pin(async move {
-                    let store = crate::store::redis_builder(&url, &prefix).connect().await?;
+                    let store = builder.connect().await?;
                     tracing::info!(engine = %store.engine(), "redis: connected");
                     Ok(store)
                 })
             })))
         }
     }
+}
+
+/// `url`, without a check of the server's certificate when
+/// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` asks (the Redis client's
+/// `#insecure`: no name check, and no chain check either).
+fn with_redis_tls(url: &str, tls: &RedisTls) -> String {
+    if tls.skip_hostname_verification && url.starts_with("rediss") && !url.contains('#') {
+        format!("{url}#insecure")
+    } else {
+        url.to_owned()
+    }
+}
+
+/// `builder`, with the CA and client certificate `REDIS_TLS_*` name.
+fn redis_tls_files(
+    mut builder: tollgate::RedisStoreBuilder,
+    tls: &RedisTls,
+) -> anyhow::Result<tollgate::RedisStoreBuilder> {
+    let read = |name: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|error| UsageError(format!("{name}={}: {error}", path.display())))
+    };
+    if let Some(ca) = &tls.ca {
+        builder = builder.tls_root_certificate(read("REDIS_TLS_CACERT", ca)?);
+    }
+    if let Some((cert, key)) = &tls.client {
+        builder =
+            builder.tls_client_certificate(read("REDIS_TLS_CLIENT_CERT", cert)?, read("REDIS_TLS_CLIENT_KEY", key)?);
+    }
+    Ok(builder)
 }
 
 /// Logs to stderr: `RUST_LOG`, else `LOG_LEVEL`, else info; as JSON with

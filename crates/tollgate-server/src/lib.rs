@@ -31,7 +31,9 @@ pub mod quota;
 pub mod rlqs;
 pub mod service;
 pub mod settings;
+pub mod tls;
 pub mod unit;
+pub mod xds;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -69,6 +71,9 @@ pub struct Server {
     debug: Option<TcpListener>,
     initial_config_failed: bool,
     reloads: watch::Sender<Reload>,
+    xds: Option<xds::Xds>,
+    wait_for_xds: bool,
+    grpc_tls: Option<Arc<tls::Acceptor>>,
 }
 
 impl Server {
@@ -90,7 +95,35 @@ impl Server {
             debug: None,
             initial_config_failed: false,
             reloads,
+            xds: None,
+            wait_for_xds: false,
+            grpc_tls: None,
         }
+    }
+
+    /// Takes the configuration from a control plane over xDS instead of
+    /// files (envoyproxy/ratelimit's `CONFIG_TYPE=GRPC_XDS_SOTW`). With
+    /// `wait_for_first`, nothing is answered until its first response has
+    /// been applied or refused (as upstream without
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`); otherwise the server answers
+    /// at once with the configuration it was made with.
+    #[must_use]
+    pub fn xds(mut self, settings: xds::XdsSettings, wait_for_first: bool) -> Self {
+        self.xds = Some(xds::Xds::new(settings, Arc::clone(&self.service)));
+        self.wait_for_xds = wait_for_first;
+        self
+    }
+
+    /// Follows the xDS client, when there is one.
+    pub fn xds_status(&self) -> Option<watch::Receiver<xds::XdsStatus>> {
+        self.xds.as_ref().map(xds::Xds::status)
+    }
+
+    /// Serves gRPC over TLS, accepted by `acceptor` (`GRPC_SERVER_USE_TLS`).
+    #[must_use]
+    pub fn grpc_tls(mut self, acceptor: tls::Acceptor) -> Self {
+        self.grpc_tls = Some(Arc::new(acceptor));
+        self
     }
 
     /// The configuration read at start could not be used (the server starts
@@ -157,10 +190,20 @@ impl Server {
         grpc: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        if self.config_path.is_some() {
+        if let Some(path) = &self.config_path {
             self.service.metrics().initial_config(!self.initial_config_failed);
+            self.service.set_config_source(format!("file {}", path.display()));
+            self.service.metrics().config_source("file", "", true);
         }
         let (stop, stopped) = watch::channel(false);
+        if let Some(xds) = self.xds {
+            let mut status = xds.status();
+            tokio::spawn(xds.run(stopped.clone()));
+            if self.wait_for_xds {
+                tracing::info!("xds: waiting for the first configuration");
+                let _ = status.wait_for(|status| status.responses > 0).await;
+            }
+        }
         if let Some(path) = &self.config_path {
             let watching = Watching {
                 path: path.clone(),
@@ -204,12 +247,18 @@ impl Server {
         // Accepted sockets answer at once (TCP_NODELAY): with Nagle's
         // algorithm, a small answer waits for the client's delayed ACK, up to
         // 40 ms on Linux, twice Envoy's 20 ms deadline.
-        let grpc_incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-        let grpc_server = tonic::transport::Server::builder()
+        let grpc_router = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(grpc::Grpc::server(Arc::clone(&self.service)))
-            .add_service(rlqs::Rlqs::server(Arc::clone(&self.quotas)))
-            .serve_with_incoming_shutdown(grpc_incoming, wait(stopped));
+            .add_service(rlqs::Rlqs::server(Arc::clone(&self.quotas)));
+        let grpc_server: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
+            if let Some(acceptor) = self.grpc_tls {
+                let incoming = tls_incoming(grpc, acceptor, stopped.clone());
+                Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, wait(stopped)))
+            } else {
+                let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+                Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, wait(stopped)))
+            };
         let (http_result, grpc_result, metrics_result, debug_result) = tokio::join!(
             async { http_server.await },
             async { grpc_server.await.map_err(std::io::Error::other) },
@@ -239,6 +288,46 @@ fn no_delay(listener: TcpListener) -> impl axum::serve::Listener<Addr = std::net
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted socket");
         }
     })
+}
+
+/// The connections `listener` accepts, once their TLS handshake (each in a
+/// task of its own, so a slow client delays no other) has succeeded; a
+/// failed handshake (no client certificate, an untrusted one) is logged
+/// and the connection dropped.
+fn tls_incoming(
+    listener: TcpListener,
+    acceptor: Arc<tls::Acceptor>,
+    mut stopped: watch::Receiver<bool>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+    let (accepted, incoming) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "gRPC: accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+                changed = stopped.changed() => if changed.is_err() || *stopped.borrow() { return } else { continue },
+            };
+            let _ = stream.set_nodelay(true);
+            let (acceptor, accepted) = (Arc::clone(&acceptor), accepted.clone());
+            tokio::spawn(async move {
+                let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await;
+                match handshake {
+                    Ok(Ok(stream)) => {
+                        let _ = accepted.send(Ok(stream)).await;
+                    }
+                    Ok(Err(error)) => tracing::warn!(%peer, %error, "gRPC TLS: connection refused"),
+                    Err(_) => tracing::warn!(%peer, "gRPC TLS: handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(incoming)
 }
 
 /// The names `grpc.health.v1.Health` answers for: the server (""),

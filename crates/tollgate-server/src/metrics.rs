@@ -39,10 +39,24 @@ pub(crate) use quota::bucket_name;
 pub use quota::QuotaMetrics;
 
 use labels::{
-    register_paths, upstream_labels, DomainLabels, EngineLabels, ErrorLabels, KeyLabels, RuleLabels, Untyped,
+    register_paths, upstream_labels, ConfigLabels, DomainLabels, EngineLabels, ErrorLabels, KeyLabels, RuleLabels,
+    Untyped,
 };
 
 type HistogramFamily = Family<DomainLabels, Histogram, fn() -> Histogram>;
+
+fn register_source(registry: &mut Registry, info: &Family<ConfigLabels, Gauge>, connected: &Gauge) {
+    registry.register(
+        "config_info",
+        "The configuration in force: its source (file, xds) and version (an xDS version)",
+        info.clone(),
+    );
+    registry.register(
+        "xds_connected",
+        "1 while the stream to the xDS control plane is open",
+        connected.clone(),
+    );
+}
 
 /// Metric handles kept by `(domain, rule)`, so a request neither allocates
 /// labels nor hashes them with SipHash in every family.
@@ -92,6 +106,10 @@ pub struct Metrics {
     latency: HistogramFamily,
     config_reloads: Counter,
     config_errors: Counter,
+    /// 1 for the configuration in force, by source and version.
+    config_info: Family<ConfigLabels, Gauge>,
+    /// 1 while the xDS stream is open.
+    xds_connected: Gauge,
     upstream: Upstream,
     near_limit_ratio: f32,
     counters: Cache<RuleCounters>,
@@ -126,6 +144,8 @@ impl Metrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
+            config_info: Family::default(),
+            xds_connected: Gauge::default(),
             upstream: Upstream {
                 rule: Default::default(),
                 config_load_success: Untyped::default(),
@@ -181,6 +201,7 @@ impl Metrics {
             metrics.config_reloads.clone(),
         );
         tollgate.register("config_errors", "Configurations refused", metrics.config_errors.clone());
+        register_source(tollgate, &metrics.config_info, &metrics.xds_connected);
         metrics.quota.register(tollgate);
         let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
         for (stat, family) in UPSTREAM_STATS.iter().zip(&metrics.upstream.rule) {
@@ -366,6 +387,22 @@ impl Metrics {
         } else {
             self.config_errors.inc();
             self.upstream.config_load_error.inc_by(1);
+        }
+    }
+
+    /// Says where the configuration in force comes from: `source` (`file`,
+    /// `xds`), its `version` (empty for files), and whether the source is
+    /// connected (the xDS stream is open).
+    pub fn config_source(&self, source: &str, version: &str, connected: bool) {
+        self.config_info.clear();
+        self.config_info
+            .get_or_create(&ConfigLabels {
+                source: source.to_owned(),
+                version: version.to_owned(),
+            })
+            .set(1);
+        if source == "xds" {
+            self.xds_connected.set(i64::from(connected));
         }
     }
 

@@ -8,7 +8,10 @@
 //! | `RUNTIME_IGNOREDOTFILES` | skip files and directories whose name starts with a dot |
 //! | `RUNTIME_WATCH_ROOT` (true) | also reload when the `RUNTIME_ROOT` link is swapped |
 //! | `MERGE_DOMAIN_CONFIG` | files of one domain are merged instead of refused |
-//! | `CONFIG_TYPE` | `FILE` only (`GRPC_XDS_SOTW` is refused) |
+//! | `CONFIG_TYPE` | `FILE`, or `GRPC_XDS_SOTW`: `RateLimitConfig` resources from a control plane over ADS ([`crate::xds`]) |
+//! | `CONFIG_GRPC_XDS_SERVER_URL` (`localhost:18000`), `CONFIG_GRPC_XDS_NODE_ID` (`default`), `CONFIG_GRPC_XDS_NODE_METADATA` (`k=v,…`), `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k:v,…`) | the control plane, the node it knows this service by, and the stream's headers |
+//! | `CONFIG_GRPC_XDS_SERVER_USE_TLS`, `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY`, `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`, `CONFIG_GRPC_XDS_SERVER_TLS_SAN` | TLS (mutual, with a client certificate) towards it, files read again at each connection |
+//! | `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL` (3s), `XDS_CLIENT_BACKOFF_INITIAL_INTERVAL` (10s), `XDS_CLIENT_BACKOFF_MAX_INTERVAL` (60s), `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` | reconnecting, and the largest response |
 //! | `FORCE_START_WITHOUT_INITIAL_CONFIG` | start with no limits when the configuration cannot be loaded |
 //! | `HOST`, `PORT` (8080) | the HTTP listener (`/json`, `/healthcheck`, …); the host defaults to 127.0.0.1 here, 0.0.0.0 there |
 //! | `GRPC_HOST`, `GRPC_PORT` (8081) | the gRPC listener; likewise |
@@ -30,7 +33,10 @@
 //! | `DEBUG_HOST`, `DEBUG_PORT` (6070) | the debug listener (`/rlconfig`, `/metrics`), when either is set; the host defaults to 127.0.0.1 |
 //! | `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (`true` here, `false` upstream) | when a request is refused, only the descriptors over their limit add their hits (`true`), or every descriptor does (`false`) |
 //! | `MAX_DESCRIPTORS` (Tollgate's) | `--max-descriptors`: the most descriptors one request may carry (1 000) |
-//! | `GRPC_SERVER_USE_TLS`, `GRPC_UDS` | refused: not supported (rather than served otherwise) |
+//! | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` | TLS on the gRPC listener (RLS, RLQS, health); files replaced on disk are taken up without a restart ([`crate::tls`]) |
+//! | `GRPC_CLIENT_TLS_CACERT` (or Envoy Gateway's `GRPC_SERVER_TLS_CA_CERT`), `GRPC_CLIENT_TLS_SAN` | client certificates required, chaining to that CA; and valid for that name |
+//! | `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`, `REDIS_TLS_CACERT`, `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` | with `REDIS_TLS`: the client certificate Redis asks for, the CA it is trusted by, and no name check |
+//! | `GRPC_UDS` | refused: not supported (rather than served otherwise) |
 //! | `LOCAL_CACHE_SIZE_IN_BYTES`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store), keys expire exactly, one Redis holds every limit, and no statsd or tracing exporter |
 //!
 //! Command-line flags win over the environment.
@@ -40,8 +46,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use self::sources::RedisTls;
 use crate::config::LoadOptions;
 use crate::service::HeaderNames;
+use crate::tls::ServerTls;
+use crate::xds::XdsSettings;
+
+mod sources;
 
 /// Where the configuration is, as the environment says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,8 +69,14 @@ pub struct ConfigLocation {
 #[derive(Debug, Clone, Default, PartialEq)]
 #[allow(clippy::struct_excessive_bools)] // Each is one setting.
 pub struct Settings {
-    /// The configuration directory (`RUNTIME_*`).
+    /// The configuration directory (`RUNTIME_*`), with `CONFIG_TYPE=FILE`.
     pub config: Option<ConfigLocation>,
+    /// The xDS client's settings, with `CONFIG_TYPE=GRPC_XDS_SOTW`.
+    pub xds: Option<XdsSettings>,
+    /// TLS on the gRPC listener (`GRPC_SERVER_USE_TLS`).
+    pub grpc_tls: Option<ServerTls>,
+    /// The Redis client's certificates (`REDIS_TLS_*`).
+    pub redis_tls: RedisTls,
     /// `MERGE_DOMAIN_CONFIG`.
     pub merge_domains: bool,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`.
@@ -149,26 +166,25 @@ impl Settings {
     /// Cluster, gRPC TLS or a Unix socket): the message names the variable.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, names: &[String]) -> Result<Self, String> {
         let env = Env(&lookup);
-        let mut settings = Self::default();
+        let mut settings = Self {
+            merge_domains: env.flag("MERGE_DOMAIN_CONFIG")?,
+            ..Self::default()
+        };
 
-        if let Some(kind) = env.text("CONFIG_TYPE") {
-            if !kind.eq_ignore_ascii_case("FILE") {
-                return Err(format!("CONFIG_TYPE={kind}: only FILE is supported"));
-            }
-        }
+        let from_files = settings.read_source(&env)?;
         let root = env
             .text("RUNTIME_ROOT")
             .unwrap_or_else(|| "/srv/runtime_data/current".to_owned());
         let subdirectory = env.text("RUNTIME_SUBDIRECTORY").unwrap_or_default();
         let app = env.text("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".to_owned());
-        settings.merge_domains = env.flag("MERGE_DOMAIN_CONFIG")?;
         let watch_root = env.flag_or("RUNTIME_WATCH_ROOT", true)?;
+        let ignore_dot_files = env.flag("RUNTIME_IGNOREDOTFILES")?;
         let root = PathBuf::from(root);
-        settings.config = Some(ConfigLocation {
+        settings.config = from_files.then(|| ConfigLocation {
             path: root.join(subdirectory).join(app),
             options: LoadOptions {
                 runtime_layout: true,
-                ignore_dot_files: env.flag("RUNTIME_IGNOREDOTFILES")?,
+                ignore_dot_files,
                 merge_domains: settings.merge_domains,
             },
             watch_root: watch_root.then(|| root.parent().map(PathBuf::from)).flatten(),
@@ -179,9 +195,7 @@ impl Settings {
         if env.text("GRPC_UDS").is_some() {
             return Err("GRPC_UDS: a gRPC Unix socket is not supported; use GRPC_HOST and GRPC_PORT".to_owned());
         }
-        if env.flag("GRPC_SERVER_USE_TLS")? {
-            return Err("GRPC_SERVER_USE_TLS: TLS on the gRPC listener is not supported".to_owned());
-        }
+        settings.read_tls(&env)?;
         settings.grpc = env.listener("GRPC_HOST", "GRPC_PORT", 8081)?;
         if env.flag("USE_PROMETHEUS")? {
             let address = match env.text("PROMETHEUS_ADDR") {

@@ -77,13 +77,21 @@ impl Config {
         let mut config = Self::default();
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|error| unreadable(&file, error))?;
-            let domain = Domain::parse(&text, &file)?;
-            match config.domains.get_mut(&domain.domain) {
-                Some(existing) if options.merge_domains => existing.merge(domain)?,
-                _ => config.add(domain)?,
-            }
+            config.insert(Domain::parse(&text, &file)?, options.merge_domains)?;
         }
         Ok(config)
+    }
+
+    /// Adds a domain, or with `merge` merges it into the one of its name.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::add`] and [`Domain::merge`].
+    pub(super) fn insert(&mut self, domain: Domain, merge: bool) -> Result<(), ConfigError> {
+        match self.domains.get_mut(&domain.domain) {
+            Some(existing) if merge => existing.merge(domain),
+            _ => self.add(domain),
+        }
     }
 
     /// Adds a domain.

@@ -47,12 +47,16 @@
 //!
 //! Errors name the file and the line.
 //!
+//! The same model comes from a control plane too: [`resource`] reads
+//! `RateLimitConfig` resources (xDS) through the same reader and checks.
+//!
 //! The module is split by job: the model here, `yaml` reads a file,
-//! `lookup` matches a request's descriptor, `load` reads files and
-//! directories into a [`Config`].
+//! `resource` a control plane's resource, `lookup` matches a request's
+//! descriptor, `load` reads files and directories into a [`Config`].
 
 mod load;
 mod lookup;
+pub mod resource;
 mod yaml;
 
 use std::collections::{BTreeMap, HashMap};

@@ -144,11 +144,18 @@ async fn healthz(State(service): State<Arc<Service>>) -> Response {
     }
 }
 
-/// envoyproxy/ratelimit's `/rlconfig`: every loaded rule, one line each;
-/// then the quota service's buckets, each with what it matched and each
+/// envoyproxy/ratelimit's `/rlconfig`: where the configuration came from
+/// (a `# config:` line: the file, or the xDS server and version), every
+/// loaded rule, one line each; then the quota service's buckets, each with what it matched and each
 /// Envoy's share.
 async fn rlconfig(State(service): State<Arc<Service>>) -> Response {
-    let mut text = service.config().dump();
+    let source = service.config_source();
+    let mut text = if source.is_empty() {
+        String::new()
+    } else {
+        format!("# config: {source}\n")
+    };
+    text.push_str(&service.config().dump());
     if let Some(quotas) = service.quotas() {
         text.push_str(&quotas.describe());
     }

@@ -46,6 +46,12 @@ pub(super) fn register_paths(registry: &mut Registry) -> [Counter; Path::ALL.len
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ConfigLabels {
+    pub(super) source: String,
+    pub(super) version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct DomainLabels {
     pub(super) domain: String,
 }

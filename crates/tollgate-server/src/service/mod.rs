@@ -82,6 +82,8 @@ pub const DEFAULT_MAX_DESCRIPTORS: usize = 1_000;
 /// The service state shared by the gRPC and HTTP front ends.
 pub struct Service {
     config: ArcSwap<Config>,
+    /// Where the configuration in force came from, as `/rlconfig` says it.
+    config_source: ArcSwap<String>,
     /// The store, with the blocks of rules whose limit carries a lease
     /// (none on the memory store: it is this process's own).
     store: LeasedStore<AnyStore>,
@@ -117,6 +119,7 @@ impl Service {
         };
         Self {
             config: ArcSwap::from_pointee(config),
+            config_source: ArcSwap::from_pointee(String::new()),
             store: LeasedStore::new(store),
             metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,
@@ -163,6 +166,17 @@ impl Service {
             self.update_health(|health| health.no_config = missing);
         }
         self.config.store(Arc::new(config));
+    }
+
+    /// Says where the configuration in force comes from (`file <path>`,
+    /// `xds (server …, version …)`): the first line of `/rlconfig`.
+    pub fn set_config_source(&self, source: String) {
+        self.config_source.store(Arc::new(source));
+    }
+
+    /// Where the configuration in force comes from.
+    pub fn config_source(&self) -> Arc<String> {
+        self.config_source.load_full()
     }
 
     /// The metrics registry.

@@ -144,11 +144,28 @@ fn what_cannot_be_honoured_is_refused_by_name() {
     for (pairs, named) in [
         (&[("SHADOW_MODE", "yes")][..], "SHADOW_MODE"),
         (&[("PORT", "http")][..], "PORT"),
-        (&[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..], "CONFIG_TYPE"),
+        (&[("CONFIG_TYPE", "GRPC_XDS_DELTA")][..], "CONFIG_TYPE"),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "later"),
+            ][..],
+            "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        ),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/c"),
+            ][..],
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        ),
+        (&[("REDIS_TLS_CLIENT_KEY", "/k")][..], "REDIS_TLS_CLIENT_CERT"),
         (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
         (&[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "RING")][..], "REDIS_TYPE"),
         (&[("REDIS_URL", "a:1"), ("REDIS_TYPE", "SENTINEL")][..], "REDIS_URL"),
         (&[("GRPC_SERVER_USE_TLS", "true")][..], "GRPC_SERVER_USE_TLS"),
+        (&[("GRPC_SERVER_USE_TLS", "maybe")][..], "GRPC_SERVER_USE_TLS"),
         (&[("GRPC_UDS", "/tmp/rl.sock")][..], "GRPC_UDS"),
         (&[("NEAR_LIMIT_RATIO", "most")][..], "NEAR_LIMIT_RATIO"),
         (&[("NEAR_LIMIT_RATIO", "1.5")][..], "NEAR_LIMIT_RATIO"),
@@ -165,4 +182,63 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         let error = settings(pairs).unwrap_err();
         assert!(error.starts_with(named), "{error}");
     }
+}
+
+/// The environment Envoy Gateway's rate limit Deployment sets
+/// (`internal/infrastructure/kubernetes/ratelimit/resource.go`).
+#[test]
+fn envoy_gateways_environment_is_read() {
+    let read = settings(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("CONFIG_GRPC_XDS_NODE_METADATA", "cluster=eg,zone"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+        ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+    ])
+    .unwrap();
+    assert_eq!(read.config, None, "the limits come from xDS, not files");
+    let xds = read.xds.unwrap();
+    assert_eq!(xds.server, "envoy-gateway:18001");
+    assert_eq!(xds.node_id, "envoy-ratelimit");
+    assert_eq!(xds.node_metadata, vec![("cluster".to_owned(), "eg".to_owned())]);
+    let tls = xds.tls.unwrap();
+    assert_eq!(tls.cert, Some(PathBuf::from("/certs/tls.crt")));
+    assert_eq!(tls.ca, Some(PathBuf::from("/certs/ca.crt")));
+    let grpc = read.grpc_tls.unwrap();
+    assert_eq!(
+        grpc.client_ca,
+        Some(PathBuf::from("/certs/ca.crt")),
+        "client certificates required"
+    );
+    assert_eq!(
+        read.redis.as_deref(),
+        Some("rediss://redis.redis-system.svc.cluster.local:6379")
+    );
+    assert_eq!(
+        read.redis_tls.client,
+        Some((
+            PathBuf::from("/redis-certs/tls.crt"),
+            PathBuf::from("/redis-certs/tls.key")
+        ))
+    );
+    assert!(read.force_start);
 }

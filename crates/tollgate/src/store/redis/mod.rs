@@ -188,6 +188,8 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     root_certificate: Option<Vec<u8>>,
+    /// A client certificate and its key, PEM.
+    client_certificate: Option<(Vec<u8>, Vec<u8>)>,
     max_batch: usize,
     clock: Option<CallerClock>,
 }
@@ -208,6 +210,14 @@ impl RedisStoreBuilder {
     #[must_use]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_certificate = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://`: present this client certificate and its private key
+    /// (both PEM), for servers that require one (`tls-auth-clients yes`).
+    #[must_use]
+    pub fn tls_client_certificate(mut self, certificate: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.client_certificate = Some((certificate.into(), key.into()));
         self
     }
 
@@ -307,9 +317,16 @@ impl RedisStoreBuilder {
     /// Opens the connection the URL names.
     async fn open(&self, url: &str) -> Result<Connection> {
         let tls = || {
-            self.root_certificate.clone().map(|root_cert| redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root_cert),
+            let client_tls = self
+                .client_certificate
+                .clone()
+                .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                });
+            (client_tls.is_some() || self.root_certificate.is_some()).then(|| redis::TlsCertificates {
+                client_tls,
+                root_cert: self.root_certificate.clone(),
             })
         };
         let invalid = |error: redis::RedisError| {
@@ -344,9 +361,9 @@ impl RedisStoreBuilder {
                 Ok(Connection::Cluster(connection))
             }
             Target::Sentinel(target) => {
-                if self.root_certificate.is_some() {
+                if self.root_certificate.is_some() || self.client_certificate.is_some() {
                     return Err(Error::invalid_argument(
-                        "a TLS root certificate applies to rediss:// and rediss+cluster:// only, not redis+sentinel://",
+                        "TLS certificates apply to rediss:// and rediss+cluster:// only, not redis+sentinel://",
                     ));
                 }
                 let master = redis::IntoConnectionInfo::into_connection_info(target.master_settings.as_str())
@@ -615,6 +632,7 @@ impl RedisStore {
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
             root_certificate: None,
+            client_certificate: None,
             max_batch: DEFAULT_MAX_BATCH,
             clock: None,
         }

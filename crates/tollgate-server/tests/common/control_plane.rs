@@ -1,0 +1,189 @@
+//! An xDS control plane written for the tests: one ADS stream per client,
+//! state of the world for `RateLimitConfig` resources, over TLS with
+//! client certificates when given them. It records every request (to see
+//! ACKs and NACKs) and sends the snapshot anew whenever the test changes it.
+
+use std::sync::{Arc, Mutex};
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use futures_util::StreamExt as _;
+use prost::Message as _;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tollgate_server::config::resource::{RateLimitConfig, TYPE_URL};
+
+use super::certs::{Authority, Leaf};
+
+/// What the control plane serves.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub version: String,
+    pub resources: Vec<Any>,
+    /// The response's type URL (empty: `TYPE_URL`).
+    pub type_url: String,
+}
+
+impl Snapshot {
+    pub fn of(version: &str, configs: &[RateLimitConfig]) -> Self {
+        Self {
+            version: version.to_owned(),
+            resources: configs.iter().map(any).collect(),
+            type_url: String::new(),
+        }
+    }
+}
+
+pub fn any(config: &RateLimitConfig) -> Any {
+    Any {
+        type_url: TYPE_URL.to_owned(),
+        value: config.encode_to_vec(),
+    }
+}
+
+#[derive(Clone)]
+struct Ads {
+    snapshot: watch::Receiver<Snapshot>,
+    seen: Arc<Mutex<Vec<DiscoveryRequest>>>,
+}
+
+type Responses = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
+type DeltaResponses =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<DeltaDiscoveryResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = Responses;
+    type DeltaAggregatedResourcesStream = DeltaResponses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Responses>, tonic::Status> {
+        let mut requests = request.into_inner();
+        let (responses, outgoing) = mpsc::channel(4);
+        let (mut snapshot, seen) = (self.snapshot.clone(), Arc::clone(&self.seen));
+        tokio::spawn(async move {
+            // The client speaks first; every change is then sent.
+            let Some(Ok(first)) = requests.next().await else { return };
+            seen.lock().unwrap().push(first);
+            let mut nonce = 0;
+            snapshot.mark_changed();
+            loop {
+                tokio::select! {
+                    changed = snapshot.changed() => {
+                        if changed.is_err() { return }
+                        let current = snapshot.borrow_and_update().clone();
+                        nonce += 1;
+                        let response = DiscoveryResponse {
+                            version_info: current.version,
+                            resources: current.resources,
+                            type_url: if current.type_url.is_empty() { TYPE_URL.to_owned() } else { current.type_url },
+                            nonce: nonce.to_string(),
+                            ..DiscoveryResponse::default()
+                        };
+                        if responses.send(Ok(response)).await.is_err() { return }
+                    }
+                    request = requests.next() => match request {
+                        Some(Ok(request)) => seen.lock().unwrap().push(request),
+                        _ => return,
+                    },
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(outgoing))))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<DeltaResponses>, tonic::Status> {
+        Err(tonic::Status::unimplemented("state of the world only"))
+    }
+}
+
+/// A control plane running until dropped (or [`ControlPlane::stop`]).
+pub struct ControlPlane {
+    pub address: std::net::SocketAddr,
+    snapshot: watch::Sender<Snapshot>,
+    seen: Arc<Mutex<Vec<DiscoveryRequest>>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ControlPlane {
+    /// Serves `snapshot` on `listener`; with `tls`, over TLS with client
+    /// certificates of `tls.0`'s CA required.
+    pub fn start(listener: TcpListener, snapshot: Snapshot, tls: Option<(&Authority, &Leaf)>) -> Self {
+        let address = listener.local_addr().unwrap();
+        let (sender, receiver) = watch::channel(snapshot);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let ads = Ads {
+            snapshot: receiver,
+            seen: Arc::clone(&seen),
+        };
+        let mut builder = tonic::transport::Server::builder();
+        if let Some((authority, leaf)) = tls {
+            let identity = tonic::transport::Identity::from_pem(
+                std::fs::read(&leaf.cert).unwrap(),
+                std::fs::read(&leaf.key).unwrap(),
+            );
+            let ca = tonic::transport::Certificate::from_pem(std::fs::read(authority.ca()).unwrap());
+            builder = builder
+                .tls_config(
+                    tonic::transport::ServerTlsConfig::new()
+                        .identity(identity)
+                        .client_ca_root(ca),
+                )
+                .unwrap();
+        }
+        let (stop, stopped) = oneshot::channel::<()>();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let router = builder.add_service(AggregatedDiscoveryServiceServer::new(ads));
+        let task = tokio::spawn(async move {
+            let _ = router
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Self {
+            address,
+            snapshot: sender,
+            seen,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn serve(&self, snapshot: Snapshot) {
+        self.snapshot.send_replace(snapshot);
+    }
+
+    /// Every request received so far.
+    pub fn seen(&self) -> Vec<DiscoveryRequest> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Stops serving, and closes every stream.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let task = self.task.take().unwrap();
+        task.abort();
+        let _ = task.await;
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
