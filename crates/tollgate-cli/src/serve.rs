@@ -38,6 +38,13 @@ pub struct Args {
     /// `CONFIG_GRPC_XDS_*`).
     #[arg(long, value_name = "SERVER")]
     xds: Option<String>,
+    /// Also answer ADS on the gRPC listener (with its TLS) with this
+    /// server's own limits as `RateLimitConfig` resources, so that it
+    /// configures other rate limit services (`--xds` here, or
+    /// envoyproxy/ratelimit with `CONFIG_TYPE=GRPC_XDS_SOTW`) as a gateway's
+    /// controller does; each reload is a new version.
+    #[arg(long)]
+    publish_xds: bool,
     /// With --xds: the node id the control plane knows this service by
     /// (or `CONFIG_GRPC_XDS_NODE_ID`). [default: default]
     #[arg(long, value_name = "ID")]
@@ -249,6 +256,9 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
                 (server, text, 0)
             }
         };
+        if args.publish_xds {
+            server = server.publish_xds();
+        }
         if let Some(tls) = &settings.grpc_tls {
             let acceptor = tollgate_server::tls::Acceptor::new(tls.clone())
                 .map_err(|error| UsageError(format!("GRPC_SERVER_USE_TLS: {error}")))?;

@@ -9,8 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::value::Kind;
-use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, ListValue, Struct, Value as ProtoValue};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 
 use crate::service::seconds;
@@ -107,34 +106,9 @@ fn response(answer: CheckResponse) -> RateLimitResponse {
                 ..HeaderValue::default()
             })
             .collect(),
-        dynamic_metadata: answer.dynamic_metadata.map(proto_struct),
+        dynamic_metadata: answer.dynamic_metadata.map(crate::protobuf_json::to_struct),
         ..RateLimitResponse::default()
     }
-}
-
-/// A JSON object as `google.protobuf.Struct`.
-fn proto_struct(fields: serde_json::Map<String, serde_json::Value>) -> Struct {
-    Struct {
-        fields: fields
-            .into_iter()
-            .map(|(key, value)| (key, proto_value(value)))
-            .collect(),
-    }
-}
-
-fn proto_value(value: serde_json::Value) -> ProtoValue {
-    use serde_json::Value as Json;
-    let kind = match value {
-        Json::Null => Kind::NullValue(0),
-        Json::Bool(flag) => Kind::BoolValue(flag),
-        Json::Number(number) => Kind::NumberValue(number.as_f64().unwrap_or_default()),
-        Json::String(text) => Kind::StringValue(text),
-        Json::Array(items) => Kind::ListValue(ListValue {
-            values: items.into_iter().map(proto_value).collect(),
-        }),
-        Json::Object(fields) => Kind::StructValue(proto_struct(fields)),
-    };
-    ProtoValue { kind: Some(kind) }
 }
 
 /// The gRPC status of `error`.

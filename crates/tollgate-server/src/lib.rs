@@ -27,6 +27,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+mod protobuf_json;
 pub mod quota;
 pub mod rlqs;
 pub mod service;
@@ -74,6 +75,7 @@ pub struct Server {
     xds: Option<xds::Xds>,
     wait_for_xds: bool,
     grpc_tls: Option<Arc<tls::Acceptor>>,
+    publish_xds: bool,
 }
 
 impl Server {
@@ -98,7 +100,16 @@ impl Server {
             xds: None,
             wait_for_xds: false,
             grpc_tls: None,
+            publish_xds: false,
         }
+    }
+
+    /// Also answers ADS on the gRPC listener with this server's own
+    /// configuration as `RateLimitConfig` resources ([`xds::publish`]).
+    #[must_use]
+    pub fn publish_xds(mut self) -> Self {
+        self.publish_xds = true;
+        self
     }
 
     /// Takes the configuration from a control plane over xDS instead of
@@ -250,7 +261,11 @@ impl Server {
         let grpc_router = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(grpc::Grpc::server(Arc::clone(&self.service)))
-            .add_service(rlqs::Rlqs::server(Arc::clone(&self.quotas)));
+            .add_service(rlqs::Rlqs::server(Arc::clone(&self.quotas)))
+            .add_optional_service(
+                self.publish_xds
+                    .then(|| xds::publish::Publisher::server(Arc::clone(&self.service))),
+            );
         let grpc_server: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
             if let Some(acceptor) = self.grpc_tls {
                 let incoming = tls_incoming(grpc, acceptor, stopped.clone());

@@ -350,3 +350,5 @@ fn one_line(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+pub mod publish;

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use envoy_types::pb::google::protobuf::Struct;
 
-use super::{Config, ConfigError, Domain, Unit};
+use tollgate::Limit;
+
+use super::{Config, ConfigError, Domain, Quota, Unit};
 
 /// The type URL of a [`RateLimitConfig`] resource.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -135,7 +137,7 @@ impl Written {
                 }
             }
             if let Some(metadata) = &descriptor.metadata {
-                let json = serde_json::Value::Object(struct_to_json(metadata));
+                let json = serde_json::Value::Object(crate::protobuf_json::from_struct(metadata));
                 self.line(depth, &path, &format!("metadata: {json}"));
             }
             if !descriptor.descriptors.is_empty() {
@@ -173,28 +175,6 @@ impl Written {
 /// A YAML double-quoted scalar (JSON's escapes are YAML's).
 fn quoted(text: &str) -> String {
     serde_json::Value::String(text.to_owned()).to_string()
-}
-
-fn struct_to_json(fields: &Struct) -> serde_json::Map<String, serde_json::Value> {
-    fields
-        .fields
-        .iter()
-        .map(|(name, value)| (name.clone(), value_to_json(value)))
-        .collect()
-}
-
-fn value_to_json(value: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
-    use envoy_types::pb::google::protobuf::value::Kind;
-    match &value.kind {
-        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
-        Some(Kind::BoolValue(flag)) => serde_json::Value::Bool(*flag),
-        Some(Kind::NumberValue(number)) => {
-            serde_json::Number::from_f64(*number).map_or(serde_json::Value::Null, serde_json::Value::Number)
-        }
-        Some(Kind::StringValue(text)) => serde_json::Value::String(text.clone()),
-        Some(Kind::ListValue(list)) => serde_json::Value::Array(list.values.iter().map(value_to_json).collect()),
-        Some(Kind::StructValue(fields)) => serde_json::Value::Object(struct_to_json(fields)),
-    }
 }
 
 impl Domain {
@@ -249,4 +229,79 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+// --- Writing a resource. -------------------------------------------------------
+
+impl Domain {
+    /// This domain as the resource a control plane sends: what
+    /// [`Domain::from_resource`] reads back as the same rules. The resource
+    /// cannot say all a file can: a rule's `algorithm` block (it is sent as
+    /// its `unit` and `requests_per_unit`), `share_threshold` and
+    /// `value_to_metric`; each loss is named in the returned notes.
+    pub fn to_resource(&self) -> (RateLimitConfig, Vec<String>) {
+        let mut notes = Vec::new();
+        let descriptors = nodes_to_resource(&self.domain, self.descriptors.nodes(), &mut notes);
+        let resource = RateLimitConfig {
+            name: self.domain.clone(),
+            domain: self.domain.clone(),
+            descriptors,
+        };
+        (resource, notes)
+    }
+}
+
+fn nodes_to_resource(parent: &str, nodes: &[super::Node], notes: &mut Vec<String>) -> Vec<RateLimitDescriptor> {
+    nodes
+        .iter()
+        .map(|node| {
+            let path = format!("{parent}.{}", node.composite);
+            if node.share_threshold || node.value_to_metric {
+                notes.push(format!(
+                    "{path}: share_threshold and value_to_metric are not in RateLimitConfig"
+                ));
+            }
+            let rate_limit = node.rule.as_ref().map(|rule| {
+                if let Quota::Limited(limit) = &rule.quota {
+                    let plain = rule
+                        .unit
+                        .zip(rule.requests_per_unit)
+                        .and_then(|(unit, requests)| Limit::fixed_window(requests, unit.duration()).ok())
+                        .and_then(|window| window.recording_overage().ok());
+                    if plain.as_ref() != Some(limit) {
+                        notes.push(format!(
+                            "{path}: its algorithm block is sent as its unit and requests_per_unit"
+                        ));
+                    }
+                }
+                RateLimitPolicy {
+                    unit: rule.unit.map_or(0, Unit::proto),
+                    requests_per_unit: rule
+                        .requests_per_unit
+                        .map_or(0, |requests| u32::try_from(requests).unwrap_or(u32::MAX)),
+                    unlimited: matches!(rule.quota, Quota::Unlimited),
+                    name: rule.name.clone().unwrap_or_default(),
+                    replaces: rule
+                        .replaces
+                        .iter()
+                        .map(|name| RateLimitReplace { name: name.clone() })
+                        .collect(),
+                }
+            });
+            let rule = node.rule.as_ref();
+            RateLimitDescriptor {
+                key: node.key.clone(),
+                value: node.value.clone().unwrap_or_default(),
+                rate_limit,
+                descriptors: nodes_to_resource(&path, node.descriptors.nodes(), notes),
+                shadow_mode: rule.is_some_and(|rule| rule.shadow_mode),
+                detailed_metric: rule.is_some_and(|rule| rule.detailed_metric),
+                quota_mode: rule.is_some_and(|rule| rule.quota_mode),
+                metadata: match &node.metadata {
+                    Some(serde_json::Value::Object(fields)) => Some(crate::protobuf_json::to_struct(fields.clone())),
+                    _ => None,
+                },
+            }
+        })
+        .collect()
 }

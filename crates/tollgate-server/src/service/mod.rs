@@ -84,6 +84,8 @@ pub struct Service {
     config: ArcSwap<Config>,
     /// Where the configuration in force came from, as `/rlconfig` says it.
     config_source: ArcSwap<String>,
+    /// How many times the configuration was replaced.
+    config_changes: watch::Sender<u64>,
     /// The store, with the blocks of rules whose limit carries a lease
     /// (none on the memory store: it is this process's own).
     store: LeasedStore<AnyStore>,
@@ -120,6 +122,7 @@ impl Service {
         Self {
             config: ArcSwap::from_pointee(config),
             config_source: ArcSwap::from_pointee(String::new()),
+            config_changes: watch::channel(0).0,
             store: LeasedStore::new(store),
             metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,
@@ -166,6 +169,12 @@ impl Service {
             self.update_health(|health| health.no_config = missing);
         }
         self.config.store(Arc::new(config));
+        self.config_changes.send_modify(|changes| *changes += 1);
+    }
+
+    /// Follows configuration changes: the count of replacements so far.
+    pub fn config_changes(&self) -> watch::Receiver<u64> {
+        self.config_changes.subscribe()
     }
 
     /// Says where the configuration in force comes from (`file <path>`,

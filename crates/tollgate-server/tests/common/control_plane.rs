@@ -187,3 +187,78 @@ impl Drop for ControlPlane {
         }
     }
 }
+
+/// A `RateLimitConfig` written as YAML (as Envoy Gateway's translator
+/// fixtures hold it: the message's fields by name), read field by field
+/// here rather than through the server's reader.
+pub fn resource_from_yaml(text: &str) -> RateLimitConfig {
+    use serde_yaml_ng::Value;
+    use tollgate_server::config::resource::{RateLimitDescriptor, RateLimitPolicy, RateLimitReplace};
+    fn text_of(value: &Value, field: &str) -> String {
+        match &value[field] {
+            Value::String(text) => text.clone(),
+            Value::Null => String::new(),
+            other => serde_yaml_ng::to_string(other).unwrap().trim().to_owned(),
+        }
+    }
+    fn flag(value: &Value, field: &str) -> bool {
+        value[field].as_bool().unwrap_or(false)
+    }
+    fn unit(name: &str) -> i32 {
+        match name.to_ascii_uppercase().as_str() {
+            "SECOND" => 1,
+            "MINUTE" => 2,
+            "HOUR" => 3,
+            "DAY" => 4,
+            "MONTH" => 5,
+            "YEAR" => 6,
+            "WEEK" => 7,
+            _ => 0,
+        }
+    }
+    fn descriptors(value: &Value) -> Vec<RateLimitDescriptor> {
+        value
+            .as_sequence()
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|item| RateLimitDescriptor {
+                        key: text_of(item, "key"),
+                        value: text_of(item, "value"),
+                        rate_limit: item["rate_limit"].as_mapping().map(|_| {
+                            let policy = &item["rate_limit"];
+                            RateLimitPolicy {
+                                unit: unit(&text_of(policy, "unit")),
+                                requests_per_unit: policy["requests_per_unit"].as_u64().unwrap_or(0) as u32,
+                                unlimited: flag(policy, "unlimited"),
+                                name: text_of(policy, "name"),
+                                replaces: policy["replaces"]
+                                    .as_sequence()
+                                    .map(|replaces| {
+                                        replaces
+                                            .iter()
+                                            .map(|replace| RateLimitReplace {
+                                                name: text_of(replace, "name"),
+                                            })
+                                            .collect()
+                                    })
+                                    .unwrap_or_default(),
+                            }
+                        }),
+                        descriptors: descriptors(&item["descriptors"]),
+                        shadow_mode: flag(item, "shadow_mode"),
+                        detailed_metric: flag(item, "detailed_metric"),
+                        quota_mode: flag(item, "quota_mode"),
+                        metadata: None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    let root: Value = serde_yaml_ng::from_str(text).unwrap();
+    RateLimitConfig {
+        name: text_of(&root, "name"),
+        domain: text_of(&root, "domain"),
+        descriptors: descriptors(&root["descriptors"]),
+    }
+}

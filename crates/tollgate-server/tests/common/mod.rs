@@ -1,4 +1,5 @@
-//! Helpers shared by the server's integration tests.
+//! Helpers shared by the server's integration tests (each uses some of them).
+#![allow(dead_code)]
 
 pub mod certs;
 pub mod control_plane;
