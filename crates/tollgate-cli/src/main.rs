@@ -1,7 +1,10 @@
 //! The `tollgate` command.
 //!
 //! Thin on purpose: parse the arguments, hand them to the subcommand's module,
-//! turn its result into an exit code. Exit codes: 0 on success, 2 for invalid
+//! turn its result into an exit code. Run under the name `ratelimit` (the
+//! `/bin/ratelimit` that envoyproxy/ratelimit's image holds, and that Envoy
+//! Gateway's Deployment runs without arguments), it is `tollgate serve`.
+//! Exit codes: 0 on success, 2 for invalid
 //! arguments (clap's own usage errors included), 3 for a `check` that was
 //! denied, 1 for anything else.
 
@@ -79,8 +82,21 @@ pub(crate) fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
+/// The arguments, with `serve` put first when the binary runs as `ratelimit`.
+fn arguments() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let named_ratelimit = args
+        .first()
+        .and_then(|first| std::path::Path::new(first).file_name())
+        .is_some_and(|name| name == "ratelimit");
+    if named_ratelimit {
+        args.insert(1, "serve".into());
+    }
+    args
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(arguments());
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(&args).map(|()| true),
         Command::Bench(args) => bench::run(&args).map(|()| true),

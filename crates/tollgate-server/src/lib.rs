@@ -435,6 +435,12 @@ fn watch_config(
     } else {
         path.parent().unwrap_or(Path::new(".")).to_owned()
     };
+    if !directory.is_dir() {
+        // As upstream with FORCE_START_WITHOUT_INITIAL_CONFIG: serve without
+        // limits; there is nothing to watch until a restart.
+        tracing::warn!(path = %directory.display(), "the configuration directory does not exist: not watched");
+        return Ok(());
+    }
     let mode = if watching.options.runtime_layout {
         RecursiveMode::Recursive
     } else {

@@ -37,6 +37,7 @@
 //! | `GRPC_CLIENT_TLS_CACERT` (or Envoy Gateway's `GRPC_SERVER_TLS_CA_CERT`), `GRPC_CLIENT_TLS_SAN` | client certificates required, chaining to that CA; and valid for that name |
 //! | `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`, `REDIS_TLS_CACERT`, `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` | with `REDIS_TLS`: the client certificate Redis asks for, the CA it is trusted by, and no name check |
 //! | `GRPC_UDS` | refused: not supported (rather than served otherwise) |
+//! | `PROMETHEUS_MAPPER_YAML` | accepted and without effect: the metrics already carry the names and labels Envoy Gateway's mapping (`ratelimit_service_rate_limit_over_limit{domain, key1, key2}`, …) gives the statsd stats |
 //! | `LOCAL_CACHE_SIZE_IN_BYTES`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store), keys expire exactly, one Redis holds every limit, and no statsd or tracing exporter |
 //!
 //! Command-line flags win over the environment.
@@ -125,7 +126,8 @@ pub struct Settings {
 
 /// Settings accepted without effect (see the module docs); a name ending in
 /// `*` stands for every name it starts.
-const IGNORED: [&str; 14] = [
+const IGNORED: [&str; 15] = [
+    "PROMETHEUS_MAPPER_YAML",
     "LOCAL_CACHE_SIZE_IN_BYTES",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "REDIS_PERSECOND*",
