@@ -17,6 +17,8 @@ use crate::bench::{parse_duration, parse_on_store_error};
 use crate::store::{connect_redis_with, redis_builder, StoreUrl};
 use crate::UsageError;
 
+mod telemetry;
+
 /// Arguments of `tollgate serve`.
 ///
 /// envoyproxy/ratelimit's environment settings are honoured where they mean
@@ -136,7 +138,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         if args.check_config {
             return Err(UsageError("--check-config reads files; the limits come from xDS here".to_owned()).into());
         }
-        init_logs(args, &settings);
+        let _telemetry = telemetry::init(&settings, args.log_json || settings.log_json)?;
         return serve(args, &settings, Source::Xds(xds));
     }
     let (config_path, load_options, watch_root) = match (&args.config, &settings.config) {
@@ -158,7 +160,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("ok: {} domain(s): {}", domains.len(), domains.join(", "));
         return Ok(());
     }
-    init_logs(args, &settings);
+    let _telemetry = telemetry::init(&settings, args.log_json || settings.log_json)?;
     let (config, initial_config_failed) = match loaded {
         Ok(config) => (config, false),
         Err(error) if settings.force_start => {
@@ -417,29 +419,6 @@ fn redis_tls_files(
             builder.tls_client_certificate(read("REDIS_TLS_CLIENT_CERT", cert)?, read("REDIS_TLS_CLIENT_KEY", key)?);
     }
     Ok(builder)
-}
-
-/// Logs to stderr: `RUST_LOG`, else `LOG_LEVEL`, else info; as JSON with
-/// `--log-json` or `LOG_FORMAT=json`.
-fn init_logs(args: &Args, settings: &Settings) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .ok()
-        .or_else(|| {
-            settings
-                .log_level
-                .as_deref()
-                .and_then(|level| tracing_subscriber::EnvFilter::try_new(level).ok())
-        })
-        .unwrap_or_else(|| "info".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    if args.log_json || settings.log_json {
-        logs.json().init();
-    } else {
-        logs.init();
-    }
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM; in-flight calls then finish.

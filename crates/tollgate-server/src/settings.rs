@@ -38,7 +38,8 @@
 //! | `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`, `REDIS_TLS_CACERT`, `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` | with `REDIS_TLS`: the client certificate Redis asks for, the CA it is trusted by, and no name check |
 //! | `GRPC_UDS` | refused: not supported (rather than served otherwise) |
 //! | `PROMETHEUS_MAPPER_YAML` | accepted and without effect: the metrics already carry the names and labels Envoy Gateway's mapping (`ratelimit_service_rate_limit_over_limit{domain, key1, key2}`, …) gives the statsd stats |
-//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `TRACING_*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store), keys expire exactly, one Redis holds every limit, and no statsd or tracing exporter |
+//! | `LOCAL_CACHE_SIZE_IN_BYTES`, `EXPIRATION_JITTER_MAX_SECONDS`, `REDIS_PERSECOND*`, `REDIS_POOL_SIZE`, `REDIS_PIPELINE_*`, `USE_STATSD`, `STATSD_*`, `GRPC_MAX_CONNECTION_AGE*`, `EXTRA_TAGS` | accepted and without effect (logged at start): there is no local over-limit cache (each decision asks the store), keys expire exactly, one Redis holds every limit, and no statsd exporter |
+//! | `TRACING_ENABLED`, `TRACING_SERVICE_NAME` (`RateLimit`), `TRACING_SERVICE_NAMESPACE`, `TRACING_SERVICE_INSTANCE_ID`, `TRACING_SAMPLING_RATE` (1), `TRACING_EXPORTER_PROTOCOL` (`http` only), `OTEL_EXPORTER_OTLP_ENDPOINT` | a span per decision ([`crate::service::DECISION_SPANS`]) over OTLP/HTTP |
 //!
 //! Command-line flags win over the environment.
 
@@ -47,7 +48,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use self::sources::RedisTls;
+pub use self::sources::{RedisTls, TracingSettings};
 use crate::config::LoadOptions;
 use crate::service::HeaderNames;
 use crate::tls::ServerTls;
@@ -78,6 +79,8 @@ pub struct Settings {
     pub grpc_tls: Option<ServerTls>,
     /// The Redis client's certificates (`REDIS_TLS_*`).
     pub redis_tls: RedisTls,
+    /// Spans over OTLP (`TRACING_ENABLED` and the rest).
+    pub tracing: Option<TracingSettings>,
     /// `MERGE_DOMAIN_CONFIG`.
     pub merge_domains: bool,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`.
@@ -126,7 +129,7 @@ pub struct Settings {
 
 /// Settings accepted without effect (see the module docs); a name ending in
 /// `*` stands for every name it starts.
-const IGNORED: [&str; 15] = [
+const IGNORED: [&str; 14] = [
     "PROMETHEUS_MAPPER_YAML",
     "LOCAL_CACHE_SIZE_IN_BYTES",
     "EXPIRATION_JITTER_MAX_SECONDS",
@@ -140,7 +143,6 @@ const IGNORED: [&str; 15] = [
     "STATSD_*",
     "USE_DOG_STATSD*",
     "GRPC_MAX_CONNECTION_AGE*",
-    "TRACING_*",
     "EXTRA_TAGS",
 ];
 
@@ -198,6 +200,7 @@ impl Settings {
             return Err("GRPC_UDS: a gRPC Unix socket is not supported; use GRPC_HOST and GRPC_PORT".to_owned());
         }
         settings.read_tls(&env)?;
+        settings.read_tracing(&env)?;
         settings.grpc = env.listener("GRPC_HOST", "GRPC_PORT", 8081)?;
         if env.flag("USE_PROMETHEUS")? {
             let address = match env.text("PROMETHEUS_ADDR") {

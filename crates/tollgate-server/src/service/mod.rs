@@ -70,6 +70,11 @@ pub use self::request::{CheckRequest, CheckResponse, Code, CurrentLimit, Descrip
 use crate::config::Config;
 use crate::metrics::Metrics;
 
+/// The target of the span each decision opens (`should_rate_limit`, with
+/// its domain, descriptors, hits and code): what a tracing exporter
+/// subscribes to, and other subscribers leave out.
+pub const DECISION_SPANS: &str = "tollgate::decision";
+
 /// The name of a configured rule's limit within its descriptor's subject.
 const RULE: &str = "rule";
 
@@ -245,7 +250,26 @@ impl Service {
     /// A malformed request ([`Failure::InvalidArgument`]), or a store fault
     /// ([`Failure::Unavailable`], counted as one).
     pub async fn should_rate_limit(&self, request: &CheckRequest) -> Result<CheckResponse, ServiceError> {
-        self.decide_request(request, Cost::Hits).await
+        use tracing::Instrument as _;
+        let span = tracing::info_span!(
+            target: DECISION_SPANS,
+            "should_rate_limit",
+            domain = %request.domain,
+            descriptors = request.descriptors.len(),
+            hits = request.hits,
+            code = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        // No subscriber wants decision spans (no tracing exporter): nothing to pay.
+        if span.is_disabled() {
+            return self.decide_request(request, Cost::Hits).await;
+        }
+        let answer = self.decide_request(request, Cost::Hits).instrument(span.clone()).await;
+        match &answer {
+            Ok(response) => span.record("code", tracing::field::debug(response.overall)),
+            Err(error) => span.record("error", tracing::field::display(error)),
+        };
+        answer
     }
 
     /// [`Service::should_rate_limit`], each descriptor's hits weighed as

@@ -19,6 +19,20 @@ pub struct RedisTls {
     pub skip_hostname_verification: bool,
 }
 
+/// `TRACING_*`: spans of each decision over OTLP (the endpoint from the
+/// OpenTelemetry variables, `OTEL_EXPORTER_OTLP_ENDPOINT`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// `TRACING_SERVICE_NAME` (`RateLimit`).
+    pub service_name: String,
+    /// `TRACING_SERVICE_NAMESPACE`.
+    pub service_namespace: Option<String>,
+    /// `TRACING_SERVICE_INSTANCE_ID`.
+    pub service_instance_id: Option<String>,
+    /// `TRACING_SAMPLING_RATE` (1: every decision), the share of traces kept.
+    pub sampling_rate: f64,
+}
+
 impl Env<'_> {
     fn path(&self, name: &str) -> Option<PathBuf> {
         self.text(name).map(PathBuf::from)
@@ -97,6 +111,37 @@ impl Settings {
             merge_domains: self.merge_domains,
         });
         Ok(false)
+    }
+
+    /// `TRACING_*`.
+    pub(super) fn read_tracing(&mut self, env: &Env<'_>) -> Result<(), String> {
+        if !env.flag("TRACING_ENABLED")? {
+            return Ok(());
+        }
+        if let Some(protocol) = env.text("TRACING_EXPORTER_PROTOCOL") {
+            if !protocol.eq_ignore_ascii_case("http") {
+                return Err(format!(
+                    "TRACING_EXPORTER_PROTOCOL={protocol}: only http (OTLP over HTTP, upstream's default) is supported"
+                ));
+            }
+        }
+        let sampling_rate = match env.text("TRACING_SAMPLING_RATE") {
+            None => 1.0,
+            Some(text) => text
+                .parse::<f64>()
+                .ok()
+                .filter(|rate| (0.0..=1.0).contains(rate))
+                .ok_or_else(|| format!("TRACING_SAMPLING_RATE={text}: not a number from 0 to 1"))?,
+        };
+        self.tracing = Some(TracingSettings {
+            service_name: env
+                .text("TRACING_SERVICE_NAME")
+                .unwrap_or_else(|| "RateLimit".to_owned()),
+            service_namespace: env.text("TRACING_SERVICE_NAMESPACE"),
+            service_instance_id: env.text("TRACING_SERVICE_INSTANCE_ID"),
+            sampling_rate,
+        });
+        Ok(())
     }
 
     /// `GRPC_SERVER_USE_TLS` and its files; `REDIS_TLS_*`.

@@ -161,6 +161,14 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
         ),
         (&[("REDIS_TLS_CLIENT_KEY", "/k")][..], "REDIS_TLS_CLIENT_CERT"),
+        (
+            &[("TRACING_ENABLED", "true"), ("TRACING_SAMPLING_RATE", "2")][..],
+            "TRACING_SAMPLING_RATE",
+        ),
+        (
+            &[("TRACING_ENABLED", "true"), ("TRACING_EXPORTER_PROTOCOL", "grpc")][..],
+            "TRACING_EXPORTER_PROTOCOL",
+        ),
         (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
         (&[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "RING")][..], "REDIS_TYPE"),
         (&[("REDIS_URL", "a:1"), ("REDIS_TYPE", "SENTINEL")][..], "REDIS_URL"),
@@ -241,4 +249,17 @@ fn envoy_gateways_environment_is_read() {
         ))
     );
     assert!(read.force_start);
+    assert_eq!(read.tracing, None);
+    let traced = settings(&[
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+        ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+        ("TRACING_SAMPLING_RATE", "0.5"),
+    ])
+    .unwrap()
+    .tracing
+    .unwrap();
+    assert_eq!(traced.service_name, "envoy-ratelimit");
+    assert_eq!(traced.service_namespace.as_deref(), Some("envoy-gateway-system"));
+    assert!((traced.sampling_rate - 0.5).abs() < f64::EPSILON);
 }
