@@ -231,7 +231,7 @@ impl Xds {
             match responses.message().await {
                 Ok(Some(response)) => {
                     received = true;
-                    let answer = self.handle(response);
+                    let answer = self.handle(response).await;
                     if requests.send(answer).await.is_err() {
                         return received;
                     }
@@ -249,29 +249,36 @@ impl Xds {
     }
 
     /// Applies or refuses one response; the ACK or NACK to send.
-    fn handle(&self, response: DiscoveryResponse) -> DiscoveryRequest {
-        let outcome = read(&response, self.settings.merge_domains);
+    async fn handle(&self, response: DiscoveryResponse) -> DiscoveryRequest {
         let mut answer = DiscoveryRequest {
             type_url: TYPE_URL.to_owned(),
             response_nonce: response.nonce.clone(),
             ..DiscoveryRequest::default()
         };
+        let version = response.version_info.clone();
+        // Reading a large configuration takes milliseconds of CPU: off the
+        // threads that answer decisions.
+        let merge = self.settings.merge_domains;
+        let outcome = tokio::task::spawn_blocking(move || read(&response, merge))
+            .await
+            .unwrap_or_else(|error| Err(format!("reading the resources failed: {error}")));
         match outcome {
             Ok(config) => {
                 let domains = config.domains.len();
-                self.service.replace_config(config);
+                let previous = self.service.replace_config(config);
+                tokio::task::spawn_blocking(move || drop(previous));
                 self.service.metrics().config_loaded(true);
-                tracing::info!(version = %response.version_info, domains, "xds: configuration applied");
+                tracing::info!(%version, domains, "xds: configuration applied");
                 self.update(|status| {
-                    status.version = Some(response.version_info.clone());
+                    status.version = Some(version.clone());
                     status.responses += 1;
                     status.last_error = None;
                 });
-                answer.version_info = response.version_info;
+                answer.version_info = version;
             }
             Err(message) => {
                 self.service.metrics().config_loaded(false);
-                tracing::error!(version = %response.version_info, error = %message, "xds: configuration refused; the previous one stays in force");
+                tracing::error!(%version, error = %message, "xds: configuration refused; the previous one stays in force");
                 self.update(|status| {
                     status.responses += 1;
                     status.last_error = Some(message.clone());

@@ -9,7 +9,11 @@ use envoy_types::pb::google::protobuf::Struct;
 
 use tollgate::Limit;
 
+use self::document::Document;
+
 use super::{Config, ConfigError, Domain, Quota, Unit};
+
+mod document;
 
 /// The type URL of a [`RateLimitConfig`] resource.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -187,6 +191,23 @@ impl Domain {
     /// What a file would be refused for; the error names the resource (as
     /// its file, `xds:<name>`) and the descriptor at fault.
     pub fn from_resource(resource: &RateLimitConfig) -> Result<Self, ConfigError> {
+        let file = PathBuf::from(format!("xds:{}", resource.name));
+        // The document built as a value is read without scanning text; only
+        // a refused one is written out as text and read again, for its
+        // lines to name the descriptor at fault.
+        let refused = match Self::from_document(Document::Root(resource), &file) {
+            Ok(domain) => return Ok(domain),
+            Err(refused) => refused,
+        };
+        match Self::from_text(resource, file) {
+            Err(named) => Err(named),
+            Ok(_) => Err(refused),
+        }
+    }
+
+    /// [`Domain::from_resource`] through YAML text, its errors naming the
+    /// descriptor at fault.
+    fn from_text(resource: &RateLimitConfig, file: PathBuf) -> Result<Self, ConfigError> {
         let mut written = Written {
             text: String::new(),
             lines: Vec::new(),
@@ -196,7 +217,6 @@ impl Domain {
             written.line(0, "", "descriptors:");
             written.descriptors(0, "", &resource.descriptors);
         }
-        let file = PathBuf::from(format!("xds:{}", resource.name));
         Self::parse(&written.text, &file).map_err(|error| {
             let descriptor = error
                 .line
@@ -304,4 +324,86 @@ fn nodes_to_resource(parent: &str, nodes: &[super::Node], notes: &mut Vec<String
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    const FILE: &str = r"
+domain: every-field
+descriptors:
+  - key: tenant
+    value: acme
+    rate_limit: {unit: minute, requests_per_unit: 10, name: acme}
+    shadow_mode: true
+    detailed_metric: true
+    metadata: {plan: gold, seats: 12, tags: [a, b]}
+    descriptors:
+      - key: path
+        rate_limit: {unit: week, requests_per_unit: 7}
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: 3
+      replaces: [{name: acme}]
+    quota_mode: true
+  - key: internal
+    rate_limit: {unlimited: true}
+  - key: blocked
+    rate_limit: {unit: hour, requests_per_unit: 0}
+";
+
+    /// A file written as a resource (what `--publish-xds` sends) reads back
+    /// as the same rules and metadata.
+    #[test]
+    fn every_field_goes_through_a_resource_and_back() {
+        let domain = Domain::parse(FILE, Path::new("every-field.yaml")).unwrap();
+        let (resource, notes) = domain.to_resource();
+        assert!(notes.is_empty(), "{notes:?}");
+        let back = Domain::from_resource(&resource).unwrap();
+        let dump = |domain: &Domain| {
+            let mut config = Config::default();
+            config.add(domain.clone()).unwrap();
+            config.dump()
+        };
+        assert_eq!(dump(&back), dump(&domain));
+        let (acme, tenant) = (&back.descriptors.nodes()[0], &back.descriptors.nodes()[1]);
+        let rule = acme.rule.as_ref().unwrap();
+        assert_eq!((rule.name.as_deref(), rule.detailed_metric), (Some("acme"), true));
+        let tenant_rule = tenant.rule.as_ref().unwrap();
+        assert_eq!(
+            (tenant_rule.replaces.as_slice(), tenant_rule.quota_mode),
+            (["acme".to_owned()].as_slice(), true)
+        );
+        // A protobuf Struct's numbers are doubles, as upstream reads them.
+        let metadata = acme.metadata.as_ref().unwrap();
+        assert_eq!(
+            (metadata["plan"].as_str(), metadata["seats"].as_f64()),
+            (Some("gold"), Some(12.0))
+        );
+        assert_eq!(metadata["tags"], serde_json::json!(["a", "b"]));
+    }
+
+    /// What a resource cannot say is named, and a refused resource names
+    /// its descriptor.
+    #[test]
+    fn losses_and_faults_are_named() {
+        let file = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: {algorithm: gcra, rate: 1, period: 1s, burst: 1}}\n";
+        let (_, notes) = Domain::parse(file, Path::new("d.yaml")).unwrap().to_resource();
+        assert_eq!(
+            notes,
+            ["d.k: its algorithm block is sent as its unit and requests_per_unit"]
+        );
+        let mut resource = Domain::parse(FILE, Path::new("f.yaml")).unwrap().to_resource().0;
+        resource.descriptors[0].descriptors[0].rate_limit.as_mut().unwrap().unit = 99;
+        let error = Domain::from_resource(&resource).unwrap_err().to_string();
+        assert!(
+            error.starts_with("xds:every-field: descriptor tenant_acme.path: "),
+            "{error}"
+        );
+        assert!(error.contains("invalid rate limit unit \"99\""), "{error}");
+    }
 }

@@ -451,13 +451,34 @@ impl Domain {
             }
             Err(error) => return Err(error_of(error)),
         };
+        Ok(Self::from_raw(raw, file))
+    }
+
+    /// Reads one domain from a document that is not text (a control plane's
+    /// resource, `resource::Document`): the same reader and checks as
+    /// [`Domain::parse`], without text to scan; `file` names it in errors,
+    /// which carry no line.
+    ///
+    /// # Errors
+    ///
+    /// As [`Domain::parse`].
+    pub(super) fn from_document<'de>(document: impl Deserializer<'de>, file: &Path) -> Result<Self, ConfigError> {
+        let raw = RawFile::deserialize(document).map_err(|error| ConfigError {
+            file: file.to_owned(),
+            line: None,
+            message: strip_location(&error.to_string()).replace('`', "\""),
+        })?;
+        Ok(Self::from_raw(raw, file))
+    }
+
+    fn from_raw(raw: RawFile, file: &Path) -> Self {
         let value_to_metric = any_node(&raw.descriptors, &|node| node.value_to_metric);
-        Ok(Self {
+        Self {
             domain: raw.domain,
             file: file.to_owned(),
             descriptors: raw.descriptors,
             value_to_metric,
-        })
+        }
     }
 }
 

@@ -167,14 +167,16 @@ impl Service {
         self.config.load_full()
     }
 
-    /// Puts a new configuration in force.
-    pub fn replace_config(&self, config: Config) {
+    /// Puts a new configuration in force; the one it replaces (to drop
+    /// where a large one's freeing delays nothing).
+    pub fn replace_config(&self, config: Config) -> Arc<Config> {
         if self.options.healthy_with_config_only {
             let missing = config.domains.is_empty();
             self.update_health(|health| health.no_config = missing);
         }
-        self.config.store(Arc::new(config));
+        let previous = self.config.swap(Arc::new(config));
         self.config_changes.send_modify(|changes| *changes += 1);
+        previous
     }
 
     /// Follows configuration changes: the count of replacements so far.
