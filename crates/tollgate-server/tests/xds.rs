@@ -62,8 +62,12 @@ impl Drop for Running {
 }
 
 async fn start(xds: XdsSettings, tls: Option<ServerTls>) -> Running {
+    start_with(xds, tls, Options::default(), true).await
+}
+
+async fn start_with(xds: XdsSettings, tls: Option<ServerTls>, options: Options, wait: bool) -> Running {
     let store = AnyStore::Memory(MemoryStore::new());
-    let mut server = Server::new(Config::default(), None, store, Options::default()).xds(xds, true);
+    let mut server = Server::new(Config::default(), None, store, options).xds(xds, wait);
     if let Some(tls) = tls {
         server = server.grpc_tls(Acceptor::new(tls).unwrap());
     }
@@ -448,5 +452,29 @@ async fn a_client_certificate_must_carry_the_name_asked_for() {
         Ok(mut client) => decide(&mut client, "x").await.is_err(),
     };
     assert!(refused, "a client certificate without the name was served");
+    plane.stop().await;
+}
+
+/// As upstream with xDS, `FORCE_START_WITHOUT_INITIAL_CONFIG` answering at
+/// once, and `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy until a
+/// version holding a domain is in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_waits_for_a_domain_from_the_control_plane() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plane = ControlPlane::start(listener, Snapshot::of("1", &[]), None);
+    let options = Options {
+        healthy_with_config_only: true,
+        ..Options::default()
+    };
+    let mut server = start_with(quick(plane.address.to_string()), None, options, false).await;
+    let health = |server: &Running| {
+        let url = format!("{}/healthcheck", server.http);
+        async move { reqwest::get(url).await.unwrap().status().as_u16() }
+    };
+    server.wait_for_version("1").await;
+    assert_eq!(health(&server).await, 500, "version 1 holds no domain");
+    plane.serve(Snapshot::of("2", &[users("users", 3)]));
+    server.wait_for_version("2").await;
+    assert_eq!(health(&server).await, 200);
     plane.stop().await;
 }

@@ -221,6 +221,22 @@ impl RedisServer {
         (server, pem)
     }
 
+    /// A server that speaks only TLS and requires a client certificate
+    /// signed by its CA (`tls-auth-clients yes`); returns the server, the CA
+    /// certificate, and a client certificate and its key (PEM).
+    pub fn start_mutual_tls() -> (Self, Vec<u8>, Vec<u8>, Vec<u8>) {
+        let ca = TestCa::new();
+        let mut args = ca.server_args();
+        if let Some(auth) = args.last_mut() {
+            "yes".clone_into(auth);
+        }
+        let server = Self::start_with(&args);
+        // The server's certificate, signed by the CA, serves as a client's.
+        let read = |name: &str| std::fs::read(ca.path(name)).expect("read a certificate file");
+        let (cert, key) = (read("server.pem"), read("server.key"));
+        (server, ca.pem(), cert, key)
+    }
+
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
