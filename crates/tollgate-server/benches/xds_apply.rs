@@ -2,7 +2,8 @@
 //! (`cargo bench -p tollgate-server --bench xds_apply`).
 //!
 //! A server on the memory store takes its limits from a control plane (the
-//! tests' own, in process) and answers `CLIENTS` gRPC clients sending
+//! tests' own, in the same process, its versions encoded before the load
+//! starts) and answers `CLIENTS` gRPC clients sending
 //! `RATE` requests a second in all, at a steady pace (tokio's timer, to the
 //! millisecond), as Envoys do; a request sent while the server stalls
 //! counts the stall. It reports:
@@ -154,15 +155,24 @@ async fn server(
     (address, status)
 }
 
+/// A control plane on port 0, serving `snapshot`.
+async fn control_plane(snapshot: Snapshot) -> ControlPlane {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    ControlPlane::start(listener, snapshot, None)
+}
+
 async fn applies(
     plane: &ControlPlane,
     status: &mut tokio::sync::watch::Receiver<tollgate_server::xds::XdsStatus>,
 ) -> Vec<(Instant, Duration)> {
+    // Made before any is sent (each version's limits differ from the
+    // last's): encoding them is the control plane's work, not the server's.
+    let snapshots: Vec<Snapshot> = (0..APPLIES)
+        .map(|index| Snapshot::of(&(index + 2).to_string(), &[tenants(1_000_000 + index as u32)]))
+        .collect();
     let mut windows = Vec::new();
-    for index in 0..APPLIES {
-        let version = format!("{}", index + 2);
-        // Alternate limits, so each version differs from the last.
-        let snapshot = Snapshot::of(&version, &[tenants(1_000_000 + index as u32)]);
+    for snapshot in snapshots {
+        let version = snapshot.version.clone();
         let sent = Instant::now();
         plane.serve(snapshot);
         status
@@ -206,8 +216,7 @@ fn reading() {
 
 /// Applies under load, plain text.
 async fn applies_under_load() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let plane = ControlPlane::start(listener, Snapshot::of("1", &[tenants(1_000_000)]), None);
+    let plane = control_plane(Snapshot::of("1", &[tenants(1_000_000)])).await;
     let (address, mut status) = server(&plane, None).await;
     status
         .wait_for(|status| status.version.as_deref() == Some("1"))
@@ -264,8 +273,7 @@ async fn tls_against_plain_text() {
     let authority = Authority::new();
     let (service_leaf, client_leaf) = (authority.leaf("service", &[]), authority.leaf("client", &[]));
     for tls in [false, true] {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let plane = ControlPlane::start(listener, Snapshot::of("1", &[tenants(1_000_000)]), None);
+        let plane = control_plane(Snapshot::of("1", &[tenants(1_000_000)])).await;
         let server_tls = tls.then(|| ServerTls {
             cert: service_leaf.cert.clone(),
             key: service_leaf.key.clone(),

@@ -256,17 +256,18 @@ impl Xds {
             ..DiscoveryRequest::default()
         };
         let version = response.version_info.clone();
-        // Reading a large configuration takes milliseconds of CPU: off the
-        // threads that answer decisions.
+        // Reading a large configuration takes tens of milliseconds of CPU:
+        // on a thread of its own, at the lowest priority, so that no
+        // decision waits behind it.
         let merge = self.settings.merge_domains;
-        let outcome = tokio::task::spawn_blocking(move || read(&response, merge))
+        let outcome = in_background(move || read(&response, merge))
             .await
-            .unwrap_or_else(|error| Err(format!("reading the resources failed: {error}")));
+            .unwrap_or_else(|_| Err("reading the resources failed".to_owned()));
         match outcome {
             Ok(config) => {
                 let domains = config.domains.len();
                 let previous = self.service.replace_config(config);
-                tokio::task::spawn_blocking(move || drop(previous));
+                drop(in_background(move || drop(previous)));
                 self.service.metrics().config_loaded(true);
                 tracing::info!(%version, domains, "xds: configuration applied");
                 self.update(|status| {
@@ -340,6 +341,28 @@ pub fn read(response: &DiscoveryResponse, merge_domains: bool) -> Result<Config,
         resources.push(resource);
     }
     Config::from_resources(&resources, merge_domains).map_err(|error| error.to_string())
+}
+
+/// Runs `work` on a thread of the lowest scheduling priority (SCHED_IDLE:
+/// it takes only the CPU time nothing else wants); its result, or `None`
+/// when it panicked or no thread could be started.
+fn in_background<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> tokio::sync::oneshot::Receiver<T> {
+    let (done, result) = tokio::sync::oneshot::channel();
+    let started = std::thread::Builder::new().name("xds-read".to_owned()).spawn(move || {
+        let idle = thread_priority::ThreadSchedulePolicy::Normal(thread_priority::NormalThreadSchedulePolicy::Idle);
+        if let Err(error) = thread_priority::set_thread_priority_and_policy(
+            thread_priority::thread_native_id(),
+            thread_priority::ThreadPriority::Min,
+            idle,
+        ) {
+            tracing::debug!(?error, "xds: the reading thread keeps its priority");
+        }
+        let _ = done.send(work());
+    });
+    if let Err(error) = started {
+        tracing::error!(%error, "xds: no thread to read the configuration on");
+    }
+    result
 }
 
 /// `wait`, give or take half of it.

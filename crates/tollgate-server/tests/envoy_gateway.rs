@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tollgate::{AnyStore, MemoryStore};
 use tollgate_server::xds::{XdsSettings, XdsStatus};
 use tollgate_server::{Config, Options, Server};
@@ -34,28 +34,7 @@ fn fixtures() -> Vec<PathBuf> {
     files
 }
 
-/// A server on `config` (and `server`'s options) until dropped; its HTTP
-/// and gRPC addresses.
-struct Running {
-    http: String,
-    grpc: std::net::SocketAddr,
-    _stop: oneshot::Sender<()>,
-}
-
-async fn run(server: Server) -> Running {
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(server.run(http, grpc, async {
-        let _ = stopped.await;
-    }));
-    Running {
-        http: format!("http://{http_address}"),
-        grpc: grpc_address,
-        _stop: stop,
-    }
-}
+use common::{on_port_0 as run, OnPort0 as Running};
 
 fn memory() -> AnyStore {
     AnyStore::Memory(MemoryStore::new())

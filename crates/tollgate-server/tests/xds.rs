@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tollgate::{AnyStore, MemoryStore};
 use tollgate_server::config::resource::{RateLimitConfig, RateLimitDescriptor as Node, RateLimitPolicy, TYPE_URL};
 use tollgate_server::tls::{Acceptor, ClientTls, ServerTls};
@@ -50,15 +50,7 @@ struct Running {
     http: String,
     grpc: std::net::SocketAddr,
     status: watch::Receiver<XdsStatus>,
-    stop: Option<oneshot::Sender<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
+    _server: common::OnPort0,
 }
 
 async fn start(xds: XdsSettings, tls: Option<ServerTls>) -> Running {
@@ -72,18 +64,12 @@ async fn start_with(xds: XdsSettings, tls: Option<ServerTls>, options: Options, 
         server = server.grpc_tls(Acceptor::new(tls).unwrap());
     }
     let status = server.xds_status().unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(server.run(http, grpc, async {
-        let _ = stopped.await;
-    }));
+    let running = common::on_port_0(server).await;
     Running {
-        http: format!("http://{http_address}"),
-        grpc: grpc_address,
+        http: running.http.clone(),
+        grpc: running.grpc,
         status,
-        stop: Some(stop),
+        _server: running,
     }
 }
 
