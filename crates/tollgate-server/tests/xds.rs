@@ -91,16 +91,15 @@ impl Running {
     }
 
     async fn rlconfig(&self) -> String {
-        reqwest::get(format!("{}/rlconfig", self.http))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.text("/rlconfig").await
     }
 
     async fn metrics(&self) -> String {
-        reqwest::get(format!("{}/metrics", self.http))
+        self.text("/metrics").await
+    }
+
+    async fn text(&self, path: &str) -> String {
+        reqwest::get(format!("{}{path}", self.http))
             .await
             .unwrap()
             .text()

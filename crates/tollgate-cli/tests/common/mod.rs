@@ -87,17 +87,17 @@ pub struct Serve {
 
 /// The Prometheus text a server's `/metrics` answers at `address`.
 pub async fn metrics_at(address: &str) -> String {
-    reqwest::get(format!("http://{address}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    text_at(address, "/metrics").await
 }
 
 /// The `/rlconfig` a server answers at `address`.
 pub async fn rlconfig_at(address: &str) -> String {
-    reqwest::get(format!("http://{address}/rlconfig"))
+    text_at(address, "/rlconfig").await
+}
+
+/// The body a server answers `GET path` with at `address`.
+async fn text_at(address: &str, path: &str) -> String {
+    reqwest::get(format!("http://{address}{path}"))
         .await
         .unwrap()
         .text()
