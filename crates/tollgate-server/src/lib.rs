@@ -207,14 +207,11 @@ impl Server {
             self.service.metrics().config_source("file", "", true);
         }
         let (stop, stopped) = watch::channel(false);
-        if let Some(xds) = self.xds {
-            let mut status = xds.status();
+        let xds_status = self.xds.map(|xds| {
+            let status = xds.status();
             tokio::spawn(xds.run(stopped.clone()));
-            if self.wait_for_xds {
-                tracing::info!("xds: waiting for the first configuration");
-                let _ = status.wait_for(|status| status.responses > 0).await;
-            }
-        }
+            status
+        });
         if let Some(path) = &self.config_path {
             let watching = Watching {
                 path: path.clone(),
@@ -236,6 +233,15 @@ impl Server {
             service.stopping();
             let _ = stop.send(true);
         });
+        if let Some(mut status) = xds_status.filter(|_| self.wait_for_xds) {
+            // A signal meanwhile stops the wait (and the server at once).
+            tracing::info!("xds: waiting for the first configuration");
+            let mut stopping = stopped.clone();
+            tokio::select! {
+                _ = status.wait_for(|status| status.responses > 0) => {}
+                _ = stopping.wait_for(|stop| *stop) => {}
+            }
+        }
         tokio::spawn(Arc::clone(&self.quotas).run(stopped.clone()));
         let (health, health_service) = tonic_health::server::health_reporter();
         tokio::spawn(follow_health(health, self.service.health()));
