@@ -476,7 +476,7 @@ proptest! {
         rate in 1u64..20, burst in 1u64..10, window_limit in 1u64..30, window_ms in 1u64..3_000,
         trace in steps(1_000_000, 12, checks()),
     ) {
-        use crate::policy::{Op, Policy};
+        use crate::policy::{Ask as _, Op, Policy};
         let gcra = Limit::gcra(rate, ms(1_000), burst).unwrap();
         let window = Limit::fixed_window(window_limit, ms(window_ms)).unwrap();
         let policy = Policy::new([("rate", gcra.clone()), ("window", window.clone())]).unwrap();
@@ -487,17 +487,11 @@ proptest! {
             now += step.dt;
             let refs = [states[0].as_ref(), states[1].as_ref()];
             let before = [gcra.available(refs[0], now), window.available(refs[1], now)];
-            let mut writes = Vec::new();
             let request = crate::Request::new(Op::Check, step.cost);
-            let outcome = policy
-                .decide(&refs, now, &request, |index, change, ttl| writes.push((index, change, ttl)))
-                .unwrap();
+            policy.validate(&request).unwrap();
+            let outcome = (&request).answer(&policy, &mut states, now);
             let allowed = outcome.decision.allowed;
             prop_assert_eq!(allowed, outcome.limits.iter().all(|(_, d)| d.allowed));
-            for (index, change, ttl) in writes {
-                commit(&mut states[index], Some(change));
-                states[index] = states[index].take().filter(|_| ttl > 0);
-            }
             let refs = [states[0].as_ref(), states[1].as_ref()];
             let after = [gcra.available(refs[0], now), window.available(refs[1], now)];
             if allowed {
@@ -603,9 +597,9 @@ mod records {
             prop_assert!(!refused.decision.allowed && refused.change.is_none(), "a check alone changes nothing");
             let policy = crate::Policy::single(recording.clone());
             let request = crate::Request::new(crate::Op::Check, debt);
-            let mut write = None;
-            let outcome = policy.decide(&[checked.as_ref()], START, &request, |_, change, _| write = Some(change)).unwrap();
-            commit(&mut checked, write);
+            let mut held = [checked];
+            let outcome = crate::policy::Ask::answer(&request, &policy, &mut held, START);
+            let [checked] = held;
             run(&recording, &mut recorded, START, Action::Record, debt);
             prop_assert!(!outcome.decision.allowed);
             prop_assert_eq!(checked, recorded);

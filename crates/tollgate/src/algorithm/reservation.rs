@@ -146,6 +146,19 @@ impl Algorithm for Reservation {
     const ID: u8 = 5;
     const REFUNDS_ADD_UP: bool = true;
     const SHAPING: bool = true;
+    const INSTANT: bool = true;
+
+    fn instant(stored: &Tat) -> Option<Tat> {
+        Some(*stored)
+    }
+
+    fn from_instant(instant: Tat) -> Option<Tat> {
+        Some(instant)
+    }
+
+    fn whole_micros(&self) -> bool {
+        self.ticks.per_micro == 1
+    }
 
     fn build(spec: &ReservationSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;
