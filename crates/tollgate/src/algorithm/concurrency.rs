@@ -271,13 +271,13 @@ impl Algorithm for Concurrency {
     }
 
     #[cfg(feature = "engine")]
-    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+    fn params(&self) -> impl IntoIterator<Item = u64> {
         [self.limit, self.ttl]
     }
 
     /// `[limit, ttl in µs]`, not yet validated.
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<ConcurrencySpec> {
+    fn spec_of(params: &[u64]) -> Option<ConcurrencySpec> {
         let &[limit, ttl] = params else {
             return None;
         };
@@ -292,7 +292,7 @@ impl Algorithm for Concurrency {
     /// `reset_after`, the lease named left out); on a denial, the live
     /// leases soonest to end until enough units are freed. Each lease read
     /// with its "\0c" member, when it has one. O(log n + leases ended +
-    /// leases walked), as the Lua twin reads it.
+    /// leases walked), as the Lua version reads it.
     #[cfg(feature = "engine")]
     fn fetch(&self, set: &mut dyn SortedSet, key: &[u8], now: u64, action: Action<'_>, cost: u64) -> Option<Members> {
         /// Reads the lease `name` scored `ends`, with its units.
@@ -749,7 +749,7 @@ mod engine_tests {
     #[test]
     fn params_come_back() {
         let limit = limit();
-        let params: Vec<u64> = limit.script_params().into_iter().collect();
+        let params: Vec<u64> = limit.params().into_iter().collect();
         assert_eq!(from_params(&params), Some(limit));
         assert_eq!(from_params::<Concurrency>(&[10, 1_000, 1]), None);
         assert_eq!(from_params::<Concurrency>(&[10, 0]), None);

@@ -84,7 +84,7 @@ impl Action<'_> {
 }
 
 /// One algorithm, implemented by its validated parameters in its own file:
-/// its spec, its state, its decision and its encoding for its Lua twin.
+/// its spec, its state, its decision and its encoding for its Lua version.
 ///
 /// Every function is pure: the state is read, never written; a decision
 /// returns the [`Update`] a store commits.
@@ -102,7 +102,7 @@ pub(crate) trait Algorithm: Copy {
 
     /// The algorithm's name, as written in `"algorithm"`.
     const NAME: &'static str;
-    /// The id of the Lua twin in the Redis library (`ALGORITHMS[ID]`).
+    /// The id of the Lua version in the Redis library (`ALGORITHMS[ID]`).
     #[cfg(feature = "engine")]
     const ID: u8;
     /// True for the shaping and borrowing limits, which grant a request at a
@@ -212,28 +212,26 @@ pub(crate) trait Algorithm: Copy {
         cost: u64,
     ) -> Step<Update<Self::Stored, Self::Edit<'a>>>;
 
-    /// The numbers the Lua twin's `params` reads, in order (after the id).
+    /// The numbers the Lua version's `params` reads, in order (after the id).
     #[cfg(feature = "engine")]
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn script_params(&self) -> impl IntoIterator<Item = u64>;
+    fn params(&self) -> impl IntoIterator<Item = u64>;
 
-    /// The numbers the Lua twin's `params` reads for a decision near `now`
-    /// (the client's time), when they depend on the time (a calendar
-    /// window's periods); `None`: [`script_params`](Self::script_params)
-    /// hold at any time.
+    /// The numbers the Lua version's `params` reads for a decision near
+    /// `now` (the client's time, asked only when needed), when they depend
+    /// on the time (a calendar window's periods); `None`:
+    /// [`params`](Self::params) hold at any time.
     #[cfg(feature = "engine")]
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn script_params_near(&self, _now: u64) -> Option<Vec<u64>> {
+    fn params_near(&self, _now: impl FnOnce() -> u64) -> Option<Vec<u64>> {
         None
     }
 
     /// The spec whose parameters give these numbers of
-    /// [`script_params`](Self::script_params) (`None`: not as many as this
+    /// [`params`](Self::params) (`None`: not as many as this
     /// algorithm's), for the native engine, which builds and validates it.
     /// An exact rate comes back reduced (7 per 1 s as 7 per 1 000 000 µs),
     /// which decides the same.
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<Self::Spec>;
+    fn spec_of(params: &[u64]) -> Option<Self::Spec>;
 
     /// What a decision of `action` for `cost` units at `now` reads of
     /// `key`: `None` for the whole value, as most states are read. A state
@@ -253,13 +251,13 @@ pub(crate) trait Algorithm: Copy {
         None
     }
 
-    /// The state held in a key's `value` at `now`, read as the Lua twin's
+    /// The state held in a key's `value` at `now`, read as the Lua version's
     /// `load` reads it: none when it has lapsed or is another algorithm's.
     #[cfg(feature = "engine")]
     fn load(&self, value: &Value, now: u64) -> Loaded<Self::Stored>;
 
     /// The key's value for `state`, which says something until `expires`
-    /// (µs), written as the Lua twin's `store` writes it.
+    /// (µs), written as the Lua version's `store` writes it.
     #[cfg(feature = "engine")]
     fn encode(&self, state: &Self::State, expires: u64) -> Encoded;
 }
@@ -321,7 +319,7 @@ pub struct WindowSpec {
 impl WindowSpec {
     /// The spec of a window limit's script parameters, `[limit, window in
     /// µs]` (not yet validated).
-    pub(crate) fn from_script(params: &[u64]) -> Option<Self> {
+    pub(crate) fn from_params(params: &[u64]) -> Option<Self> {
         let &[limit, window] = params else {
             return None;
         };

@@ -3,7 +3,7 @@
 //! sorted set read a few members at a time ([`SortedSet`]), what a load
 //! makes of it ([`Loaded`]), and the value a state is written as
 //! ([`Encoded`]). Each algorithm reads and writes exactly the encoding of
-//! its Lua twin (described at the top of its `.lua` file), so a key written
+//! its Lua version (described at the top of its `.lua` file), so a key written
 //! by one engine is read exactly by the other. This module knows none of
 //! the algorithms.
 
@@ -413,7 +413,7 @@ pub(crate) mod testing {
 
     /// The limit of these script parameters, validated as the engine does.
     pub(crate) fn from_params<A: Algorithm>(params: &[u64]) -> Option<A> {
-        A::script_spec(params).and_then(|spec| A::build(&spec).ok())
+        A::spec_of(params).and_then(|spec| A::build(&spec).ok())
     }
 
     /// The sorted set Redis holds once `encoded` is written, lowest score first.

@@ -267,9 +267,9 @@ impl Algorithm for FixedWindow {
     }
 
     /// `[limit, window]`; a calendar window, `[limit, 0, <bounds>]` (see
-    /// [`script_params_near`](Algorithm::script_params_near)).
+    /// [`params_near`](Algorithm::params_near)).
     #[cfg(feature = "engine")]
-    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+    fn params(&self) -> impl IntoIterator<Item = u64> {
         match self.windows {
             Windows::Epoch(window) => vec![self.limit, window],
             Windows::Bounds(bounds) => [[self.limit, 0].as_slice(), &bounds].concat(),
@@ -280,16 +280,16 @@ impl Algorithm for FixedWindow {
     /// A calendar window: the starts of the periods around `now` (the
     /// previous one, now's, the next, and the one after).
     #[cfg(feature = "engine")]
-    fn script_params_near(&self, now: u64) -> Option<Vec<u64>> {
+    fn params_near(&self, now: impl FnOnce() -> u64) -> Option<Vec<u64>> {
         let Windows::Calendar(calendar) = self.windows else {
             return None;
         };
-        let bounds = calendar.bounds_around(now)?;
+        let bounds = calendar.bounds_around(now())?;
         Some([[self.limit, 0].as_slice(), &bounds].concat())
     }
 
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+    fn spec_of(params: &[u64]) -> Option<Self::Spec> {
         match *params {
             [limit, window] => Some(FixedWindowSpec::new(limit, Duration::from_micros(window))),
             [limit, 0, b0, b1, b2, b3] => Some(FixedWindowSpec {

@@ -29,7 +29,7 @@ use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
 
-/// How the state is kept in Redis, as the Lua twin keeps it.
+/// How the state is kept in Redis, as the Lua version keeps it.
 #[cfg(feature = "engine")]
 const TAT: TatEncoding = TatEncoding { tag: b"", packed: true };
 /// `rate` cells per `period`, `burst` at once.
@@ -191,12 +191,12 @@ impl Algorithm for Gcra {
     }
 
     #[cfg(feature = "engine")]
-    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+    fn params(&self) -> impl IntoIterator<Item = u64> {
         [self.burst, self.ticks.unit, self.ticks.per_micro, self.max_debt]
     }
 
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+    fn spec_of(params: &[u64]) -> Option<Self::Spec> {
         let &[burst, unit, per_micro, max_debt] = params else {
             return None;
         };

@@ -28,9 +28,6 @@ pub struct Limit {
     lease: Option<Duration>,
     /// [`Limit::recording_overage`]: a check it refuses still counts.
     records_overage: bool,
-    /// The limit as the Redis library reads it, written once.
-    #[cfg(feature = "redis")]
-    script_params: std::sync::Arc<str>,
 }
 
 impl LimitSpec {
@@ -43,8 +40,6 @@ impl LimitSpec {
     pub fn build(self) -> Result<Limit> {
         let kind = self.validate()?;
         Ok(Limit {
-            #[cfg(feature = "redis")]
-            script_params: dispatch!(&kind, p => script_params(p, false)).into(),
             spec: self,
             kind,
             lease: None,
@@ -392,10 +387,6 @@ impl Limit {
             )));
         }
         self.records_overage = true;
-        #[cfg(feature = "redis")]
-        {
-            self.script_params = dispatch!(&self.kind, p => script_params(p, true)).into();
-        }
         Ok(self)
     }
 
@@ -403,13 +394,7 @@ impl Limit {
     /// nothing (the default).
     #[must_use]
     pub fn refusing_overage(mut self) -> Self {
-        if self.records_overage {
-            self.records_overage = false;
-            #[cfg(feature = "redis")]
-            {
-                self.script_params = dispatch!(&self.kind, p => script_params(p, false)).into();
-            }
-        }
+        self.records_overage = false;
         self
     }
 
@@ -605,7 +590,7 @@ impl Limit {
         dispatch!(&self.kind, p => decide(p, state, now, action, cost))
     }
 
-    /// The state in a key's `value` at `now`, as this limit's Lua twin reads it.
+    /// The state in a key's `value` at `now`, as this limit's Lua version reads it.
     #[cfg(feature = "engine")]
     pub(crate) fn load(&self, value: &Value, now: u64) -> Loaded<State> {
         dispatch!(&self.kind, p => load(p, value, now))
@@ -632,18 +617,21 @@ impl Limit {
         dispatch!(&self.kind, p => encode(p, state, expires))
     }
 
-    /// The limit as the Redis library reads it for a decision near `now`
-    /// (µs; the client's time, or the caller's): its algorithm's id, then
-    /// the numbers its Lua twin's `params` reads, joined by ':'. Written
-    /// once, but for a calendar window (its periods around `now`).
-    #[cfg(feature = "redis")]
-    pub(crate) fn script_params_near(&self, now: impl FnOnce() -> u64) -> std::borrow::Cow<'_, str> {
-        if self.script_params.ends_with(":0") {
-            if let Some(params) = dispatch!(&self.kind, p => p.script_params_near(now())) {
-                return script_text(dispatch!(&self.kind, p => id_of(p)), self.records_overage, params).into();
-            }
+    /// Its algorithm's id in the Redis library (`ALGORITHMS[ID]`).
+    #[cfg(feature = "engine")]
+    pub(crate) fn id(&self) -> u8 {
+        fn id_of<A: Algorithm>(_: &A) -> u8 {
+            A::ID
         }
-        std::borrow::Cow::Borrowed(&self.script_params)
+        dispatch!(&self.kind, p => id_of(p))
+    }
+
+    /// The numbers the Redis library reads of this limit for a decision
+    /// near `now` (µs; asked only of a calendar window, whose periods are
+    /// the ones around it).
+    #[cfg(feature = "engine")]
+    pub(crate) fn params_near(&self, now: impl FnOnce() -> u64) -> Vec<u64> {
+        dispatch!(&self.kind, p => p.params_near(now).unwrap_or_else(|| p.params().into_iter().collect()))
     }
 }
 
@@ -687,35 +675,6 @@ fn load<A: Registered>(algorithm: &A, value: &Value, now: u64) -> Loaded<State> 
 #[cfg(feature = "engine")]
 fn encode<A: Registered>(algorithm: &A, state: &State, expires: u64) -> Option<Encoded> {
     A::held(state).map(|state| algorithm.encode(state, expires))
-}
-
-/// `id:param:param:…`: the Lua id (flagged when the limit records its
-/// overage), then what the Lua twin's `params` reads.
-#[cfg(feature = "redis")]
-fn script_params<A: Algorithm>(algorithm: &A, records_overage: bool) -> String {
-    script_text(A::ID, records_overage, algorithm.script_params())
-}
-
-/// `A`'s Lua id.
-#[cfg(feature = "redis")]
-fn id_of<A: Algorithm>(_: &A) -> u8 {
-    A::ID
-}
-
-/// The text of a limit of Lua id `id` with `params`.
-#[cfg(feature = "redis")]
-fn script_text(id: u8, records_overage: bool, params: impl IntoIterator<Item = u64>) -> String {
-    use std::fmt::Write as _;
-    let flag = if records_overage {
-        crate::engine::RECORDS_OVERAGE
-    } else {
-        0
-    };
-    let mut text = (u64::from(id) + flag).to_string();
-    for param in params {
-        let _ = write!(text, ":{param}");
-    }
-    text
 }
 
 /// The refusal of `reserve` on a limit of `algorithm`, which neither

@@ -16,11 +16,11 @@
 //! **The registry.** Everything specific to an algorithm is in its file: its
 //! spec (the public struct read from JSON or YAML), its validated
 //! parameters, which implement [`Algorithm`] (validation, capacity, a
-//! decision for every [`Action`], the numbers its Lua twin reads and the
-//! twin's id), and its state. Shared code knows the algorithms only through
+//! decision for every [`Action`], the numbers its Lua version reads and
+//! that version's id), and its state. Shared code knows the algorithms only through
 //! `registry!`, one line per algorithm, `Variant(Spec) => module::Params`,
 //! which builds [`LimitSpec`], [`Kind`], [`State`] and [`Change`], the table
-//! of names, and the list of Lua twins the Redis library is assembled from
+//! of names, and the list of Lua versions the Redis library is assembled from
 //! at compile time. A [`Limit`] holds a [`Kind`], a `Copy` enum of the
 //! parameters, and reaches its algorithm through `dispatch!`, a `match` of
 //! static calls: no trait object, no allocation.
@@ -78,7 +78,7 @@ pub use self::gcra::GcraSpec;
 pub use self::leaky_bucket::LeakyBucketSpec;
 pub use self::limit::Limit;
 #[cfg(feature = "redis")]
-pub(crate) use self::registry::lua_twins;
+pub(crate) use self::registry::lua_sources;
 pub use self::registry::LimitSpec;
 #[cfg(all(test, feature = "redis"))]
 pub(crate) use self::registry::LUA_IDS;

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 /// variant each per algorithm, in registry order); the glue between those
 /// and each algorithm ([`Registered`], `Change::apply`); the table of
 /// [`ALGORITHMS`]; the `dispatch!` macro, which runs an expression on the
-/// parameters of a [`Kind`]; and `lua_twins!`, the Lua twins' source.
+/// parameters of a [`Kind`]; and `lua_sources!`, the Lua files' source.
 macro_rules! registry {
     ($($variant:ident($spec:ty) => $module:ident::$algorithm:ident,)*) => {
         /// Parameters of one limit, as written in JSON or YAML: the
@@ -142,11 +142,11 @@ macro_rules! registry {
         #[cfg(feature = "engine")]
         impl LimitSpec {
             /// The spec of the algorithm whose Lua id is `id`, from the
-            /// numbers its `script_params` gives (not yet validated).
-            pub(crate) fn from_script(id: u64, params: &[u64]) -> Option<LimitSpec> {
+            /// numbers its `params` gives (not yet validated).
+            pub(crate) fn from_params(id: u64, params: &[u64]) -> Option<LimitSpec> {
                 $(
                     if id == u64::from(<$module::$algorithm as Algorithm>::ID) {
-                        return <$module::$algorithm as Algorithm>::script_spec(params).map(LimitSpec::$variant);
+                        return <$module::$algorithm as Algorithm>::spec_of(params).map(LimitSpec::$variant);
                     }
                 )*
                 None
@@ -165,16 +165,16 @@ macro_rules! registry {
             )*
         ];
 
-        /// Each algorithm's name and the id of its Lua twin, for tests.
+        /// Each algorithm's name and the id of its Lua version, for tests.
         #[cfg(all(test, feature = "redis"))]
         pub(crate) const LUA_IDS: &[(&str, u8)] = &[
             $((<$module::$algorithm as Algorithm>::NAME, <$module::$algorithm as Algorithm>::ID),)*
         ];
 
-        /// The Lua twins' source, in registry order: `concat!` of each
+        /// The Lua files' source, in registry order: `concat!` of each
         /// algorithm's `.lua` file, for the Redis store's library.
         #[cfg(feature = "redis")]
-        macro_rules! lua_twins {
+        macro_rules! lua_sources {
             () => {
                 concat!($(
                     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/algorithm/", stringify!($module), ".lua")),
@@ -182,7 +182,7 @@ macro_rules! registry {
             };
         }
         #[cfg(feature = "redis")]
-        pub(crate) use lua_twins;
+        pub(crate) use lua_sources;
 
         /// `$body` with `$p` bound to the parameters in `$kind` (a `&Kind`).
         macro_rules! dispatch {

@@ -37,7 +37,7 @@ use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
 
-/// How the state is kept in Redis, as the Lua twin keeps it.
+/// How the state is kept in Redis, as the Lua version keeps it.
 #[cfg(feature = "engine")]
 const TAT: TatEncoding = TatEncoding {
     tag: b"r",
@@ -223,12 +223,12 @@ impl Algorithm for Reservation {
     }
 
     #[cfg(feature = "engine")]
-    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+    fn params(&self) -> impl IntoIterator<Item = u64> {
         [self.max_burst, self.initial, self.ticks.unit, self.ticks.per_micro]
     }
 
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+    fn spec_of(params: &[u64]) -> Option<Self::Spec> {
         let &[max_burst, initial, unit, per_micro] = params else {
             return None;
         };

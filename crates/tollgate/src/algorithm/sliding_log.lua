@@ -7,7 +7,7 @@
 --   the entry at which `needed` units have left is the first whose total is
 --   at least base + needed, one ZRANGEBYSCORE;
 --   entries that left the window are found from the front, a few at a time,
---   and trimmed when the log is next written (as its Rust twin drops them),
+--   and trimmed when the log is next written (as its Rust version drops them),
 --   never on a read: a redefined limit may count them again.
 -- A decision costs O(log n + entries trimmed). Totals stay below 2^53 for
 -- as long as fewer than 2^53 units are admitted to one key without a pause

@@ -322,14 +322,14 @@ impl Algorithm for SlidingLog {
     }
 
     #[cfg(feature = "engine")]
-    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+    fn params(&self) -> impl IntoIterator<Item = u64> {
         [self.limit, self.window]
     }
 
     /// `[limit, window in µs]`, not yet validated.
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<WindowSpec> {
-        WindowSpec::from_script(params)
+    fn spec_of(params: &[u64]) -> Option<WindowSpec> {
+        WindowSpec::from_params(params)
     }
 
     /// The members a decision reads: "\0x" and "\0b"; from the front, the
@@ -337,7 +337,7 @@ impl Algorithm for SlidingLog {
     /// the entries a denial's `retry_after` lands on; for a refund, the
     /// entry refunded, the one before it and every later one (whose totals
     /// drop). O(log n + entries that left + entries refunded through), as
-    /// the Lua twin reads it.
+    /// the Lua version reads it.
     #[cfg(feature = "engine")]
     fn fetch(&self, set: &mut dyn SortedSet, key: &[u8], now: u64, action: Action<'_>, cost: u64) -> Option<Members> {
         if !set.is_sorted_set(key) {
@@ -748,7 +748,7 @@ mod engine_tests {
     #[test]
     fn params_come_back() {
         let limit = limit();
-        let params: Vec<u64> = limit.script_params().into_iter().collect();
+        let params: Vec<u64> = limit.params().into_iter().collect();
         assert_eq!(from_params(&params), Some(limit));
         assert_eq!(from_params::<SlidingLog>(&[10]), None);
         assert_eq!(from_params::<SlidingLog>(&[0, 1_000]), None);

@@ -1,7 +1,7 @@
 -- sliding_window.rs: a hash of sub-interval start (µs) -> count, at most
 -- `buckets + 1` of them, and "x", when the state has no more to say. Counts
 -- that left the window are deleted when the state is next written (as its
--- Rust twin drops them), never on a read: a redefined limit may count them
+-- Rust version drops them), never on a read: a redefined limit may count them
 -- again.
 
 local sliding_window = {}

@@ -255,13 +255,13 @@ impl Algorithm for SlidingWindow {
     }
 
     #[cfg(feature = "engine")]
-    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+    fn params(&self) -> impl IntoIterator<Item = u64> {
         [self.limit, self.window, self.buckets]
     }
 
     /// `[limit, window in µs, buckets]`, not yet validated.
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<SlidingWindowSpec> {
+    fn spec_of(params: &[u64]) -> Option<SlidingWindowSpec> {
         let &[limit, window, buckets] = params else {
             return None;
         };
@@ -468,7 +468,7 @@ mod engine_tests {
     #[test]
     fn params_come_back() {
         let limit = limit();
-        let params: Vec<u64> = limit.script_params().into_iter().collect();
+        let params: Vec<u64> = limit.params().into_iter().collect();
         assert_eq!(from_params(&params), Some(limit));
         assert_eq!(from_params::<SlidingWindow>(&[10, 1_000]), None);
         assert_eq!(from_params::<SlidingWindow>(&[10, 1_001, 10]), None);

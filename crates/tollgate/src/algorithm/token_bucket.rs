@@ -33,7 +33,7 @@ use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::Result;
 
-/// How a smooth bucket's instant is kept in Redis, as the Lua twin keeps it.
+/// How a smooth bucket's instant is kept in Redis, as the Lua version keeps it.
 #[cfg(feature = "engine")]
 const TAT: TatEncoding = TatEncoding {
     tag: b"s",
@@ -336,7 +336,7 @@ impl Algorithm for TokenBucket {
 
     /// The mode is 1 for interval refill, 0 for smooth.
     #[cfg(feature = "engine")]
-    fn script_params(&self) -> impl IntoIterator<Item = u64> {
+    fn params(&self) -> impl IntoIterator<Item = u64> {
         [
             self.capacity,
             self.refill,
@@ -350,7 +350,7 @@ impl Algorithm for TokenBucket {
     }
 
     #[cfg(feature = "engine")]
-    fn script_spec(params: &[u64]) -> Option<Self::Spec> {
+    fn spec_of(params: &[u64]) -> Option<Self::Spec> {
         let &[capacity, refill, interval, interval_mode, initial, unit, _, max_debt] = params else {
             return None;
         };

@@ -6,7 +6,7 @@
 //! the keys, and the arguments the Redis store sends the functions library,
 //! a batch of decisions, each with its head, lease and limits) and answers
 //! the library's reply, integer for integer. Each limit's state is read from its
-//! key and written back in the encoding of its Lua twin, so that module and
+//! key and written back in the encoding of its Lua version, so that module and
 //! Lua clients can share a server (a rolling upgrade, a server without the
 //! module for a while). The decision itself is the policy's, the code the
 //! memory store runs, on the states loaded from the keys.
@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{Change, Encoded, Limit, LimitSpec, Loaded, State};
+use crate::algorithm::{Change, Encoded, Loaded, State};
 pub use crate::algorithm::{Members, Scores, SortedSet, Value, Visit};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
@@ -26,12 +26,11 @@ use crate::policy::{Ask as _, Policy, Request, Slots};
 
 pub mod protocol;
 
-pub use self::protocol::PROTOCOL;
-pub(crate) use self::protocol::RECORDS_OVERAGE;
 use self::protocol::{
-    push_head, push_limit, split_limit_argument, unsigned, Head, OpCode, ALLOWED, DENIED, FOREIGN, REPLY_HEAD,
-    REPLY_PER_LIMIT,
+    push_head, push_limit, read_limit_text, split_limit_argument, unsigned, Head, OpCode, ALLOWED, DENIED, FOREIGN,
+    REPLY_HEAD, REPLY_PER_LIMIT,
 };
+pub use self::protocol::{CallError, PROTOCOL};
 
 /// Where the engine reads and writes keys: the server's keyspace, inside
 /// the command being run (so a decision is atomic). A sorted set is read a
@@ -65,52 +64,14 @@ pub struct Engine {
     known: HashMap<Vec<u8>, Policy, foldhash::fast::RandomState>,
 }
 
-/// A call the engine refuses: arguments not in the calling convention.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallError(pub String);
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for CallError {}
-
-fn invalid(message: impl Into<String>) -> CallError {
-    CallError(message.into())
-}
-
 /// The request `head` asks, with the per-limit `costs`.
 fn request(head: &Head, costs: Vec<u64>, now: u64) -> Result<Request, CallError> {
-    let op = head.request_op().ok_or_else(|| invalid("a reset is no request"))?;
+    let op = head.request_op().ok_or(CallError::Malformed("a reset is no request"))?;
     let mut request = Request::new(op, head.cost).at(Timestamp::from_micros(now));
     if !costs.is_empty() && costs.iter().any(|&cost| cost != head.cost) {
         request = request.with_costs(costs);
     }
     Ok(request)
-}
-
-/// The limit a text (without its cost) describes.
-fn parse_limit(text: &[u8]) -> Result<Limit, CallError> {
-    let mut numbers = Vec::with_capacity(8);
-    for part in text.split(|&byte| byte == b':') {
-        numbers.push(unsigned(part, "a limit's parameter")?);
-    }
-    let (&flagged, params) = numbers.split_first().ok_or_else(|| invalid("a limit has no id"))?;
-    let (id, records_overage) = if flagged >= RECORDS_OVERAGE {
-        (flagged - RECORDS_OVERAGE, true)
-    } else {
-        (flagged, false)
-    };
-    let spec = LimitSpec::from_script(id, params)
-        .ok_or_else(|| invalid(format!("no algorithm {id} with {} parameters", params.len())))?;
-    let limit = spec.build().map_err(|error| invalid(error.to_string()))?;
-    if records_overage {
-        limit.recording_overage().map_err(|error| invalid(error.to_string()))
-    } else {
-        Ok(limit)
-    }
 }
 
 /// The expiry, in ms, of a state that says something for `ttl` µs.
@@ -132,13 +93,13 @@ impl Engine {
     /// The policy of one limit (text without its cost), parsed once.
     fn single(&mut self, text: &[u8]) -> Result<&Policy, CallError> {
         if !self.known.contains_key(text) {
-            let policy = Policy::single(parse_limit(text)?);
+            let policy = Policy::single(read_limit_text(text)?);
             if self.known.len() >= MAX_KNOWN {
                 self.known.clear();
             }
             self.known.insert(text.to_vec(), policy);
         }
-        self.known.get(text).ok_or_else(|| invalid("no limit"))
+        self.known.get(text).ok_or(CallError::Malformed("no limit"))
     }
 
     /// Runs one call: `keys` and `args` as the functions library takes them.
@@ -149,7 +110,7 @@ impl Engine {
     /// Arguments not in the calling convention (nothing is written then for
     /// the decision at fault; earlier decisions of the batch are made).
     pub fn run(&mut self, keyspace: &mut impl Keyspace, keys: &[&[u8]], args: &[&[u8]]) -> Result<Vec<i64>, CallError> {
-        let (&count, mut rest) = args.split_first().ok_or_else(|| invalid("no arguments"))?;
+        let (&count, mut rest) = args.split_first().ok_or(CallError::Malformed("no arguments"))?;
         let count = unsigned(count, "the number of decisions")?;
         let decisions = usize::try_from(count).unwrap_or(1).min(64);
         let mut reply = Vec::with_capacity((REPLY_HEAD + REPLY_PER_LIMIT) * decisions);
@@ -158,7 +119,7 @@ impl Engine {
         for _ in 0..count {
             let head = Head::parse(&mut rest)?;
             if rest.len() < head.limits || keys.len() < head.limits {
-                return Err(invalid("fewer limits or keys than the head says"));
+                return Err(CallError::Malformed("fewer limits or keys than the head says"));
             }
             let (limits, tail) = rest.split_at(head.limits);
             rest = tail;
@@ -203,9 +164,9 @@ impl Engine {
             let (text, cost) = split_limit_argument(text)?;
             costs.push(cost);
             let limit = self.single(text)?.limits().next().map(|(_, limit)| limit.clone());
-            named.push((index.to_string(), limit.ok_or_else(|| invalid("no limit"))?));
+            named.push((index.to_string(), limit.ok_or(CallError::Malformed("no limit"))?));
         }
-        let policy = Policy::spread(named).map_err(|error| invalid(error.to_string()))?;
+        let policy = Policy::spread(named)?;
         let request = request(head, costs, now)?;
         decide_policy(keyspace, keys, head, &policy, &request, now, reply)
     }
@@ -244,11 +205,9 @@ fn decide_policy(
         }
     }
     if policy.limits().any(|(_, limit)| !limit.decides_at(now)) {
-        return Err(invalid(
-            "a calendar window's periods do not hold the server's time (the client's clock is a period away)",
-        ));
+        return Err(CallError::PeriodsAway);
     }
-    policy.validate(request).map_err(|error| invalid(error.to_string()))?;
+    policy.validate(request)?;
     let mut loaded = LoadedStates {
         states,
         commits: SmallVec::new(),

@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use super::{invalid, CallError};
+use crate::algorithm::{Limit, LimitSpec};
 use crate::clock::{micros, Timestamp};
 use crate::decision::Decision;
 use crate::policy::Op;
@@ -53,6 +53,43 @@ pub const DENIED: i64 = 0;
 /// A decision's status: refused, a key holding a value Tollgate did not
 /// write (the reply is its head only).
 pub const FOREIGN: i64 = -1;
+
+/// A call an engine refuses: nothing is written for the decision at
+/// fault (earlier decisions of its batch are made).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// Arguments not in the convention's shape; says what is wrong.
+    #[error("{0}")]
+    Malformed(&'static str),
+    /// A number the convention wants unsigned that is not; names it.
+    #[error("{0} is not an unsigned integer")]
+    NotUnsigned(&'static str),
+    /// An op code the convention does not have.
+    #[error("unknown op {0}")]
+    UnknownOp(u64),
+    /// A limit's text that no algorithm reads: its id and how many
+    /// numbers follow it.
+    #[error("no algorithm {id} with {params} parameters")]
+    UnknownLimit {
+        /// The algorithm id.
+        id: u64,
+        /// The numbers after it.
+        params: usize,
+    },
+    /// Limits or a request the library refuses, with its message.
+    #[error("{0}")]
+    Refused(String),
+    /// A calendar window sent with periods that do not hold the server's
+    /// time.
+    #[error("a calendar window's periods do not hold the server's time (the client's clock is a period away)")]
+    PeriodsAway,
+}
+
+impl From<crate::Error> for CallError {
+    fn from(error: crate::Error) -> Self {
+        Self::Refused(error.to_string())
+    }
+}
 
 /// The largest number the convention carries: the reply's integers are
 /// signed, and a longer wait is as good as forever.
@@ -247,13 +284,13 @@ impl<'a> Head<'a> {
     ///
     /// Arguments that are no head, or too few of them.
     pub fn parse(args: &mut &[&'a [u8]]) -> Result<Self, CallError> {
-        let mut next = |missing: &str| {
-            let (&first, rest) = args.split_first().ok_or_else(|| invalid(missing))?;
+        let mut next = |missing: &'static str| {
+            let (&first, rest) = args.split_first().ok_or(CallError::Malformed(missing))?;
             *args = rest;
             Ok::<_, CallError>(first)
         };
         let text = next("a decision is missing")?;
-        let malformed = || invalid("a decision's head is <op>:<cost>:<n>:<max_wait>:<now>");
+        let malformed = || CallError::Malformed("a decision's head is <op>:<cost>:<n>:<max_wait>:<now>");
         let mut fields = text.split(|&byte| byte == b':');
         let mut field = || fields.next().ok_or_else(malformed);
         let (op, cost, limits, max_wait, now) = (field()?, field()?, field()?, field()?, field()?);
@@ -261,10 +298,10 @@ impl<'a> Head<'a> {
             return Err(malformed());
         }
         let op = unsigned(op, "op")?;
-        let op = OpCode::from_code(op).ok_or_else(|| invalid(format!("unknown op {op}")))?;
+        let op = OpCode::from_code(op).ok_or(CallError::UnknownOp(op))?;
         let lease = if op.carries_lease() {
             let lease = next("a lease is missing")?;
-            let lease = std::str::from_utf8(lease).map_err(|_| invalid("a lease name is not UTF-8"))?;
+            let lease = std::str::from_utf8(lease).map_err(|_| CallError::Malformed("a lease name is not UTF-8"))?;
             (!lease.is_empty()).then_some(lease)
         } else {
             None
@@ -278,7 +315,7 @@ impl<'a> Head<'a> {
             op,
             cost: unsigned(cost, "cost")?,
             limits: usize::try_from(unsigned(limits, "the number of limits")?)
-                .map_err(|_| invalid("too many limits"))?,
+                .map_err(|_| CallError::Malformed("too many limits"))?,
             max_wait: if max_wait == b"-1" {
                 None
             } else {
@@ -319,14 +356,58 @@ impl<'a> Head<'a> {
     }
 }
 
-/// A limit's argument: its text `<algorithm id>:<parameters>` and the cost
-/// it sees, `<id>:<parameters>:<cost>`.
+/// A limit's argument: its [text](limit_text) and the cost it sees,
+/// `<id>:<parameters>:<cost>`.
 pub fn limit_argument(text: &str, cost: u64) -> String {
     let mut argument = String::with_capacity(text.len() + 21);
     argument.push_str(text);
     argument.push(':');
     push_number(&mut argument, cost);
     argument
+}
+
+/// A limit's text, `<id>:<parameters>`: its algorithm's id (plus
+/// [`RECORDS_OVERAGE`] when a check it refuses still counts), then the
+/// numbers its algorithm reads, for a decision near `now` (µs; asked only
+/// of a calendar window, whose periods are the ones around it).
+pub fn limit_text(limit: &Limit, now: impl FnOnce() -> u64) -> String {
+    let flag = if limit.records_overage() { RECORDS_OVERAGE } else { 0 };
+    let mut text = String::with_capacity(48);
+    push_number(&mut text, u64::from(limit.id()) + flag);
+    for param in limit.params_near(now) {
+        text.push(':');
+        push_number(&mut text, param);
+    }
+    text
+}
+
+/// The limit a [`limit_text`] describes.
+///
+/// # Errors
+///
+/// A text that is not numbers joined by ':', or whose numbers describe no
+/// valid limit.
+pub fn read_limit_text(text: &[u8]) -> Result<Limit, CallError> {
+    let mut numbers = Vec::with_capacity(8);
+    for part in text.split(|&byte| byte == b':') {
+        numbers.push(unsigned(part, "a limit's parameter")?);
+    }
+    let (&flagged, params) = numbers.split_first().ok_or(CallError::Malformed("a limit has no id"))?;
+    let (id, records_overage) = if flagged >= RECORDS_OVERAGE {
+        (flagged - RECORDS_OVERAGE, true)
+    } else {
+        (flagged, false)
+    };
+    let spec = LimitSpec::from_params(id, params).ok_or(CallError::UnknownLimit {
+        id,
+        params: params.len(),
+    })?;
+    let limit = spec.build()?;
+    Ok(if records_overage {
+        limit.recording_overage()?
+    } else {
+        limit
+    })
 }
 
 /// A [`limit_argument`] split into its text and its cost.
@@ -338,7 +419,7 @@ pub fn split_limit_argument(argument: &[u8]) -> Result<(&[u8], u64), CallError> 
     let colon = argument
         .iter()
         .rposition(|&byte| byte == b':')
-        .ok_or_else(|| invalid("a limit is <id>:<params>:<cost>"))?;
+        .ok_or(CallError::Malformed("a limit is <id>:<params>:<cost>"))?;
     Ok((&argument[..colon], unsigned(&argument[colon + 1..], "a limit's cost")?))
 }
 
@@ -358,6 +439,40 @@ pub fn push_limit(reply: &mut Vec<i64>, decision: &Decision) {
         micros(decision.reset_after),
         micros(decision.wait),
     ]);
+}
+
+/// A decision's reply head, as [`push_head`] wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyHead {
+    /// [`ALLOWED`], [`DENIED`] or [`FOREIGN`].
+    pub status: i64,
+    /// Units granted.
+    pub granted: u64,
+    /// The instant decided at, µs since the epoch.
+    pub now: u64,
+}
+
+/// Reads a decision's reply head off the front of `reply`, and the rest
+/// (`None`: fewer than [`REPLY_HEAD`] integers, or one out of its range).
+pub fn read_head(reply: &[i64]) -> Option<(ReplyHead, &[i64])> {
+    let (&[status, granted, now], rest) = reply.split_first_chunk::<REPLY_HEAD>()?;
+    let head = ReplyHead {
+        status,
+        granted: u64::try_from(granted).ok()?,
+        now: u64::try_from(now).ok()?,
+    };
+    Some((head, rest))
+}
+
+/// How many integers at the front of `reply` are one decision's reply:
+/// `expected` ([`OpCode::reply_len`]), unless it was refused with
+/// [`FOREIGN`] (its head only).
+pub fn decision_reply_len(reply: &[i64], expected: usize) -> usize {
+    if reply.first() == Some(&FOREIGN) {
+        REPLY_HEAD
+    } else {
+        expected
+    }
 }
 
 /// Reads one limit's reply (`None`: not [`REPLY_PER_LIMIT`] integers, or
@@ -411,8 +526,8 @@ fn push_number(text: &mut String, number: impl itoa::Integer) {
 }
 
 /// `text` as an unsigned integer, or an error naming `field`.
-pub(super) fn unsigned(text: &[u8], field: &str) -> Result<u64, CallError> {
-    crate::algorithm::number(text).ok_or_else(|| invalid(format!("{field} is not an unsigned integer")))
+pub(super) fn unsigned(text: &[u8], field: &'static str) -> Result<u64, CallError> {
+    crate::algorithm::number(text).ok_or(CallError::NotUnsigned(field))
 }
 
 #[cfg(test)]
@@ -552,7 +667,7 @@ mod tests {
             let head = Head { op, cost, limits, max_wait, now, lease: lease.as_deref(), refund_at };
             let mut args = Vec::new();
             head.encode(&mut args);
-            args.push(limit_argument(&limit, limit_cost));
+            args.push(format!("{limit}:{limit_cost}"));
             let bytes: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
             let mut rest = bytes.as_slice();
             prop_assert_eq!(Head::parse(&mut rest)?, head);

@@ -27,7 +27,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, Single
 use redis::sentinel::SentinelClient;
 
 use super::{function_source, library_name, script_source, store_error};
-use crate::engine::protocol;
+use crate::engine::protocol::{self, PROTOCOL};
 use crate::error::Result;
 
 /// Which engine decides, as `?engine=` in the store URL says.
@@ -71,10 +71,6 @@ impl std::fmt::Display for EngineKind {
         f.write_str(self.name())
     }
 }
-
-/// The calling convention's version the module must answer to
-/// `TOLLGATE.VERSION`.
-const MODULE_PROTOCOL: i64 = crate::engine::PROTOCOL;
 
 /// How decisions are made on this server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,14 +165,14 @@ async fn load_engine<C: ConnectionLike + Send>(
     protocol: Option<i64>,
 ) -> redis::RedisResult<Engine> {
     match (choice, protocol) {
-        (EngineChoice::Module | EngineChoice::Auto, Some(MODULE_PROTOCOL)) => Ok(Engine::Module),
+        (EngineChoice::Module | EngineChoice::Auto, Some(PROTOCOL)) => Ok(Engine::Module),
         // No module, or one of another version: the library decides.
         (EngineChoice::Lua | EngineChoice::Auto, _) => load_library(connection).await,
         (EngineChoice::Module, None) => Err(no_module(
             "the server (on a Cluster, a master) has no tollgate module loaded (the store URL says engine=module)",
         )),
         (EngineChoice::Module, Some(other)) => Err(no_module(&format!(
-            "the server's tollgate module speaks protocol {other}, this client {MODULE_PROTOCOL} \
+            "the server's tollgate module speaks protocol {other}, this client {PROTOCOL} \
              (the store URL says engine=module)"
         ))),
     }

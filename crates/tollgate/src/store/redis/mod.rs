@@ -83,7 +83,8 @@ use super::{spread, Spread, Store};
 use crate::clock::{Clock, Sleep, SystemClock, Timestamp};
 use crate::decision::Outcome;
 use crate::engine::protocol::{
-    limit_argument, read_limit, Head, OpCode, ALLOWED, FOREIGN, REPLY_HEAD, REPLY_PER_LIMIT,
+    decision_reply_len, limit_argument, limit_text, read_head, read_limit, Head, OpCode, ALLOWED, FOREIGN,
+    REPLY_PER_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
@@ -92,11 +93,11 @@ use crate::subject::Subject;
 mod connection;
 mod url;
 
-/// The library's source: the prelude, every algorithm's Lua twin (in the
+/// The library's source: the prelude, every algorithm's Lua version (in the
 /// algorithms' registry order), the entry point.
 pub(crate) const LIBRARY: &str = concat!(
     include_str!("prelude.lua"),
-    crate::algorithm::lua_twins!(),
+    crate::algorithm::lua_sources!(),
     include_str!("tollgate.lua"),
 );
 
@@ -592,13 +593,7 @@ fn answer(jobs: Vec<Job>, result: Result<Vec<i64>>) {
         Ok(reply) => {
             let mut rest = reply.as_slice();
             for job in jobs {
-                // A decision refused for a foreign value replies with its head only.
-                let len = if rest.first() == Some(&FOREIGN) {
-                    REPLY_HEAD
-                } else {
-                    job.decision.reply_len
-                };
-                let len = len.min(rest.len());
+                let len = decision_reply_len(rest, job.decision.reply_len).min(rest.len());
                 let (own, tail) = rest.split_at(len);
                 rest = tail;
                 let _ = job.reply.send(Ok(own.to_vec()));
@@ -738,8 +733,8 @@ impl RedisStore {
         let mut args = Vec::with_capacity(3 + policy.len());
         head.encode(&mut args);
         for (index, (_, limit)) in policy.limits().enumerate() {
-            let params = limit.script_params_near(|| now.unwrap_or_else(|| SystemClock.now().as_micros()));
-            args.push(limit_argument(params.as_ref(), request.cost_of(index)));
+            let text = limit_text(limit, || now.unwrap_or_else(|| SystemClock.now().as_micros()));
+            args.push(limit_argument(&text, request.cost_of(index)));
         }
         Encoded {
             keys,
@@ -784,17 +779,11 @@ fn malformed() -> Error {
     Error::new(ErrorKind::Store, "redis: malformed reply from the library")
 }
 
-fn unsigned(value: i64) -> Result<u64> {
-    u64::try_from(value).map_err(|_| malformed())
-}
-
 /// Reads one decision's reply: its head (status, granted, the instant
 /// decided at), then each limit's.
 fn read_reply(policy: &Policy, op: &Op, reply: &[i64]) -> Result<Outcome> {
-    let Some((&[status, granted, now], fields)) = reply.split_first_chunk::<REPLY_HEAD>() else {
-        return Err(malformed());
-    };
-    if status == FOREIGN {
+    let (head, fields) = read_head(reply).ok_or_else(malformed)?;
+    if head.status == FOREIGN {
         return Err(Error::new(ErrorKind::Store, wrong_type_message()));
     }
     if fields.len() != REPLY_PER_LIMIT * policy.len() {
@@ -806,9 +795,9 @@ fn read_reply(policy: &Policy, op: &Op, reply: &[i64]) -> Result<Outcome> {
     }
     Ok(policy.outcome(
         op,
-        status == ALLOWED,
-        unsigned(granted)?,
-        unsigned(now)?,
+        head.status == ALLOWED,
+        head.granted,
+        head.now,
         decisions.into_iter(),
     ))
 }

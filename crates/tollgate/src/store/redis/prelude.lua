@@ -1,5 +1,5 @@
 -- Tollgate's Redis library: every algorithm of crates/tollgate/src/algorithm/,
--- each in a Lua file beside its Rust twin, assembled in the order
+-- each in a Lua file beside its Rust version, assembled in the order
 -- prelude.lua, the algorithms, tollgate.lua (store/redis/mod.rs).
 --
 -- On Redis 7+ and Valkey the library is loaded once with FUNCTION LOAD and
@@ -112,7 +112,7 @@ local function record_whole(decide, forced, p, s, now, cost)
 end
 
 -- How a borrowing or shaping limit (reservation, leaky bucket) runs an
--- action, as their Rust twins' `decide` do: a release only reports (never
+-- action, as their Rust versions' `decide` do: a release only reports (never
 -- denied, never waits); `check` accepts a wait of at most `check_wait`
 -- (nil: any).
 local function queue_action(reserve, p, s, now, action, cost, max_wait, check_wait)
