@@ -270,17 +270,15 @@ impl<S: Store> Limiter<S> {
     /// A store fault (the estimate then stays taken, or part of it: whether
     /// a refund under way when its connection failed was made is unknown).
     pub async fn settle(&self, subject: &Subject, taken_at: Timestamp, estimate: u64, actual: u64) -> Result<Decision> {
-        if actual > estimate {
-            return self.decision(subject, Op::Record, actual - estimate).await;
-        }
-        let refund = |at, cost| async move { self.decision(subject, Op::Refund { at, lease: None }, cost).await };
-        let cost = estimate - actual;
-        match self.policy.refund_keys(taken_at) {
-            Some(keys) if !self.store.in_process() => {
+        let settlement = Request::settlement(taken_at, estimate, actual);
+        match (self.policy.refund_keys(taken_at), &settlement.op) {
+            (Some(keys), Op::Refund { .. }) if !self.store.in_process() => {
+                let refund =
+                    |at, cost| async move { self.decision(subject, Op::Refund { at, lease: None }, cost).await };
                 let key = (subject.clone(), keys);
-                self.settling.refund(key, taken_at, cost, refund).await
+                self.settling.refund(key, taken_at, settlement.cost, refund).await
             }
-            _ => refund(taken_at, cost).await,
+            _ => self.decision(subject, settlement.op, settlement.cost).await,
         }
     }
 

@@ -63,7 +63,7 @@ pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
-mod properties;
+pub(crate) mod properties;
 
 pub use self::calendar::Period;
 pub use self::concurrency::ConcurrencySpec;

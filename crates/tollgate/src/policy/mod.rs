@@ -135,6 +135,24 @@ impl Request {
         }
     }
 
+    /// The request that settles an estimate of `estimate` units taken at
+    /// `taken_at` with the `actual` cost: the excess recorded
+    /// ([`Op::Record`]), or the unused part given back ([`Op::Refund`]; at
+    /// the estimate exactly, a refund of nothing: a look).
+    pub fn settlement(taken_at: Timestamp, estimate: u64, actual: u64) -> Self {
+        if actual > estimate {
+            Self::new(Op::Record, actual - estimate)
+        } else {
+            Self::new(
+                Op::Refund {
+                    at: taken_at,
+                    lease: None,
+                },
+                estimate - actual,
+            )
+        }
+    }
+
     /// Decides at `now` instead of the store's time (tests, simulations, replays).
     #[must_use]
     pub fn at(mut self, now: Timestamp) -> Self {

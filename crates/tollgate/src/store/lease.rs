@@ -742,13 +742,7 @@ impl<S: Store> Store for LeasedStore<S> {
     /// is (a block per descriptor, all or nothing, is not leased).
     async fn decide_spread(&self, spread: &Spread, op: Op) -> Result<Outcome> {
         match spread.subjects() {
-            [subject] => {
-                let policy = spread.policy();
-                let mut single = spread.request(op);
-                single.cost = single.cost_of(0);
-                single.costs.clear();
-                self.decide(subject, policy, &single).await
-            }
+            [subject] => self.decide(subject, spread.policy(), &spread.request(op)).await,
             _ => self.shared.inner.decide_spread(spread, op).await,
         }
     }

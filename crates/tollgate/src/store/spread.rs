@@ -124,10 +124,14 @@ impl Spread {
         self
     }
 
-    /// The request of `op` over the rows, each asked its cost.
+    /// The request of `op` over the rows, each asked its cost: one cost
+    /// for all when they are equal, else one per row.
     pub fn request(&self, op: Op) -> Request {
         let most = self.costs.iter().copied().max().unwrap_or(0);
-        let request = Request::new(op, most).with_costs(self.costs.clone());
+        let mut request = Request::new(op, most);
+        if self.costs.iter().any(|&cost| cost != most) {
+            request = request.with_costs(self.costs.clone());
+        }
         match self.now {
             Some(now) => request.at(now),
             None => request,

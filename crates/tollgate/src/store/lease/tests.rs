@@ -527,7 +527,7 @@ fn units_a_failure_policy_granted_are_never_given_to_the_store() {
 }
 
 #[test]
-fn over_the_memory_store_a_leased_limiter_decides_as_the_store() {
+fn over_the_memory_store_a_leased_store_decides_as_the_store() {
     runtime().block_on(async {
         let policy = Policy::single(
             Limit::gcra(10, Duration::from_secs(1), 3)
@@ -535,16 +535,15 @@ fn over_the_memory_store_a_leased_limiter_decides_as_the_store() {
                 .with_lease(Duration::from_millis(50))
                 .unwrap(),
         );
-        let plain = crate::Limiter::new(MemoryStore::new(), policy.clone());
-        let leased_store = LeasedStore::new(MemoryStore::new());
-        let leased = crate::Limiter::new(leased_store.clone(), policy);
+        let plain = MemoryStore::new();
+        let leased = LeasedStore::new(MemoryStore::new());
         for micros in (0..2_000_000).step_by(37_000) {
             let request = check(micros);
-            let a = plain.decide(&subject(), &request).await.unwrap();
-            let b = leased.decide(&subject(), &request).await.unwrap();
+            let a = plain.decide(&subject(), &policy, &request).await.unwrap();
+            let b = leased.decide(&subject(), &policy, &request).await.unwrap();
             assert_eq!(a.decision, b.decision, "at {micros} us");
         }
-        assert_eq!(leased_store.stats().decisions, 0, "no lease over the memory store");
+        assert_eq!(leased.stats().decisions, 0, "no lease over the memory store");
     });
 }
 
