@@ -262,6 +262,29 @@ pub(crate) trait Algorithm: Copy {
     fn encode(&self, state: &Self::State, expires: u64) -> Encoded;
 }
 
+/// The items of [`Algorithm`] for an algorithm whose whole state is one
+/// instant ([`Tat`]) on the exact rate in its `ticks` field: its state is
+/// its instant, and one word holds it when the rate's ticks are whole
+/// microseconds.
+macro_rules! instant_state {
+    () => {
+        const INSTANT: bool = true;
+
+        fn instant(stored: &Tat) -> Option<Tat> {
+            Some(*stored)
+        }
+
+        fn from_instant(instant: Tat) -> Option<Tat> {
+            Some(instant)
+        }
+
+        fn whole_micros(&self) -> bool {
+            self.ticks.per_micro == 1
+        }
+    };
+}
+pub(crate) use instant_state;
+
 /// What a decision does to one algorithm's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Update<S, E> {

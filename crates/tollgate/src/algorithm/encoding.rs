@@ -434,6 +434,28 @@ pub(crate) mod testing {
         }
     }
 
+    /// A window limit's decisions of every kind on `state` at `now`
+    /// (checks of several costs, a refund of `refund` units taken at
+    /// `taken_at`) and the units available: what a state read back must
+    /// answer as the state written did.
+    pub(crate) fn window_probes<A: Algorithm>(
+        limit: &A,
+        state: Option<&A::State>,
+        now: u64,
+        (taken_at, refund): (u64, u64),
+    ) -> (Vec<Decision>, u64) {
+        let mut decisions: Vec<Decision> = [0, 1, 3, 10, 11]
+            .into_iter()
+            .map(|cost| limit.decide(state, now, Action::Check, cost).decision)
+            .collect();
+        let action = Action::Refund {
+            at: taken_at,
+            lease: None,
+        };
+        decisions.push(limit.decide(state, now, action, refund).decision);
+        (decisions, limit.available(state, now))
+    }
+
     /// Runs `action` on `limit` and commits it to `state`, as a store does.
     pub(crate) fn run<A: Algorithm>(
         limit: &A,

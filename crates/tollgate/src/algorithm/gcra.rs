@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "engine")]
 use super::core::debt_cells;
 use super::core::{
-    at_least_one, max_debt, positive, record_whole, refilled, refund_whole, Action, Algorithm, Step, Update,
+    at_least_one, instant_state, max_debt, positive, record_whole, refilled, refund_whole, Action, Algorithm, Step,
+    Update,
 };
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
@@ -120,19 +121,7 @@ impl Algorithm for Gcra {
     const ID: u8 = 7;
     const REFUNDS_ADD_UP: bool = true;
     const LEASABLE: bool = true;
-    const INSTANT: bool = true;
-
-    fn instant(stored: &Tat) -> Option<Tat> {
-        Some(*stored)
-    }
-
-    fn from_instant(instant: Tat) -> Option<Tat> {
-        Some(instant)
-    }
-
-    fn whole_micros(&self) -> bool {
-        self.ticks.per_micro == 1
-    }
+    instant_state!();
 
     fn build(spec: &GcraSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;

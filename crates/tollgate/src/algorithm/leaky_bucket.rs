@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{at_least_one, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update};
+use super::core::{
+    at_least_one, instant_state, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update,
+};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
@@ -122,19 +124,7 @@ impl Algorithm for LeakyBucket {
     const ID: u8 = 6;
     const REFUNDS_ADD_UP: bool = true;
     const SHAPING: bool = true;
-    const INSTANT: bool = true;
-
-    fn instant(stored: &Tat) -> Option<Tat> {
-        Some(*stored)
-    }
-
-    fn from_instant(instant: Tat) -> Option<Tat> {
-        Some(instant)
-    }
-
-    fn whole_micros(&self) -> bool {
-        self.ticks.per_micro == 1
-    }
+    instant_state!();
 
     fn build(spec: &LeakyBucketSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;

@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{
-    at_least_one, at_most, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update,
+    at_least_one, at_most, instant_state, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update,
 };
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
@@ -146,19 +146,7 @@ impl Algorithm for Reservation {
     const ID: u8 = 5;
     const REFUNDS_ADD_UP: bool = true;
     const SHAPING: bool = true;
-    const INSTANT: bool = true;
-
-    fn instant(stored: &Tat) -> Option<Tat> {
-        Some(*stored)
-    }
-
-    fn from_instant(instant: Tat) -> Option<Tat> {
-        Some(instant)
-    }
-
-    fn whole_micros(&self) -> bool {
-        self.ticks.per_micro == 1
-    }
+    instant_state!();
 
     fn build(spec: &ReservationSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;

@@ -96,6 +96,13 @@ end
 
 local record
 
+-- When `needed` units will have left (µs from now): the oldest entries
+-- leave first.
+local function entries_leave(p, s, now, needed)
+  local entry = rcall("ZRANGEBYSCORE", s.key, s.base + needed, "+inf", "LIMIT", 0, 1)
+  return tonumber(entry[1]) + p.window - now
+end
+
 function sliding_log.decide(p, s, now, action, cost)
   if action == RECORD then
     return record(p, s, now, cost)
@@ -106,19 +113,11 @@ function sliding_log.decide(p, s, now, action, cost)
   if s then
     total = s.last_total - s.base
   end
+  local refused = window_refusal(p, s, now, total, cost, reset_after, entries_leave)
+  if refused then
+    return refused
+  end
   local remaining = sat_sub(p.limit, total)
-  if cost > p.limit then
-    return deny(p.limit, remaining, nil, reset_after(p, s, now))
-  end
-  -- Over when total + cost > limit: a peek too, once usage recorded above
-  -- the limit has left nothing.
-  if total + cost > p.limit then
-    -- The oldest entries leave first: wait until enough units have left.
-    local needed = total + cost - p.limit
-    local entry = rcall("ZRANGEBYSCORE", s.key, s.base + needed, "+inf", "LIMIT", 0, 1)
-    local retry_after = tonumber(entry[1]) + p.window - now
-    return deny(p.limit, remaining, retry_after, reset_after(p, s, now))
-  end
   if cost == 0 then
     return allow(p.limit, remaining, reset_after(p, s, now), 0)
   end

@@ -629,25 +629,7 @@ mod engine_tests {
 
     /// Decisions of every kind at `now`, and the units available.
     fn probes(state: Option<&SlidingLogState>, now: u64) -> (Vec<Decision>, u64) {
-        let limit = limit();
-        let mut decisions: Vec<Decision> = [0, 1, 3, 10, 11]
-            .into_iter()
-            .map(|cost| limit.decide(state, now, Action::Check, cost).decision)
-            .collect();
-        decisions.push(
-            limit
-                .decide(
-                    state,
-                    now,
-                    Action::Refund {
-                        at: T0 + 300,
-                        lease: None,
-                    },
-                    1,
-                )
-                .decision,
-        );
-        (decisions, limit.available(state, now))
+        testing::window_probes(&limit(), state, now, (T0 + 300, 1))
     }
 
     #[test]

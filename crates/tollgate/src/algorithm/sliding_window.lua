@@ -95,6 +95,19 @@ local function forced(p, s, now, cost)
   return counts, { index = index, count = count }
 end
 
+-- When `needed` units will have left (µs from now): the oldest counts
+-- leave first.
+local function counts_leave(p, s, now, needed)
+  local freed = 0
+  for _, entry in ipairs(s) do
+    freed = freed + entry[2]
+    if freed >= needed then
+      return leaves(p, entry[1]) - now
+    end
+  end
+  return nil
+end
+
 function sliding_window.decide(p, s, now, action, cost)
   if action == RECORD then
     return record_whole(sliding_window.decide, forced, p, s, now, cost)
@@ -102,24 +115,11 @@ function sliding_window.decide(p, s, now, action, cost)
     cost = 0
   end
   local total = total_of(s)
+  local refused = window_refusal(p, s, now, total, cost, reset_after, counts_leave)
+  if refused then
+    return refused
+  end
   local remaining = sat_sub(p.limit, total)
-  if cost > p.limit then
-    return deny(p.limit, remaining, nil, reset_after(p, s, now))
-  end
-  -- Over when total + cost > limit: a peek too, once usage recorded above
-  -- the limit has left nothing.
-  if total + cost > p.limit then
-    local needed = total + cost - p.limit
-    local freed, retry_after = 0, nil
-    for _, entry in ipairs(s) do
-      freed = freed + entry[2]
-      if freed >= needed then
-        retry_after = leaves(p, entry[1]) - now
-        break
-      end
-    end
-    return deny(p.limit, remaining, retry_after, reset_after(p, s, now))
-  end
   if cost == 0 then
     return allow(p.limit, remaining, reset_after(p, s, now), 0)
   end

@@ -332,7 +332,7 @@ impl Algorithm for SlidingWindow {
 #[cfg(all(test, feature = "engine"))]
 mod engine_tests {
     use super::*;
-    use crate::algorithm::encoding::testing::{from_params, known};
+    use crate::algorithm::encoding::testing::{self, from_params, known};
     use crate::decision::Decision;
 
     const T0: u64 = 1_700_000_000_000_000;
@@ -366,27 +366,9 @@ mod engine_tests {
         known(limit().load(value, now))
     }
 
-    /// Decisions of every kind at `now`.
-    fn probes(state: Option<&SlidingWindowState>, now: u64) -> Vec<Decision> {
-        let limit = limit();
-        let mut decisions: Vec<Decision> = [0, 1, 3, 10, 11]
-            .into_iter()
-            .map(|cost| limit.decide(state, now, Action::Check, cost).decision)
-            .collect();
-        decisions.push(
-            limit
-                .decide(
-                    state,
-                    now,
-                    Action::Refund {
-                        at: T0 + 250,
-                        lease: None,
-                    },
-                    2,
-                )
-                .decision,
-        );
-        decisions
+    /// Decisions of every kind at `now`, and the units available.
+    fn probes(state: Option<&SlidingWindowState>, now: u64) -> (Vec<Decision>, u64) {
+        testing::window_probes(&limit(), state, now, (T0 + 250, 2))
     }
 
     #[test]

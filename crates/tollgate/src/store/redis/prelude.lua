@@ -90,6 +90,22 @@ local function deny(limit, remaining, retry_after, reset_after)
   return slot
 end
 
+-- A window limit's refusal of `cost` units when it counts `total`, as the
+-- windows' Rust versions refuse them; nil when they fit. `reset_after` is
+-- the limit's; `leave(p, s, now, needed)` says when `needed` units will
+-- have left the window (µs from now). Over when total + cost > limit: a peek too, once
+-- usage recorded above the limit has left nothing.
+local function window_refusal(p, s, now, total, cost, reset_after, leave)
+  local remaining = sat_sub(p.limit, total)
+  if cost > p.limit then
+    return deny(p.limit, remaining, nil, reset_after(p, s, now))
+  end
+  if total + cost > p.limit then
+    return deny(p.limit, remaining, leave(p, s, now, total + cost - p.limit), reset_after(p, s, now))
+  end
+  return nil
+end
+
 -- What a request asks of each limit (the op codes of engine/protocol.rs).
 local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET, REFUND, RECORD = 1, 2, 3, 4, 5, 6, 7, 8
 -- Added to a limit's algorithm id when a check it refuses still records its

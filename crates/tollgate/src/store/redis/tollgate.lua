@@ -118,6 +118,16 @@ local function refuse_foreign(now)
   answer_head(-1, 0, now)
 end
 
+-- Stores each limit's change, if it made one (its slot says how long the
+-- state carries information).
+local function store_changes(keys, first, n, now)
+  for i = 1, n do
+    if CHANGES[i] ~= nil then
+      store(keys[first + i], LIMITS[i], STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
+    end
+  end
+end
+
 -- Gives back `COSTS[i]` units taken at `at` on every limit: never refused.
 local function refund(keys, first, n, now, at, cost, lease)
   for i = 1, n do
@@ -126,11 +136,7 @@ local function refund(keys, first, n, now, at, cost, lease)
     local _
     _, CHANGES[i] = p.algorithm.refund(p, STATES[i], now, at, COSTS[i], lease)
   end
-  for i = 1, n do
-    if CHANGES[i] ~= nil then
-      store(keys[first + i], LIMITS[i], STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
-    end
-  end
+  store_changes(keys, first, n, now)
   answer(1, cost, now, n)
 end
 
@@ -191,11 +197,7 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease)
       end
     end
   end
-  for i = 1, n do
-    if CHANGES[i] ~= nil then
-      store(keys[first + i], LIMITS[i], STATES[i], CHANGES[i], now, SLOTS[i][5], STALE[i])
-    end
-  end
+  store_changes(keys, first, n, now)
   answer(allowed and 1 or 0, (allowed or op == RECORD) and cost or 0, now, n)
 end
 
