@@ -2,22 +2,23 @@
 //!
 //! A [`DirectLimiter`] holds the state of one policy for one subject (a
 //! whole service's limit, one client's connection): no key to hash, no
-//! table to look it up in. A policy of one limit whose state is one
-//! instant on whole microseconds (a GCRA, leaky bucket or reservation of
-//! 100 per second, not 7) keeps it in one atomic word, updated by
-//! compare-and-swap: no lock is taken, and a denial writes nothing. Any other policy keeps its states behind one lock,
+//! table to look it up in. A policy of one GCRA limit whose emission
+//! interval is whole microseconds (100 per second, not 7) keeps its TAT in
+//! one atomic word, updated by compare-and-swap: no lock is taken, and a
+//! denial writes nothing. Any other policy keeps its states behind one lock,
 //! held for a decision as a memory store shard's is. The decisions are the
 //! memory store's, made by the same policy code on the same states.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
-use crate::algorithm::{Change, State};
+use crate::algorithm::{Algorithm, Change, State};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
-use crate::policy::{Ask, CheckOf, Policy, Request, Slots};
+use crate::policy::{Op, Policy, Request};
 
 /// One policy's state for one subject, in this process; see the module docs.
 ///
@@ -33,13 +34,14 @@ pub struct DirectLimiter {
     policy: Policy,
     clock: Arc<dyn Clock>,
     cell: Cell,
+    /// Whether a refused check counts its cost ([`Policy::records_overage`]).
+    records_overage: bool,
 }
 
 /// Where the states live.
 enum Cell {
-    /// The instant of a single limit whose state is one on whole
-    /// microseconds, µs since the epoch (zero: none).
-    Instant(AtomicU64),
+    /// A single GCRA limit's TAT, µs since the epoch (zero: none).
+    Tat(Gcra, AtomicU64),
     /// Each limit's state, in the policy's order.
     Locked(spin::mutex::SpinMutex<Vec<Held>, spin::relax::Yield>),
 }
@@ -85,15 +87,19 @@ impl DirectLimiter {
     /// [`ManualClock`](crate::ManualClock) in tests).
     pub fn with_clock(policy: impl Into<Policy>, clock: impl Clock) -> Self {
         let policy = policy.into();
-        let (_, _, first) = policy.hashed_limit(0);
-        let cell = if policy.len() == 1 && first.keeps_instants() && first.whole_micros() {
-            Cell::Instant(AtomicU64::new(0))
-        } else {
-            Cell::Locked(spin::mutex::SpinMutex::new(
+        let single_gcra = policy
+            .limits()
+            .next()
+            .and_then(|(_, limit)| limit.as_gcra())
+            .filter(|gcra| policy.len() == 1 && gcra.whole_micros());
+        let cell = match single_gcra {
+            Some(gcra) => Cell::Tat(*gcra, AtomicU64::new(0)),
+            None => Cell::Locked(spin::mutex::SpinMutex::new(
                 (0..policy.len()).map(|_| Held::default()).collect(),
-            ))
+            )),
         };
         Self {
+            records_overage: policy.records_overage(),
             policy,
             clock: Arc::new(clock),
             cell,
@@ -116,16 +122,27 @@ impl DirectLimiter {
     }
 
     /// Checks `cost` units at `now` (tests, simulations, replays), as
-    /// [`DirectLimiter::decide_now`] decides a check at that instant,
-    /// without a request or an outcome to build.
+    /// [`DirectLimiter::decide_now`] decides a check at that instant. A
+    /// single GCRA limit that does not record its overage is checked on its
+    /// TAT at once, without a request or an outcome to build.
     ///
     /// # Errors
     ///
     /// As [`DirectLimiter::decide_now`].
     #[inline]
     pub fn check_at(&self, cost: u64, now: Timestamp) -> Result<Decision> {
-        self.policy.validate_check(cost)?;
-        Ok(self.decide_in(CheckOf(cost), now.as_micros()))
+        match &self.cell {
+            Cell::Tat(gcra, tat) if !self.records_overage => Ok(check_tat(gcra, tat, now.as_micros(), cost)),
+            _ => self.check_request(cost, now),
+        }
+    }
+
+    /// [`DirectLimiter::check_at`] as a request; out of line, so that
+    /// `decide_now` keeps its inlining where a caller calls it alone.
+    #[inline(never)]
+    fn check_request(&self, cost: u64, now: Timestamp) -> Result<Decision> {
+        self.decide_now(&Request::new(Op::Check, cost).at(now))
+            .map(|outcome| outcome.decision)
     }
 
     /// Decides `request` (any operation, at its `now` or the clock's), all
@@ -139,101 +156,93 @@ impl DirectLimiter {
     pub fn decide_now(&self, request: &Request) -> Result<Outcome> {
         self.policy.validate(request)?;
         let now = request.now.unwrap_or_else(|| self.clock.now()).as_micros();
-        Ok(self.decide_in(request, now))
+        match &self.cell {
+            Cell::Tat(gcra, tat) => Ok(self.decide_tat(gcra, tat, request, now)),
+            Cell::Locked(held) => Ok(self.decide_locked(&mut held.lock(), request, now)),
+        }
     }
 
-    /// Answers `ask` at `now`. An instant in one word is read, decided on,
-    /// and swapped for the new one if no other decision swapped it
-    /// meanwhile (else decided again on that one): no lock, and a denial
-    /// writes nothing. Any other policy decides under its lock.
-    #[allow(clippy::inline_always)] // the direct limiter's hot path (BENCHMARKS.md, "In process")
-    #[inline(always)]
-    fn decide_in<A: Ask>(&self, ask: A, now: u64) -> A::Answer {
-        match &self.cell {
-            Cell::Instant(word) => loop {
-                let seen = word.load(Ordering::Acquire);
-                let mut slot = Word::new(&self.policy, seen, now);
-                let answer = ask.answer(&self.policy, &mut slot, now);
-                let swapped = slot.new.is_none_or(|new| {
-                    word.compare_exchange_weak(seen, new, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                });
-                if swapped {
-                    return answer;
-                }
-            },
-            Cell::Locked(held) => ask.answer(
-                &self.policy,
-                &mut Locked {
-                    held: &mut held.lock(),
-                    now,
-                },
-                now,
-            ),
+    /// A single GCRA limit: the TAT read, decided on, and swapped for the
+    /// new one if no other decision swapped it meanwhile (else decided
+    /// again on that one).
+    #[inline]
+    fn decide_tat(&self, gcra: &Gcra, tat: &AtomicU64, request: &Request, now: u64) -> Outcome {
+        loop {
+            let seen = tat.load(Ordering::Acquire);
+            // A TAT that has passed says nothing, like none at all.
+            let state = (seen > 0).then_some(Tat { at: seen, frac: 0 });
+            let single = self.policy.single_step(
+                request,
+                || gcra.available(state.as_ref(), now),
+                #[inline(always)]
+                |action, cost| gcra.step(state.as_ref(), now, action, cost),
+            );
+            if !swapped(tat, seen, single.step.change) {
+                continue;
+            }
+            let decisions = std::iter::once(single.step.decision);
+            return self
+                .policy
+                .outcome(&request.op, single.allowed, single.cost, now, decisions);
         }
+    }
+
+    /// Any other policy, under its lock.
+    fn decide_locked(&self, held: &mut [Held], request: &Request, now: u64) -> Outcome {
+        if let [one] = held {
+            let mut write = None;
+            let outcome = self
+                .policy
+                .decide_validated(&[one.live(now)], now, request, |_, change, ttl| {
+                    write = Some((change, ttl));
+                });
+            if let Some((change, ttl)) = write {
+                one.commit(change, ttl, now);
+            }
+            return outcome;
+        }
+        let states: Vec<Option<&State>> = held.iter().map(|held| held.live(now)).collect();
+        let mut writes = Vec::new();
+        let outcome = self
+            .policy
+            .decide_validated(&states, now, request, |index, change, ttl| {
+                writes.push((index, change, ttl));
+            });
+        for (index, change, ttl) in writes {
+            held[index].commit(change, ttl, now);
+        }
+        outcome
     }
 
     /// Forgets every limit's state.
     pub fn reset(&self) {
         match &self.cell {
-            Cell::Instant(word) => word.store(0, Ordering::Release),
+            Cell::Tat(_, tat) => tat.store(0, Ordering::Release),
             Cell::Locked(held) => held.lock().iter_mut().for_each(|held| *held = Held::default()),
         }
     }
 }
 
-/// The instant of a single limit in one word, as seen, and the word a
-/// decision leaves (`None`: unchanged).
-struct Word {
-    state: Option<State>,
-    new: Option<u64>,
+/// Whether `tat`, seen holding `seen`, now holds `change` (a decision that
+/// changed nothing has nothing to swap).
+#[inline]
+fn swapped(tat: &AtomicU64, seen: u64, change: Option<Tat>) -> bool {
+    change.is_none_or(|new| {
+        tat.compare_exchange_weak(seen, new.at, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    })
 }
 
-impl Word {
-    /// The word `seen` as the policy's one limit's state at `now`: none
-    /// when zero or passed.
-    #[inline]
-    fn new(policy: &Policy, seen: u64, now: u64) -> Self {
-        let (_, _, limit) = policy.hashed_limit(0);
-        let state = (seen > now)
-            .then(|| limit.state_at(Tat { at: seen, frac: 0 }))
-            .flatten();
-        Self { state, new: None }
-    }
-}
-
-impl Slots for Word {
-    #[inline]
-    fn state(&self, _: usize) -> Option<&State> {
-        self.state.as_ref()
-    }
-
-    #[inline]
-    fn commit(&mut self, _: usize, change: Change<'_>, _: u64) {
-        // Whole microseconds: no fraction to keep.
-        self.new = change
-            .into_state()
-            .as_ref()
-            .and_then(State::instant)
-            .map(|instant| instant.at);
-    }
-}
-
-/// Each limit's state under the lock, at `now`.
-struct Locked<'h> {
-    held: &'h mut [Held],
-    now: u64,
-}
-
-impl Slots for Locked<'_> {
-    #[inline]
-    fn state(&self, index: usize) -> Option<&State> {
-        self.held[index].live(self.now)
-    }
-
-    #[inline]
-    fn commit(&mut self, index: usize, change: Change<'_>, ttl: u64) {
-        self.held[index].commit(change, ttl, self.now);
+/// A check of `cost` cells of a single GCRA limit on the TAT in `tat`.
+#[inline]
+fn check_tat(gcra: &Gcra, tat: &AtomicU64, now: u64, cost: u64) -> Decision {
+    loop {
+        let seen = tat.load(Ordering::Acquire);
+        let state = (seen > 0).then_some(Tat { at: seen, frac: 0 });
+        let step = gcra.check(state.as_ref(), now, cost);
+        if swapped(tat, seen, step.change) {
+            return step.decision;
+        }
     }
 }
 
@@ -241,7 +250,7 @@ impl std::fmt::Debug for DirectLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectLimiter")
             .field("policy", &self.policy)
-            .field("lock_free", &matches!(self.cell, Cell::Instant(_)))
+            .field("lock_free", &matches!(self.cell, Cell::Tat(..)))
             .finish_non_exhaustive()
     }
 }
@@ -254,7 +263,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::{Limit, MemoryStore, Op, Subject};
+    use crate::{Limit, MemoryStore, Subject};
 
     const T0: u64 = 1_700_000_000_123_457;
 
@@ -333,15 +342,11 @@ mod tests {
     }
 
     #[test]
-    fn a_single_instant_on_whole_microseconds_is_lock_free_and_others_are_not() {
-        let lock_free = |policy: &Policy| matches!(DirectLimiter::new(policy.clone()).cell, Cell::Instant(_));
-        let found: Vec<bool> = policies().iter().map(lock_free).collect();
-        // GCRA of 10 a second (recording its overage or not) and the
-        // reservation of 4 a second; not GCRA of 7 a second, nor the leaky
-        // bucket of 3, nor any state that is not an instant, nor a policy
-        // of two limits.
-        let expected = [true, true, false, false, false, false, true, false, false, false, false];
-        assert_eq!(found, expected);
+    fn whole_microsecond_gcra_is_lock_free_and_others_are_not() {
+        let lock_free = |policy: &Policy| matches!(DirectLimiter::new(policy.clone()).cell, Cell::Tat(..));
+        let policies = policies();
+        assert!(lock_free(&policies[0]) && lock_free(&policies[1]));
+        assert!(policies[2..].iter().all(|policy| !lock_free(policy)));
     }
 
     #[test]

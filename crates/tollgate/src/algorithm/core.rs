@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "engine")]
 pub(crate) use super::encoding::{in_set_order, Encoded, Loaded, Members, Scores, SortedSet, Value};
-use super::rate::{Tat, MAX_TICKS};
+use super::rate::MAX_TICKS;
 use crate::clock::micros;
 use crate::decision::Decision;
 use crate::duration::{serde_text, MAX_MICROS};
@@ -117,29 +117,6 @@ pub(crate) trait Algorithm: Copy {
     /// True when refunds give back to one count whenever the units were
     /// taken, and add up (buckets and TATs): see [`Algorithm::refund_key`].
     const REFUNDS_ADD_UP: bool = false;
-
-    /// True when the whole state is one instant ([`Tat`]) that says
-    /// something until it passes: [`Algorithm::instant`] and
-    /// [`Algorithm::from_instant`] convert it. Stores keep such states in
-    /// small slots of their own, and one on whole microseconds
-    /// ([`Algorithm::whole_micros`]) in one word.
-    const INSTANT: bool = false;
-
-    /// The state as its instant, when [`Algorithm::INSTANT`].
-    fn instant(_stored: &Self::Stored) -> Option<Tat> {
-        None
-    }
-
-    /// The state that is `instant`, when [`Algorithm::INSTANT`].
-    fn from_instant(_instant: Tat) -> Option<Self::Stored> {
-        None
-    }
-
-    /// True when every instant of this limit falls on a whole microsecond
-    /// (no fraction of one), when [`Algorithm::INSTANT`].
-    fn whole_micros(&self) -> bool {
-        false
-    }
 
     /// Validates `spec`.
     ///
@@ -262,29 +239,6 @@ pub(crate) trait Algorithm: Copy {
     fn encode(&self, state: &Self::State, expires: u64) -> Encoded;
 }
 
-/// The items of [`Algorithm`] for an algorithm whose whole state is one
-/// instant ([`Tat`]) on the exact rate in its `ticks` field: its state is
-/// its instant, and one word holds it when the rate's ticks are whole
-/// microseconds.
-macro_rules! instant_state {
-    () => {
-        const INSTANT: bool = true;
-
-        fn instant(stored: &Tat) -> Option<Tat> {
-            Some(*stored)
-        }
-
-        fn from_instant(instant: Tat) -> Option<Tat> {
-            Some(instant)
-        }
-
-        fn whole_micros(&self) -> bool {
-            self.ticks.per_micro == 1
-        }
-    };
-}
-pub(crate) use instant_state;
-
 /// What a decision does to one algorithm's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Update<S, E> {
@@ -292,6 +246,16 @@ pub(crate) enum Update<S, E> {
     Put(S),
     /// An edit of the state the decision was made on.
     Edit(E),
+}
+
+impl<S> Update<S, Infallible> {
+    /// The whole new state: a state of a few numbers is never edited.
+    pub(crate) fn into_whole(self) -> S {
+        match self {
+            Self::Put(state) => state,
+            Self::Edit(never) => match never {},
+        }
+    }
 }
 
 /// An edit of a state of type `S`, made in place.

@@ -18,8 +18,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "engine")]
 use super::core::debt_cells;
 use super::core::{
-    at_least_one, instant_state, max_debt, positive, record_whole, refilled, refund_whole, Action, Algorithm, Step,
-    Update,
+    at_least_one, max_debt, positive, record_whole, refilled, refund_whole, Action, Algorithm, Step, Update,
 };
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
@@ -76,7 +75,7 @@ impl Gcra {
     /// Admits `cost` cells if they conform.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    fn check(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Step<GcraState> {
+    pub(crate) fn check(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Step<GcraState> {
         let ticks = self.ticks;
         let horizon = self.horizon();
         // How far the TAT runs ahead of now, in ticks (max(TAT, now) − now);
@@ -103,6 +102,23 @@ impl Gcra {
         Step::changed(decision, Tat::after(now, new_ahead, ticks))
     }
 
+    /// The decision of `action` on `state`, with the whole new TAT when it
+    /// changes: what a store that keeps TATs apart from other states runs.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn step(&self, state: Option<&GcraState>, now: u64, action: Action<'_>, cost: u64) -> Step<GcraState> {
+        match action {
+            Action::Refund { .. } | Action::Record => self.decide(state, now, action, cost).map(Update::into_whole),
+            _ => self.check(state, now, action.check_cost(cost)),
+        }
+    }
+
+    /// True when every TAT of this limit falls on a whole microsecond (its
+    /// emission interval is whole microseconds): one word holds it.
+    pub(crate) fn whole_micros(&self) -> bool {
+        self.ticks.per_micro == 1
+    }
+
     /// Gives back `cost` cells: the TAT moves back by their emission time,
     /// never behind `now`. The new state, or `None` when nothing changes.
     pub(crate) fn refunded(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Option<GcraState> {
@@ -121,7 +137,6 @@ impl Algorithm for Gcra {
     const ID: u8 = 7;
     const REFUNDS_ADD_UP: bool = true;
     const LEASABLE: bool = true;
-    instant_state!();
 
     fn build(spec: &GcraSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;

@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::core::{
-    at_least_one, instant_state, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update,
-};
+use super::core::{at_least_one, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update};
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
 #[cfg(feature = "engine")]
@@ -124,7 +122,6 @@ impl Algorithm for LeakyBucket {
     const ID: u8 = 6;
     const REFUNDS_ADD_UP: bool = true;
     const SHAPING: bool = true;
-    instant_state!();
 
     fn build(spec: &LeakyBucketSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;

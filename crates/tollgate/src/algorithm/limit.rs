@@ -9,7 +9,7 @@ use super::core::{Action, Algorithm, Step, Update, WindowSpec};
 #[cfg(feature = "engine")]
 use super::encoding::{Encoded, Loaded, Members, SortedSet, Value};
 use super::fixed_window::FixedWindowSpec;
-use super::rate::Tat;
+use super::gcra::Gcra;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, Refill, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
 use crate::clock::Timestamp;
@@ -511,35 +511,13 @@ impl Limit {
         dispatch!(&self.kind, p => leases(p))
     }
 
-    /// True when this limit's whole state is one instant that says
-    /// something until it passes ([`Algorithm::INSTANT`]): stores keep
-    /// those in small slots of their own.
-    #[inline]
-    pub(crate) fn keeps_instants(&self) -> bool {
-        fn instants<A: Algorithm>(_: &A) -> bool {
-            A::INSTANT
+    /// The parameters of a GCRA limit, whose whole state is one instant (the
+    /// memory store keeps those instants in a table of small slots).
+    pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
+        match &self.kind {
+            Kind::Gcra(gcra) => Some(gcra),
+            _ => None,
         }
-        dispatch!(&self.kind, p => instants(p))
-    }
-
-    /// The state that is `instant`, for a limit that
-    /// [keeps instants](Limit::keeps_instants); `None` for any other.
-    #[inline]
-    pub(crate) fn state_at(&self, instant: Tat) -> Option<State> {
-        dispatch!(&self.kind, p => from_instant(p, instant))
-    }
-
-    /// Its algorithm's place in the registry, which tells states that are
-    /// instants of different algorithms apart.
-    #[inline]
-    pub(crate) fn tag(&self) -> u8 {
-        self.kind.tag()
-    }
-
-    /// True when every instant this limit keeps falls on a whole
-    /// microsecond, so that one word holds it.
-    pub(crate) fn whole_micros(&self) -> bool {
-        dispatch!(&self.kind, p => p.whole_micros())
     }
 
     #[cfg(test)]
@@ -640,12 +618,6 @@ impl Limit {
 #[inline]
 fn available<A: Registered>(algorithm: &A, state: Option<&State>, now: u64) -> u64 {
     algorithm.available(state.and_then(A::held), now)
-}
-
-/// `A`'s state that is `instant`, if `A` keeps instants.
-#[inline]
-fn from_instant<A: Registered>(_: &A, instant: Tat) -> Option<State> {
-    A::from_instant(instant).map(A::state)
 }
 
 /// `A`'s limit runs `action` on its state in `state` (a state of another

@@ -68,7 +68,7 @@ pub(crate) mod properties;
 pub use self::calendar::Period;
 pub use self::concurrency::ConcurrencySpec;
 pub use self::core::WindowSpec;
-pub(crate) use self::core::{Action, Step};
+pub(crate) use self::core::{Action, Algorithm, Step};
 #[cfg(feature = "engine")]
 pub(crate) use self::encoding::{number, Encoded, Loaded};
 #[cfg(feature = "engine")]

@@ -9,7 +9,6 @@ use serde::Serialize;
 
 use super::core::{Algorithm, Edit as _, WindowSpec};
 use super::fixed_window::FixedWindowSpec;
-use super::rate::Tat;
 use super::{concurrency, fixed_window, gcra, leaky_bucket, reservation, sliding_log, sliding_window, token_bucket};
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
 use crate::error::{Error, Result};
@@ -78,33 +77,6 @@ macro_rules! registry {
                 }
             }
         )*
-
-        impl Kind {
-            /// The algorithm's place in the registry, which tells its
-            /// states apart where a store keeps only their numbers.
-            #[inline]
-            pub(crate) fn tag(&self) -> u8 {
-                let mut tag = 0;
-                $(
-                    if let Kind::$variant(_) = self {
-                        return tag;
-                    }
-                    tag += 1;
-                )*
-                tag
-            }
-        }
-
-        impl State {
-            /// The state as its instant, for an algorithm whose whole state
-            /// is one ([`Algorithm::INSTANT`]).
-            #[inline]
-            pub(crate) fn instant(&self) -> Option<Tat> {
-                match self {
-                    $(State::$variant(stored) => <$module::$algorithm as Algorithm>::instant(stored),)*
-                }
-            }
-        }
 
         impl Change<'_> {
             /// Commits the change to `state`, the state the decision was made on

@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::core::{
-    at_least_one, at_most, instant_state, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update,
+    at_least_one, at_most, positive, record_whole, refund_whole, report, Action, Algorithm, Step, Update,
 };
 #[cfg(feature = "engine")]
 use super::core::{Encoded, Loaded, Value};
@@ -146,7 +146,6 @@ impl Algorithm for Reservation {
     const ID: u8 = 5;
     const REFUNDS_ADD_UP: bool = true;
     const SHAPING: bool = true;
-    instant_state!();
 
     fn build(spec: &ReservationSpec) -> Result<Self> {
         let rate = at_least_one(spec.rate, "rate")?;

@@ -8,8 +8,8 @@
 //! the library's reply, integer for integer. Each limit's state is read from its
 //! key and written back in the encoding of its Lua version, so that module and
 //! Lua clients can share a server (a rolling upgrade, a server without the
-//! module for a while). The decision itself is the policy's, the code the
-//! memory store runs, on the states loaded from the keys.
+//! module for a while). The decision itself is `Policy::decide`, the code
+//! the memory store runs.
 //!
 //! Writes go through the [`Keyspace`], which replicates them as they are: a
 //! replica applies the effects, never re-runs the decision at another time.
@@ -18,11 +18,11 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{Change, Encoded, Loaded, State};
+use crate::algorithm::{Encoded, Loaded, State};
 pub use crate::algorithm::{Members, Scores, SortedSet, Value, Visit};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
-use crate::policy::{Ask as _, Policy, Request, Slots};
+use crate::policy::{Policy, Request};
 
 pub mod protocol;
 
@@ -207,32 +207,36 @@ fn decide_policy(
     if policy.limits().any(|(_, limit)| !limit.decides_at(now)) {
         return Err(CallError::PeriodsAway);
     }
-    policy.validate(request)?;
-    let mut loaded = LoadedStates {
-        states,
-        commits: SmallVec::new(),
-    };
-    let outcome = request.answer(policy, &mut loaded, now);
-    let LoadedStates { states, commits } = loaded;
+    let held: Inline<Option<&State>> = states.iter().map(Option::as_ref).collect();
+    let mut writes: Inline<_> = SmallVec::new();
+    let outcome = policy.decide(&held, now, request, |index, change, ttl| {
+        writes.push((index, change, ttl));
+    })?;
+    drop(held);
     let explicit_now = head.now.is_some();
-    for Commit { index, ttl, had_state } in commits {
+    for (index, change, ttl) in writes {
         let key = keys[index];
         if ttl == 0 {
             keyspace.command(&[b"DEL", key]);
             continue;
         }
         let mut old = &values[index];
-        if !had_state && partial[index] {
-            // A set read in part that held no state (lapsed, or another
-            // algorithm's): replaced whole.
-            keyspace.command(&[b"DEL", key]);
-            old = &Value::Missing;
-        }
+        let state = if let Some(mut state) = states[index].take() {
+            change.apply(&mut state);
+            Some(state)
+        } else {
+            if partial[index] {
+                // A set read in part that held no state (lapsed, or
+                // another algorithm's): replaced whole.
+                keyspace.command(&[b"DEL", key]);
+                old = &Value::Missing;
+            }
+            change.into_state()
+        };
         let limit = policy.limits().nth(index).map(|(_, limit)| limit);
-        let Some(encoded) = states[index]
-            .as_ref()
+        let Some(encoded) = state
             .zip(limit)
-            .and_then(|(state, limit)| limit.encode(state, now + ttl))
+            .and_then(|(state, limit)| limit.encode(&state, now + ttl))
         else {
             continue;
         };
@@ -254,40 +258,6 @@ fn decide_policy(
         push_limit(reply, decision);
     }
     Ok(())
-}
-
-/// The states of a decision's limits as loaded from their keys: the
-/// policy commits each change to them here, then the engine writes back
-/// the keys whose state changed.
-struct LoadedStates {
-    states: Inline<Option<State>>,
-    commits: Inline<Commit>,
-}
-
-/// A state the decision changed.
-struct Commit {
-    /// The limit's index in the policy.
-    index: usize,
-    /// µs the new state carries information (zero: none).
-    ttl: u64,
-    /// Whether there was a state before the change.
-    had_state: bool,
-}
-
-impl Slots for LoadedStates {
-    fn state(&self, index: usize) -> Option<&State> {
-        self.states[index].as_ref()
-    }
-
-    fn commit(&mut self, index: usize, change: Change<'_>, ttl: u64) {
-        let state = &mut self.states[index];
-        let had_state = state.is_some();
-        match state {
-            Some(state) => change.apply(state),
-            none => *none = change.into_state(),
-        }
-        self.commits.push(Commit { index, ttl, had_state });
-    }
 }
 
 /// Fields or members by name, to compare a value with the one it replaces.

@@ -3,13 +3,11 @@
 //! "10 per second *and* 1000 per hour" is a policy of two limits. A request is
 //! admitted only when every limit admits it; when any denies, none consumes.
 
-mod decide;
-
 use std::time::Duration;
 
-pub(crate) use self::decide::{Ask, CheckOf, Slots};
-use crate::algorithm::{Action, Limit};
+use crate::algorithm::{Action, Change, Limit, State, Step};
 use crate::clock::{micros, Timestamp};
+use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, Result};
 
 /// The longest limit name.
@@ -109,14 +107,7 @@ impl Request {
 
     /// The cost limit `index` sees.
     pub(crate) fn cost_of(&self, index: usize) -> u64 {
-        self.cost_of_resolved(index, self.cost)
-    }
-
-    /// The cost limit `index` sees once the request's own is resolved to
-    /// `cost` (`check_at_most` takes what is available).
-    #[inline]
-    pub(crate) fn cost_of_resolved(&self, index: usize, cost: u64) -> u64 {
-        self.costs.get(index).copied().unwrap_or(cost)
+        self.costs.get(index).copied().unwrap_or(self.cost)
     }
 
     /// This request as the limits at `indices` of its policy see it, with
@@ -327,13 +318,6 @@ impl Policy {
             .map(|((name, limit), &hash)| (name.as_str(), hash, limit))
     }
 
-    /// Limit `index` with its name and the name's [`name_hash`].
-    #[inline]
-    pub(crate) fn hashed_limit(&self, index: usize) -> (&str, u64, &Limit) {
-        let (name, limit) = &self.limits[index];
-        (name.as_str(), self.name_hashes[index], limit)
-    }
-
     /// What a refund of units taken at `at` depends on besides its cost,
     /// one key per limit, when every limit's refunds add up: two refunds
     /// with the same keys, applied at one moment, do what one refund of
@@ -399,20 +383,6 @@ impl Policy {
         self.validate_each(request)
     }
 
-    /// [`Policy::validate`] for a check of `cost` units, without a request
-    /// to build.
-    ///
-    /// # Errors
-    ///
-    /// As [`Policy::validate`].
-    #[inline]
-    pub(crate) fn validate_check(&self, cost: u64) -> Result<()> {
-        if self.has_concurrency() {
-            return self.validate_each(&Request::new(Op::Check, cost));
-        }
-        Ok(())
-    }
-
     /// [`Policy::validate`] asking each limit.
     #[inline(never)]
     fn validate_each(&self, request: &Request) -> Result<()> {
@@ -442,10 +412,344 @@ impl Policy {
         }
         Ok(())
     }
+
+    /// Decides `request` over every limit, all-or-nothing.
+    ///
+    /// `states[i]` is the stored state of limit `i`; `write(i, change, ttl)`
+    /// is called for each state that changed, with the change to commit to
+    /// `states[i]` (`ttl`: µs until it carries no information; zero to drop
+    /// it). Nothing is committed here: the states are only read. The Lua
+    /// function `decide` in the Redis store's script mirrors this one.
+    #[cfg(any(feature = "engine", test))]
+    #[inline]
+    pub(crate) fn decide<'r>(
+        &self,
+        states: &[Option<&State>],
+        now: u64,
+        request: &'r Request,
+        write: impl FnMut(usize, Change<'r>, u64),
+    ) -> Result<Outcome> {
+        self.validate(request)?;
+        Ok(self.decide_validated(states, now, request, write))
+    }
+
+    /// [`Policy::decide`] for a request already validated
+    /// ([`Policy::validate`]).
+    #[inline]
+    pub(crate) fn decide_validated<'r>(
+        &self,
+        states: &[Option<&State>],
+        now: u64,
+        request: &'r Request,
+        mut write: impl FnMut(usize, Change<'r>, u64),
+    ) -> Outcome {
+        debug_assert_eq!(states.len(), self.limits.len());
+        if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
+            return self.decide_single(
+                request,
+                now,
+                || limit.available(*state, now),
+                |action, cost| limit.decide(*state, now, action, cost),
+                |change, ttl| write(0, change, ttl),
+            );
+        }
+        let op = &request.op;
+        let action = Self::action(op);
+        let cost = resolved_cost(request, || {
+            self.limits
+                .iter()
+                .zip(states)
+                .map(|((_, limit), state)| limit.available(*state, now))
+                .min()
+                .unwrap_or(0)
+        });
+        let cost_of = |index: usize| request.costs.get(index).copied().unwrap_or(cost);
+        let mut steps = Vec::with_capacity(self.limits.len());
+        for (index, ((_, limit), state)) in self.limits.iter().zip(states).enumerate() {
+            steps.push(limit.decide(*state, now, action, cost_of(index)));
+        }
+        let allowed = steps.iter().all(|step| step.decision.allowed);
+        if !allowed && !matches!(op, Op::Record | Op::Refund { .. }) {
+            // Nothing is consumed: limits that would have admitted report as
+            // a peek; a refusing one that records its overage counts it.
+            for (index, ((_, limit), (state, step))) in
+                self.limits.iter().zip(states.iter().zip(&mut steps)).enumerate()
+            {
+                if step.decision.allowed {
+                    *step = limit.decide(*state, now, action, 0);
+                } else if limit.records_overage() && action == Action::Check {
+                    *step = limit.decide(*state, now, Action::Record, cost_of(index));
+                }
+            }
+        }
+        // What changed: everything when allowed; when denied, only levels
+        // stored on first touch (they consume nothing).
+        for (index, step) in steps.iter_mut().enumerate() {
+            if let Some(change) = step.change.take() {
+                write(index, change, micros(step.decision.reset_after));
+            }
+        }
+        self.outcome(op, allowed, cost, now, steps.into_iter().map(|step| step.decision))
+    }
+
+    /// A policy of one limit, whose decision is the policy's: `available()`
+    /// and `decide(action, cost)` run that limit on its state, and
+    /// `write(change, ttl)` commits the change to its state (`ttl`: µs until
+    /// it carries no information) when it changed. The request is already
+    /// validated.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn decide_single<'r, C>(
+        &self,
+        request: &'r Request,
+        now: u64,
+        available: impl FnOnce() -> u64,
+        decide: impl Fn(Action<'r>, u64) -> Step<C>,
+        write: impl FnOnce(C, u64),
+    ) -> Outcome {
+        let single = self.single_step(request, available, decide);
+        if let Some(change) = single.step.change {
+            write(change, micros(single.step.decision.reset_after));
+        }
+        self.outcome(
+            &request.op,
+            single.allowed,
+            single.cost,
+            now,
+            std::iter::once(single.step.decision),
+        )
+    }
+
+    /// [`Policy::decide_single`] up to its change, not yet committed: for
+    /// a store that commits by compare-and-swap and decides again when
+    /// another decision committed first.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn single_step<'r, C>(
+        &self,
+        request: &'r Request,
+        available: impl FnOnce() -> u64,
+        decide: impl Fn(Action<'r>, u64) -> Step<C>,
+    ) -> SingleStep<C> {
+        let cost = resolved_cost(request, available);
+        let action = Self::action(&request.op);
+        let cost_seen = request.costs.first().copied().unwrap_or(cost);
+        let mut step = decide(action, cost_seen);
+        let allowed = step.decision.allowed;
+        if !allowed && action == Action::Check && self.limits[0].1.records_overage() {
+            step = decide(Action::Record, cost_seen);
+        }
+        SingleStep { step, allowed, cost }
+    }
+
+    /// Assembles the outcome from each limit's decision (in the policy's
+    /// order), made at `now` (µs since the epoch).
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn outcome(
+        &self,
+        op: &Op,
+        allowed: bool,
+        cost: u64,
+        now: u64,
+        decisions: impl ExactSizeIterator<Item = Decision>,
+    ) -> Outcome {
+        let lease = match op {
+            Op::Acquire { lease, .. } if allowed && self.has_concurrency() => Some(lease.clone()),
+            _ => None,
+        };
+        // A record counts, and a refund gives back, whatever the limits say after.
+        let granted = if allowed || matches!(op, Op::Record | Op::Refund { .. }) {
+            cost
+        } else {
+            0
+        };
+        let mut decisions = decisions;
+        if !self.named && decisions.len() == 1 {
+            if let Some(decision) = decisions.next() {
+                return Outcome {
+                    decision,
+                    granted,
+                    lease,
+                    limits: Vec::new(),
+                    path: Path::Store,
+                    decided_at: Timestamp::from_micros(now),
+                };
+            }
+        }
+        self.outcome_of_each(granted, lease, now, decisions)
+    }
+
+    /// [`Policy::outcome`] listing each limit's decision; out of line, so
+    /// that the single limit's outcome above is built in place.
+    #[inline(never)]
+    fn outcome_of_each(
+        &self,
+        granted: u64,
+        lease: Option<String>,
+        now: u64,
+        decisions: impl Iterator<Item = Decision>,
+    ) -> Outcome {
+        let limits: Vec<(String, Decision)> = self
+            .limits
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(decisions)
+            .collect();
+        Outcome {
+            decision: most_restrictive(&limits),
+            granted,
+            lease,
+            limits: if self.named { limits } else { Vec::new() },
+            path: Path::Store,
+            decided_at: Timestamp::from_micros(now),
+        }
+    }
+}
+
+/// A policy of one limit decided, its change not yet committed.
+pub(crate) struct SingleStep<C> {
+    /// The limit's decision and change.
+    pub step: Step<C>,
+    /// Whether the request was admitted (before a refused check's overage
+    /// was recorded).
+    pub allowed: bool,
+    /// The cost decided on (`check_at_most` resolved).
+    pub cost: u64,
+}
+
+/// The cost of `request`, with `check_at_most` resolved against
+/// `available()`, the least any limit has: as much of the cost as is
+/// available, or one unit when nothing is, so that the denial says when one
+/// will be.
+fn resolved_cost(request: &Request, available: impl FnOnce() -> u64) -> u64 {
+    if !matches!(request.op, Op::CheckAtMost) {
+        return request.cost;
+    }
+    let available = available();
+    if available == 0 && request.cost > 0 {
+        1
+    } else {
+        available.min(request.cost)
+    }
+}
+
+/// The most restrictive decision ([`Decision::most_restrictive`]), with
+/// `wait` the longest of all when it admits.
+fn most_restrictive(decisions: &[(String, Decision)]) -> Decision {
+    let index = Decision::most_restrictive(decisions.iter().map(|(_, decision)| decision)).unwrap_or(0);
+    let mut chosen = decisions[index].1.clone();
+    if chosen.allowed {
+        chosen.wait = decisions
+            .iter()
+            .map(|(_, decision)| decision.wait)
+            .max()
+            .unwrap_or_default();
+    }
+    chosen
 }
 
 impl From<Limit> for Policy {
     fn from(limit: Limit) -> Self {
         Self::single(limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::algorithm::properties::{checks, commit, ms, refilled, steps, Admission, Harness, START};
+    use crate::algorithm::{Action, Limit, State};
+    use crate::policy::{Op, Policy, Request};
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        /// A policy is all-or-nothing: a denial leaves every limit as it was, an
+        /// admission consumes the cost from every limit, and each limit's own
+        /// bound holds.
+        #[test]
+        fn policies_are_all_or_nothing(
+            rate in 1u64..20, burst in 1u64..10, window_limit in 1u64..30, window_ms in 1u64..3_000,
+            trace in steps(1_000_000, 12, checks()),
+        ) {
+            let gcra = Limit::gcra(rate, ms(1_000), burst).unwrap();
+            let window = Limit::fixed_window(window_limit, ms(window_ms)).unwrap();
+            let policy = Policy::new([("rate", gcra.clone()), ("window", window.clone())]).unwrap();
+            let mut states: [Option<State>; 2] = [None, None];
+            let mut now = START;
+            let mut admitted = Vec::new();
+            for step in &trace {
+                now += step.dt;
+                let refs = [states[0].as_ref(), states[1].as_ref()];
+                let before = [gcra.available(refs[0], now), window.available(refs[1], now)];
+                let request = crate::Request::new(Op::Check, step.cost);
+                let mut writes = Vec::new();
+                let outcome = policy
+                    .decide(&refs, now, &request, |index, change, ttl| writes.push((index, change, ttl)))
+                    .unwrap();
+                for (index, change, ttl) in writes {
+                    commit(&mut states[index], Some(change));
+                    states[index] = states[index].take().filter(|_| ttl > 0);
+                }
+                let allowed = outcome.decision.allowed;
+                prop_assert_eq!(allowed, outcome.limits.iter().all(|(_, d)| d.allowed));
+                let refs = [states[0].as_ref(), states[1].as_ref()];
+                let after = [gcra.available(refs[0], now), window.available(refs[1], now)];
+                if allowed {
+                    prop_assert_eq!([before[0] - step.cost, before[1] - step.cost], after);
+                    if step.cost > 0 {
+                        admitted.push(Admission { at: now, cost: step.cost, departs: now });
+                    }
+                } else {
+                    prop_assert_eq!(before, after, "a denied policy consumed");
+                    let denying = outcome.limits.iter().filter(|(_, d)| !d.allowed).count();
+                    prop_assert!(denying >= 1);
+                }
+            }
+            let harness = Harness::of_admissions(&gcra, admitted);
+            harness.assert_bound(|a, b| u128::from(burst) + refilled(b - a, rate, 1_000_000));
+            let window_us = window_ms * 1_000;
+            harness.assert_bound(|a, b| u128::from(window_limit) * u128::from(b / window_us - a / window_us + 1));
+        }
+    }
+
+    proptest! {
+        /// A check that a limit recording its overage refuses counts its
+        /// cost as a record does, and stays refused.
+        #[test]
+        fn a_refused_check_of_a_limit_recording_its_overage_is_recorded(
+            rate in 1u64..50,
+            period_us in 1u64..5_000_000,
+            burst in 1u64..20,
+            debt in 1u64..40,
+            bucket: bool,
+        ) {
+            let period = std::time::Duration::from_micros(period_us);
+            let limit = if bucket {
+                Limit::token_bucket(burst, rate, period).unwrap()
+            } else {
+                Limit::gcra(rate, period, burst).unwrap()
+            }
+            .recording_overage()
+            .unwrap();
+            let mut recorded = None;
+            let full = limit.decide(None, START, Action::Record, burst);
+            commit(&mut recorded, full.change);
+            let policy = Policy::single(limit.clone());
+            let request = Request::new(Op::Check, debt);
+            let mut checked = recorded.clone();
+            let mut write = None;
+            let outcome = policy
+                .decide(&[checked.as_ref()], START, &request, |_, change, _| write = Some(change))
+                .unwrap();
+            commit(&mut checked, write);
+            let record = limit.decide(recorded.as_ref(), START, Action::Record, debt);
+            commit(&mut recorded, record.change);
+            prop_assert!(!outcome.decision.allowed);
+            prop_assert_eq!(outcome.granted, 0);
+            prop_assert_eq!(checked, recorded);
+        }
     }
 }
