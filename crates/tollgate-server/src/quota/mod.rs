@@ -137,6 +137,29 @@ pub enum Action {
     Abandon,
 }
 
+impl Action {
+    /// How the metrics name it: `token_bucket`, `allow_all`, `deny_all`,
+    /// `expire` (an assignment of no time) or `abandon`.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Self::Abandon => "abandon",
+            Self::Assign { ttl, .. } if ttl.is_zero() => "expire",
+            Self::Assign {
+                strategy: Strategy::TokenBucket { .. },
+                ..
+            } => "token_bucket",
+            Self::Assign {
+                strategy: Strategy::Blanket(Blanket::AllowAll),
+                ..
+            } => "allow_all",
+            Self::Assign {
+                strategy: Strategy::Blanket(Blanket::DenyAll),
+                ..
+            } => "deny_all",
+        }
+    }
+}
+
 /// A bucket's id: its entries in key order.
 pub type BucketId = Vec<(String, String)>;
 
@@ -585,7 +608,7 @@ impl Quotas {
                 let Some(stream) = state.streams.get(&decided.stream) else {
                     continue;
                 };
-                metrics.assigned(&decided.action);
+                metrics.assigned(decided.action.label());
                 metrics.share(domain, &key.1, &stream.peer, decided.rate);
                 outgoing.entry(decided.stream).or_default().push(BucketAction {
                     bucket: key.1.clone(),
@@ -693,7 +716,7 @@ impl Quotas {
         metrics.buckets(state.buckets.len());
         for (id, actions) in abandoned {
             for _ in &actions {
-                metrics.assigned(&Action::Abandon);
+                metrics.assigned(Action::Abandon.label());
             }
             if let Some(stream) = state.streams.get(&id) {
                 let _ = stream.sender.send(actions);
