@@ -83,10 +83,8 @@ impl Server {
     /// changes while running), deciding in `store`.
     pub fn new(config: Config, config_path: Option<PathBuf>, store: AnyStore, options: Options) -> Self {
         let (reloads, _) = watch::channel(Reload::Initial);
-        let settings = options.quotas.clone();
         let service = Arc::new(Service::new(config, store, options));
-        let quotas = Arc::new(quota::Quotas::new(Arc::clone(&service), settings));
-        service.set_quotas(&quotas);
+        let quotas = Arc::new(quota::Quotas::new(Arc::clone(&service), quota::QuotaSettings::default()));
         Self {
             quotas,
             service,
@@ -102,6 +100,14 @@ impl Server {
             grpc_tls: None,
             publish_xds: false,
         }
+    }
+
+    /// Runs the quota service (RLQS) with `settings` rather than the
+    /// defaults.
+    #[must_use]
+    pub fn rlqs(mut self, settings: quota::QuotaSettings) -> Self {
+        self.quotas = Arc::new(quota::Quotas::new(Arc::clone(&self.service), settings));
+        self
     }
 
     /// Also answers ADS on the gRPC listener with this server's own
@@ -256,11 +262,12 @@ impl Server {
             axum::serve(no_delay(listener), router).with_graceful_shutdown(wait(stopped.clone()))
         });
         let debug_server = self.debug.map(|listener| {
-            axum::serve(no_delay(listener), http::debug_router(Arc::clone(&self.service)))
+            let router = http::debug_router(Arc::clone(&self.service), Arc::clone(&self.quotas));
+            axum::serve(no_delay(listener), router)
                 .with_graceful_shutdown(wait(stopped.clone()))
         });
-        let http_server = axum::serve(no_delay(http), http::router(Arc::clone(&self.service)))
-            .with_graceful_shutdown(wait(stopped.clone()));
+        let router = http::router(Arc::clone(&self.service), Arc::clone(&self.quotas));
+        let http_server = axum::serve(no_delay(http), router).with_graceful_shutdown(wait(stopped.clone()));
         // Accepted sockets answer at once (TCP_NODELAY): with Nagle's
         // algorithm, a small answer waits for the client's delayed ACK, up to
         // 40 ms on Linux, twice Envoy's 20 ms deadline.

@@ -43,7 +43,7 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
-async fn start(options: Options) -> Running {
+async fn start(settings: QuotaSettings) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rlqs.yaml");
     std::fs::write(&file, CONFIG).unwrap();
@@ -51,8 +51,9 @@ async fn start(options: Options) -> Running {
         Config::load(&file).unwrap(),
         Some(file),
         AnyStore::Memory(MemoryStore::new()),
-        options,
-    );
+        Options::default(),
+    )
+    .rlqs(settings);
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
@@ -80,15 +81,6 @@ impl Stream {
     fn report(&self, usages: Vec<BucketQuotaUsage>) {
         self.reports.send(report("rlqs", usages)).unwrap();
     }
-}
-
-/// A server whose quota service runs with `settings`.
-async fn start_quotas(settings: QuotaSettings) -> Running {
-    start(Options {
-        quotas: settings,
-        ..Options::default()
-    })
-    .await
 }
 
 impl Running {
@@ -201,7 +193,7 @@ fn blanket(rule: BlanketRule) -> Strategy {
 /// interval; rules that do not count are blanket rules.
 #[tokio::test]
 async fn buckets_are_assigned_at_once_and_every_interval() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     // Envoy's first report of a bucket: one request, no time elapsed.
@@ -262,7 +254,7 @@ async fn unmatched_buckets_get_the_configured_default() {
         unmatched: Blanket::DenyAll,
         ..QuotaSettings::default()
     };
-    let server = start_quotas(settings).await;
+    let server = start(settings).await;
     let mut stream = server.open().await;
     let other = bucket(&[("name", "other")]);
     stream.report(vec![usage(other.clone(), 1, 0)]);
@@ -274,7 +266,7 @@ async fn unmatched_buckets_get_the_configured_default() {
 /// have) is skipped and counted; the stream's other buckets go on.
 #[tokio::test]
 async fn bad_usages_are_skipped_and_the_stream_goes_on() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     let usages = vec![
@@ -304,7 +296,7 @@ async fn bad_usages_are_skipped_and_the_stream_goes_on() {
 /// INVALID_ARGUMENT naming it; the server goes on serving others.
 #[tokio::test]
 async fn an_unknown_domain_ends_its_stream() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     for (domain, message) in [
         ("nowhere", "domain \"nowhere\" is not configured"),
         ("", "domain must be set"),
@@ -336,7 +328,7 @@ async fn an_unknown_domain_ends_its_stream() {
 /// than keep a rate no one renews), then ends the streams.
 #[tokio::test]
 async fn stopping_expires_every_assignment() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     let internal = bucket(&[("name", "api"), ("tenant", "internal")]);
@@ -386,7 +378,7 @@ fn per_second(strategy: &Strategy) -> u64 {
 /// closes its stream, the other gets the whole limit at the next interval.
 #[tokio::test]
 async fn a_closed_stream_leaves_its_share_to_the_others() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let api = bucket(&[("name", "api")]);
     let (mut one, mut other) = (server.open().await, server.open().await);
     // Each asked 500 over the last 5 s: 100 a second, the whole limit.
@@ -418,7 +410,7 @@ async fn a_quiet_bucket_is_abandoned() {
         abandon_after: Duration::from_secs(2),
         ..QuotaSettings::default()
     };
-    let server = start_quotas(settings).await;
+    let server = start(settings).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     stream.report(vec![usage(api.clone(), 1, 0)]);
@@ -447,7 +439,7 @@ async fn a_quiet_bucket_is_abandoned() {
 /// and counted, the others assigned (in one answer).
 #[tokio::test]
 async fn a_stream_holds_at_most_ten_thousand_buckets() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let usages: Vec<BucketQuotaUsage> = (0..10_001)
         .map(|index| usage(bucket(&[("name", "api"), ("user", &index.to_string())]), 1, 0))

@@ -100,9 +100,6 @@ pub struct Service {
     health: std::sync::Mutex<Health>,
     /// Open reservations (`/v1/reserve`, `/v1/settle`).
     pub(crate) reservations: reservations::Reservations,
-    /// The quota service over this one, for `/rlconfig` (weak: it holds
-    /// this service).
-    quotas: std::sync::OnceLock<std::sync::Weak<crate::quota::Quotas>>,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -134,18 +131,7 @@ impl Service {
             healthy: watch::channel(!health.no_config).0,
             health: std::sync::Mutex::new(health),
             reservations: reservations::Reservations::default(),
-            quotas: std::sync::OnceLock::new(),
         }
-    }
-
-    /// Makes `quotas` the quota service `/rlconfig` describes.
-    pub(crate) fn set_quotas(&self, quotas: &Arc<crate::quota::Quotas>) {
-        let _ = self.quotas.set(Arc::downgrade(quotas));
-    }
-
-    /// The quota service over this one, while it runs.
-    pub(crate) fn quotas(&self) -> Option<Arc<crate::quota::Quotas>> {
-        self.quotas.get().and_then(std::sync::Weak::upgrade)
     }
 
     /// Changes a cause of ill health and publishes the result.

@@ -1,7 +1,6 @@
 //! The service's global switches, as envoyproxy/ratelimit's settings.
 
 use super::DEFAULT_MAX_DESCRIPTORS;
-use crate::quota::QuotaSettings;
 
 /// Global switches, as envoyproxy/ratelimit's settings.
 #[derive(Debug, Clone)]
@@ -38,8 +37,6 @@ pub struct Options {
     /// records its overage adds them (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`,
     /// whose default upstream is false).
     pub stop_increment_when_over: bool,
-    /// The quota service's (RLQS) intervals and defaults.
-    pub quotas: QuotaSettings,
 }
 
 impl Default for Options {
@@ -55,7 +52,6 @@ impl Default for Options {
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             health_checks_store: false,
             stop_increment_when_over: true,
-            quotas: QuotaSettings::default(),
         }
     }
 }
