@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 use tollgate::{Limit, Op, Path, Policy, Request, Spread, Store as _, Subject};
 
 use self::split::{Ladder, Split, Totals, RUNGS};
-use crate::service::{BucketLimit, BucketRule, Failure, Service, ServiceError};
+use crate::service::{BucketMatch, Failure, Limited, Matched, Service, ServiceError};
 
 /// What `serve` does for RLQS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -460,7 +460,7 @@ impl Quotas {
         // Until the next interval's blocks are taken: the interval's own
         // split, if still to come, counts this block as spent.
         let left = (TAKE_AT - phase(SystemTime::now(), self.settings.interval)).rem_euclid(1.0);
-        let rule = self.service.match_bucket(domain, bucket.clone()).ok().flatten();
+        let rule = self.service.match_bucket(domain, bucket.clone());
         let Some(block) = splittable(rule.as_ref()) else {
             return Some(self.blanket(id, rule.as_ref()));
         };
@@ -471,14 +471,27 @@ impl Quotas {
 
     /// The assignment of a bucket whose rule is not a limit taken in
     /// blocks.
-    fn blanket(&self, id: StreamId, rule: Option<&BucketRule>) -> Decided {
+    fn blanket(&self, id: StreamId, rule: Option<&BucketMatch>) -> Decided {
         let blanket = match rule {
-            Some(BucketRule::Unlimited) => Blanket::AllowAll,
-            Some(BucketRule::Blocked) => Blanket::DenyAll,
-            Some(BucketRule::Nothing) | None => self.settings.unmatched,
-            Some(BucketRule::Limited(block)) => {
+            Some(BucketMatch {
+                matched: Matched::Unlimited,
+                ..
+            }) => Blanket::AllowAll,
+            Some(BucketMatch {
+                matched: Matched::Blocked,
+                ..
+            }) => Blanket::DenyAll,
+            Some(BucketMatch {
+                matched: Matched::Nothing,
+                ..
+            })
+            | None => self.settings.unmatched,
+            Some(BucketMatch {
+                matched: Matched::Limited(block),
+                stat_key,
+            }) => {
                 tracing::warn!(
-                    rule = block.rule,
+                    rule = stat_key,
                     algorithm = block.limit.algorithm(),
                     "rlqs: this algorithm is not taken in blocks; the bucket gets the unmatched default"
                 );
@@ -495,7 +508,7 @@ impl Quotas {
     /// Envoy keeps its assignment until it lapses.
     async fn take(
         &self,
-        block: &BucketLimit,
+        block: &Limited,
         id: StreamId,
         want: f64,
         part: f64,
@@ -708,7 +721,7 @@ impl Quotas {
             plans.push(Plan {
                 domain: domain.clone(),
                 bucket: bucket.clone(),
-                rule: self.service.match_bucket(domain, bucket.clone()).ok().flatten(),
+                rule: self.service.match_bucket(domain, bucket.clone()),
                 envoys,
             });
         }
@@ -795,7 +808,7 @@ impl Quotas {
 
     /// Every replica's demands on the block's bucket, and what its limit
     /// has left now.
-    async fn read_totals(&self, block: &BucketLimit) -> Option<(Totals, f64)> {
+    async fn read_totals(&self, block: &Limited) -> Option<(Totals, f64)> {
         let empty = Totals {
             rungs: vec![0; RUNGS],
             ..Totals::default()
@@ -832,7 +845,7 @@ impl Quotas {
 
     /// The demand counters of a bucket (and, to read it with them, its
     /// limit), each weighing what `totals` says.
-    fn demand_rows(&self, subject: &Subject, limit: Option<&BucketLimit>, totals: &Totals) -> tollgate::Result<Spread> {
+    fn demand_rows(&self, subject: &Subject, limit: Option<&Limited>, totals: &Totals) -> tollgate::Result<Spread> {
         let counter = Limit::fixed_window(DEMAND_LIMIT, self.settings.interval)?;
         let mut rows = Spread::builder();
         rows.row(subject.clone(), DEMAND, counter.clone(), totals.demand);
@@ -857,10 +870,23 @@ impl Quotas {
             .iter()
             .map(|((domain, bucket), entry)| {
                 let matched = match self.service.match_bucket(domain, bucket.clone()) {
-                    Ok(Some(BucketRule::Limited(block))) => format!("{}.{}", domain, block.rule),
-                    Ok(Some(BucketRule::Unlimited)) => "unlimited: allow all".to_owned(),
-                    Ok(Some(BucketRule::Blocked)) => "blocked: deny all".to_owned(),
-                    Ok(Some(BucketRule::Nothing) | None) | Err(_) => format!("no rule: {:?}", self.settings.unmatched),
+                    Some(BucketMatch {
+                        matched: Matched::Limited(_),
+                        stat_key,
+                    }) => format!("{domain}.{stat_key}"),
+                    Some(BucketMatch {
+                        matched: Matched::Unlimited,
+                        ..
+                    }) => "unlimited: allow all".to_owned(),
+                    Some(BucketMatch {
+                        matched: Matched::Blocked,
+                        ..
+                    }) => "blocked: deny all".to_owned(),
+                    Some(BucketMatch {
+                        matched: Matched::Nothing,
+                        ..
+                    })
+                    | None => format!("no rule: {:?}", self.settings.unmatched),
                 };
                 let mut envoys: Vec<String> = entry
                     .envoys
@@ -916,7 +942,7 @@ impl Quotas {
 struct Plan {
     domain: String,
     bucket: BucketId,
-    rule: Option<BucketRule>,
+    rule: Option<BucketMatch>,
     /// Each local Envoy, its demand per interval (if known yet) and its
     /// token bucket.
     envoys: Vec<(StreamId, Option<f64>, Option<Current>)>,
@@ -955,9 +981,9 @@ const TAKE_CAPPED_AT: f64 = 0.5;
 
 /// The limit of `rule` when it is split among Envoys: a limit taken in
 /// blocks (the leasable algorithms); the others get blanket rules.
-fn splittable(rule: Option<&BucketRule>) -> Option<&BucketLimit> {
-    match rule {
-        Some(BucketRule::Limited(block)) if block.limit.is_leasable() => Some(block),
+fn splittable(rule: Option<&BucketMatch>) -> Option<&Limited> {
+    match rule.map(|rule| &rule.matched) {
+        Some(Matched::Limited(block)) if block.limit.is_leasable() => Some(block),
         _ => None,
     }
 }

@@ -42,7 +42,7 @@ impl Service {
                 }
             }
             Matched::Limited(limited) => {
-                let Some(decision) = limited.decision.clone() else {
+                let Some(decision) = item.decision.clone() else {
                     return;
                 };
                 if count {

@@ -173,9 +173,7 @@ pub(crate) enum Cost {
 /// Puts each decision into the item at its index.
 pub(super) fn set_decisions(items: &mut [Item<'_>], decisions: Vec<(usize, Decision)>) {
     for (index, decision) in decisions {
-        if let Matched::Limited(limited) = &mut items[index].matched {
-            limited.decision = Some(decision);
-        }
+        items[index].decision = Some(decision);
     }
 }
 

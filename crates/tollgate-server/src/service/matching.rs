@@ -27,12 +27,15 @@ pub(super) struct Item<'a> {
     pub(super) shadow: bool,
     /// Its rule's metadata, for the dynamic metadata.
     pub(super) metadata: Option<&'a serde_json::Value>,
+    /// The store's decision on its limit, once made.
+    pub(super) decision: Option<Decision>,
     /// The answer, filled in as the request is decided.
     pub(super) status: DescriptorStatus,
 }
 
-/// What applies to a descriptor.
-pub(super) enum Matched {
+/// What applies to a descriptor (of an RLS request, or an RLQS bucket's).
+#[derive(Debug, Clone)]
+pub(crate) enum Matched {
     /// No rule: OK, with nothing counted.
     Nothing,
     /// An unlimited rule: OK, with everything remaining.
@@ -43,17 +46,16 @@ pub(super) enum Matched {
     Limited(Box<Limited>),
 }
 
-/// A limit that applies in this request.
-pub(super) struct Limited {
-    pub(super) limit: Limit,
+/// A limit kept in the store for a descriptor.
+#[derive(Debug, Clone)]
+pub(crate) struct Limited {
+    pub(crate) limit: Limit,
     /// The descriptor: the domain and its entries.
-    pub(super) subject: Subject,
+    pub(crate) subject: Subject,
     /// The counter's name within the subject.
-    pub(super) name: String,
+    pub(crate) name: String,
     /// A fixed window's length (its reset is the window's end).
-    pub(super) window: Option<Duration>,
-    /// The store's decision, once made.
-    pub(super) decision: Option<Decision>,
+    pub(crate) window: Option<Duration>,
 }
 
 impl Item<'_> {
@@ -73,7 +75,7 @@ impl Item<'_> {
     pub(super) fn is_over(&self) -> bool {
         match &self.matched {
             Matched::Blocked => self.hits > 0 && !self.shadow,
-            Matched::Limited(limited) => limited.decision.as_ref().is_some_and(|decision| !decision.allowed),
+            Matched::Limited(_) => self.decision.as_ref().is_some_and(|decision| !decision.allowed),
             Matched::Nothing | Matched::Unlimited => false,
         }
     }
@@ -177,6 +179,7 @@ impl Service {
             quota: false,
             shadow: false,
             metadata: None,
+            decision: None,
             status: DescriptorStatus::unmatched(),
         };
         if let (Some((requests, unit)), Some(_)) = (descriptor.limit_override, domain) {
@@ -192,7 +195,6 @@ impl Service {
                 subject: Subject::from_parts(std::iter::once(domain_name).chain(parts)),
                 name: format!("override.{requests}.{}", unit.name()),
                 window: Some(unit.duration()),
-                decision: None,
             }));
             item.stat_key = Cow::Owned(override_stat_key(entries));
             item.status.rule = Some("override".to_owned());
@@ -246,7 +248,6 @@ impl Service {
                 subject,
                 name,
                 window: rule.quota.fixed_window(),
-                decision: None,
             })),
             Quota::Unlimited => Matched::Unlimited,
             Quota::Blocked => Matched::Blocked,
@@ -273,71 +274,33 @@ fn override_stat_key(entries: &[(String, String)]) -> String {
 }
 
 /// What applies to an RLQS bucket: what an RLS request of one descriptor
-/// of the bucket's entries would match ([`Service::match_bucket`]).
+/// of the bucket's entries matches ([`Service::match_bucket`]), and its
+/// rule's stat key.
 #[derive(Debug, Clone)]
-pub(crate) enum BucketRule {
-    /// No rule.
-    Nothing,
-    /// An unlimited rule.
-    Unlimited,
-    /// A rule of `requests_per_unit: 0`.
-    Blocked,
-    /// A limit kept in the store.
-    Limited(Box<BucketLimit>),
-}
-
-/// A bucket's limit in the store, and the rule's stat key.
-#[derive(Debug, Clone)]
-pub(crate) struct BucketLimit {
-    pub(crate) limit: Limit,
-    pub(crate) subject: Subject,
-    pub(crate) name: String,
-    pub(crate) rule: String,
+pub(crate) struct BucketMatch {
+    pub(crate) matched: Matched,
+    pub(crate) stat_key: String,
 }
 
 impl Service {
-    /// The rule an RLS request of one descriptor with `entries` (in key
-    /// order) would match in `domain`; `None` when the domain is not
-    /// configured.
-    ///
-    /// # Errors
-    ///
-    /// An entry without a key, or no entry.
-    pub(crate) fn match_bucket(
-        &self,
-        domain: &str,
-        entries: Vec<(String, String)>,
-    ) -> Result<Option<BucketRule>, ServiceError> {
+    /// What an RLS request of one descriptor with `entries` (in key order)
+    /// would match in `domain`, a rule in shadow mode read as unlimited (it
+    /// never refuses); `None` when the domain is not configured or the
+    /// entries are not a descriptor (none, or one without a key).
+    pub(crate) fn match_bucket(&self, domain: &str, entries: Vec<(String, String)>) -> Option<BucketMatch> {
         let request = CheckRequest {
             domain: domain.to_owned(),
             descriptors: vec![Descriptor::entries(entries)],
             hits: 1,
             hits_addend: 1,
         };
-        self.validate(&request)?;
+        self.validate(&request).ok()?;
         let config = self.config.load();
-        let Some(domain) = config.domains.get(domain) else {
-            return Ok(None);
-        };
-        let mut items = self.match_rules(&request, Some(domain))?;
-        let Some(item) = items.pop() else {
-            return Ok(Some(BucketRule::Nothing));
-        };
-        let rule = item.stat_key.into_owned();
-        // A rule in shadow mode never refuses.
-        if item.shadow {
-            return Ok(Some(BucketRule::Unlimited));
-        }
-        Ok(Some(match item.matched {
-            Matched::Nothing => BucketRule::Nothing,
-            Matched::Unlimited => BucketRule::Unlimited,
-            Matched::Blocked => BucketRule::Blocked,
-            Matched::Limited(limited) => BucketRule::Limited(Box::new(BucketLimit {
-                limit: limited.limit,
-                subject: limited.subject,
-                name: limited.name,
-                rule,
-            })),
-        }))
+        let domain = config.domains.get(domain)?;
+        let item = self.match_rules(&request, Some(domain)).ok()?.pop()?;
+        Some(BucketMatch {
+            matched: if item.shadow { Matched::Unlimited } else { item.matched },
+            stat_key: item.stat_key.into_owned(),
+        })
     }
 }

@@ -64,7 +64,7 @@ pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, secon
 use self::deciding::set_decisions;
 pub(crate) use self::deciding::{Adjustment, Cost};
 pub use self::error::{Failure, ServiceError};
-pub(crate) use self::matching::{BucketLimit, BucketRule};
+pub(crate) use self::matching::{BucketMatch, Limited, Matched};
 pub use self::options::{HeaderNames, Options};
 pub use self::request::{CheckRequest, CheckResponse, Code, CurrentLimit, Descriptor, DescriptorStatus, Target};
 use crate::config::Config;
