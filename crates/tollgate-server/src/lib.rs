@@ -84,7 +84,10 @@ impl Server {
     pub fn new(config: Config, config_path: Option<PathBuf>, store: AnyStore, options: Options) -> Self {
         let (reloads, _) = watch::channel(Reload::Initial);
         let service = Arc::new(Service::new(config, store, options));
-        let quotas = Arc::new(quota::Quotas::new(Arc::clone(&service), quota::QuotaSettings::default()));
+        let quotas = Arc::new(quota::Quotas::new(
+            Arc::clone(&service),
+            quota::QuotaSettings::default(),
+        ));
         Self {
             quotas,
             service,
@@ -263,8 +266,7 @@ impl Server {
         });
         let debug_server = self.debug.map(|listener| {
             let router = http::debug_router(Arc::clone(&self.service), Arc::clone(&self.quotas));
-            axum::serve(no_delay(listener), router)
-                .with_graceful_shutdown(wait(stopped.clone()))
+            axum::serve(no_delay(listener), router).with_graceful_shutdown(wait(stopped.clone()))
         });
         let router = http::router(Arc::clone(&self.service), Arc::clone(&self.quotas));
         let http_server = axum::serve(no_delay(http), router).with_graceful_shutdown(wait(stopped.clone()));
