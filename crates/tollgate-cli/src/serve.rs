@@ -343,7 +343,7 @@ fn rlqs(args: &Args) -> Result<QuotaSettings, UsageError> {
 fn options(args: &Args, settings: &Settings) -> Options {
     Options {
         shadow_mode: args.shadow_mode || settings.shadow_mode,
-        quota_mode: settings.quota_mode,
+        all_alternatives: settings.all_alternatives,
         response_headers: args.response_headers || settings.response_headers,
         header_names: settings.header_names.clone(),
         near_limit_ratio: settings.near_limit_ratio.unwrap_or(0.8),

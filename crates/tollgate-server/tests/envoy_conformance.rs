@@ -1036,7 +1036,7 @@ async fn global_quota_and_shadow_mode() {
     let server = serve(
         config,
         Options {
-            quota_mode: true,
+            all_alternatives: true,
             ..Options::default()
         },
     )
@@ -1052,7 +1052,7 @@ async fn global_quota_and_shadow_mode() {
     let server = serve(
         config,
         Options {
-            quota_mode: true,
+            all_alternatives: true,
             shadow_mode: true,
             ..Options::default()
         },
@@ -1317,7 +1317,7 @@ async fn dynamic_metadata_of_the_passed_rules() {
     let server = serve(
         config,
         Options {
-            quota_mode: true,
+            all_alternatives: true,
             dynamic_metadata: true,
             ..Options::default()
         },

@@ -28,12 +28,11 @@ fn service() -> Service {
     Service::new(config, AnyStore::Memory(store), Options::default())
 }
 
-fn request(hits: u64) -> CheckRequest {
+fn request(cost: u64) -> CheckRequest {
     CheckRequest {
         domain: "llm".to_owned(),
         descriptors: vec![Descriptor::entries(vec![("tenant".to_owned(), "acme".to_owned())])],
-        hits,
-        hits_addend: hits,
+        cost: Some(cost),
     }
 }
 

@@ -124,13 +124,12 @@ fn request(ask: &Ask) -> CheckRequest {
             .iter()
             .map(|&(key, own)| {
                 let mut descriptor = Descriptor::entries(vec![(KEYS[key].0.to_owned(), "tenant".to_owned())]);
-                descriptor.hits_addend = own;
+                descriptor.cost = own;
                 descriptor
             })
             .collect(),
-        // As the gRPC front end reads it: 0 is 1.
-        hits: ask.hits.max(1),
-        hits_addend: ask.hits,
+        // As the gRPC front end reads it: 0 is not set.
+        cost: (ask.hits > 0).then_some(ask.hits),
     }
 }
 
@@ -213,12 +212,11 @@ fn reported_usage_exhausts_a_token_budget() {
         let service = Service::new(config, AnyStore::Memory(store), Options::default());
         let ask = |hits: u64| {
             let mut descriptor = Descriptor::entries(vec![("tenant".to_owned(), "acme".to_owned())]);
-            descriptor.hits_addend = Some(hits);
+            descriptor.cost = Some(hits);
             CheckRequest {
                 domain: "llm".to_owned(),
                 descriptors: vec![descriptor],
-                hits: 1,
-                hits_addend: 0,
+                cost: None,
             }
         };
         let mut answers = Vec::new();

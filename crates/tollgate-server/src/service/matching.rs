@@ -7,22 +7,22 @@ use std::time::Duration;
 
 use tollgate::{Decision, Limit, Subject};
 
-use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_HITS, RULE};
-use crate::config::{Domain, Quota, Rule};
+use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_COST, RULE};
+use crate::config::{Domain, Rule, RuleLimit};
 
 /// One descriptor on its way through the service: what it matched, then
 /// its decision and its status.
 pub(super) struct Item<'a> {
-    /// Hits it adds (0: a peek).
-    pub(super) hits: u64,
+    /// What it costs (0: a peek).
+    pub(super) cost: u64,
     /// The configured rule that applied, if any (none for Envoy's override).
     pub(super) rule: Option<&'a Rule>,
     /// What applies to it.
     pub(super) matched: Matched,
     /// envoyproxy/ratelimit's stat key, without the domain.
     pub(super) stat_key: Cow<'a, str>,
-    /// In quota mode.
-    pub(super) quota: bool,
+    /// One of the request's alternatives ([`Rule::alternative`]).
+    pub(super) alternative: bool,
     /// In shadow mode.
     pub(super) shadow: bool,
     /// Its rule's metadata, for the dynamic metadata.
@@ -74,7 +74,7 @@ impl Item<'_> {
     /// Over its limit, as far as the overall code is concerned.
     pub(super) fn is_over(&self) -> bool {
         match &self.matched {
-            Matched::Blocked => self.hits > 0 && !self.shadow,
+            Matched::Blocked => self.cost > 0 && !self.shadow,
             Matched::Limited(_) => self.decision.as_ref().is_some_and(|decision| !decision.allowed),
             Matched::Nothing | Matched::Unlimited => false,
         }
@@ -96,8 +96,8 @@ impl Service {
                 request.descriptors.len()
             )));
         }
-        if request.hits > MAX_HITS {
-            return Err(ServiceError::invalid(format!("hits_addend must be at most {MAX_HITS}")));
+        if request.default_cost() > MAX_COST {
+            return Err(ServiceError::invalid(format!("hits_addend must be at most {MAX_COST}")));
         }
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             match &descriptor.target {
@@ -114,9 +114,9 @@ impl Service {
                 }
                 _ => {}
             }
-            if descriptor.hits_addend.is_some_and(|hits| hits > MAX_HITS) {
+            if descriptor.cost.is_some_and(|cost| cost > MAX_COST) {
                 return Err(ServiceError::invalid(format!(
-                    "descriptors[{index}].hits_addend must be at most {MAX_HITS}"
+                    "descriptors[{index}].hits_addend must be at most {MAX_COST}"
                 )));
             }
             if let Some((requests, _)) = descriptor.limit_override {
@@ -139,8 +139,9 @@ impl Service {
     ) -> Result<Vec<Item<'a>>, ServiceError> {
         let mut items = Vec::with_capacity(request.descriptors.len());
         let mut replacing: HashSet<&'a str> = HashSet::new();
+        let cost = request.default_cost();
         for descriptor in &request.descriptors {
-            let item = self.match_one(&request.domain, domain, descriptor, request.hits)?;
+            let item = self.match_one(&request.domain, domain, descriptor, cost)?;
             if let Some(rule) = item.rule {
                 replacing.extend(rule.replaces.iter().map(String::as_str));
             }
@@ -168,15 +169,14 @@ impl Service {
         domain_name: &str,
         domain: Option<&'a Domain>,
         descriptor: &'a Descriptor,
-        hits: u64,
+        cost: u64,
     ) -> Result<Item<'a>, ServiceError> {
-        let hits = descriptor.hits_addend.unwrap_or(hits);
         let mut item = Item {
-            hits,
+            cost: descriptor.cost.unwrap_or(cost),
             rule: None,
             matched: Matched::Nothing,
             stat_key: Cow::Borrowed(""),
-            quota: false,
+            alternative: false,
             shadow: false,
             metadata: None,
             decision: None,
@@ -184,7 +184,7 @@ impl Service {
         };
         if let (Some((requests, unit)), Some(_)) = (descriptor.limit_override, domain) {
             // As envoyproxy/ratelimit: only in a known domain, never in
-            // shadow mode, but in the global quota mode.
+            // shadow mode, but an alternative with `QUOTA_MODE`.
             let limit = Limit::fixed_window(requests, unit.duration())
                 .and_then(Limit::recording_overage)
                 .map_err(ServiceError::from)?;
@@ -198,7 +198,7 @@ impl Service {
             }));
             item.stat_key = Cow::Owned(override_stat_key(entries));
             item.status.rule = Some("override".to_owned());
-            item.quota = self.options.quota_mode;
+            item.alternative = self.options.all_alternatives;
             return Ok(item);
         }
         let (rule, subject, name, stat_key) = match &descriptor.target {
@@ -207,7 +207,7 @@ impl Service {
                     return Ok(item);
                 };
                 let rule = found.rule;
-                if !matches!(rule.quota, Quota::Unlimited) {
+                if !matches!(rule.limit, RuleLimit::Unlimited) {
                     item.metadata = found.metadata;
                 }
                 // Subjects are injective encodings, hashed when long. A
@@ -240,17 +240,17 @@ impl Service {
         item.rule = Some(rule);
         item.stat_key = stat_key;
         item.status.rule = Some(rule.path.clone());
-        item.quota = rule.quota_mode || self.options.quota_mode;
+        item.alternative = rule.alternative || self.options.all_alternatives;
         item.shadow = rule.shadow_mode;
-        item.matched = match &rule.quota {
-            Quota::Limited(limit) => Matched::Limited(Box::new(Limited {
+        item.matched = match &rule.limit {
+            RuleLimit::Limited(limit) => Matched::Limited(Box::new(Limited {
                 limit: limit.clone(),
                 subject,
                 name,
-                window: rule.quota.fixed_window(),
+                window: rule.limit.fixed_window(),
             })),
-            Quota::Unlimited => Matched::Unlimited,
-            Quota::Blocked => Matched::Blocked,
+            RuleLimit::Unlimited => Matched::Unlimited,
+            RuleLimit::Blocked => Matched::Blocked,
         };
         Ok(item)
     }
@@ -291,8 +291,7 @@ impl Service {
         let request = CheckRequest {
             domain: domain.to_owned(),
             descriptors: vec![Descriptor::entries(entries)],
-            hits: 1,
-            hits_addend: 1,
+            cost: None,
         };
         self.validate(&request).ok()?;
         let config = self.config.load();

@@ -9,8 +9,9 @@ pub struct Options {
     /// Decide and count, but always answer an overall OK (each descriptor
     /// keeps its real code) (`SHADOW_MODE`).
     pub shadow_mode: bool,
-    /// Every rule in quota mode (`QUOTA_MODE`).
-    pub quota_mode: bool,
+    /// Every rule an alternative (`QUOTA_MODE`): see
+    /// [`Rule::alternative`](crate::config::Rule::alternative).
+    pub all_alternatives: bool,
     /// Add the limit, remaining and reset headers to every answer
     /// (`LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub response_headers: bool,
@@ -33,7 +34,7 @@ pub struct Options {
     /// (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
     pub health_checks_store: bool,
     /// When a request is refused, only the descriptors that are over add
-    /// their hits (true, the default); false: every descriptor whose limit
+    /// their cost (true, the default); false: every descriptor whose limit
     /// records its overage adds them (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`,
     /// whose default upstream is false).
     pub stop_increment_when_over: bool,
@@ -43,7 +44,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             shadow_mode: false,
-            quota_mode: false,
+            all_alternatives: false,
             response_headers: false,
             header_names: HeaderNames::default(),
             near_limit_ratio: 0.8,
