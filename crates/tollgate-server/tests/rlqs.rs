@@ -3,6 +3,8 @@
 //! input, and what a stopping server tells the Envoys. (Three real Envoys
 //! sharing one limit: `tollgate-cli`'s `envoy` tests.)
 
+mod common;
+
 use std::time::Duration;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -13,12 +15,13 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tollgate::{AnyStore, MemoryStore};
 use tollgate_server::quota::{Blanket, QuotaSettings};
 use tollgate_server::{Config, Options, Server};
+
+use common::{on_port_0, OnPort0};
 
 const CONFIG: &str = r"
 domain: rlqs
@@ -36,10 +39,7 @@ descriptors:
 ";
 
 struct Running {
-    grpc: String,
-    http: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    server: OnPort0,
     _dir: tempfile::TempDir,
 }
 
@@ -54,18 +54,8 @@ async fn start(settings: QuotaSettings) -> Running {
         Options::default(),
     )
     .rlqs(settings);
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel();
-    let task = tokio::spawn(server.run(http, grpc, async {
-        let _ = stopped.await;
-    }));
     Running {
-        grpc: format!("http://{grpc_address}"),
-        http: format!("http://{http_address}"),
-        stop: Some(stop),
-        task,
+        server: on_port_0(server).await,
         _dir: dir,
     }
 }
@@ -85,7 +75,9 @@ impl Stream {
 
 impl Running {
     async fn open(&self) -> Stream {
-        let mut client = RateLimitQuotaServiceClient::connect(self.grpc.clone()).await.unwrap();
+        let mut client = RateLimitQuotaServiceClient::connect(self.server.grpc_url())
+            .await
+            .unwrap();
         let (reports, outgoing) = mpsc::unbounded_channel();
         let actions = client
             .stream_rate_limit_quotas(UnboundedReceiverStream::new(outgoing))
@@ -97,12 +89,7 @@ impl Running {
 
     /// The text at `path` of the HTTP listener.
     async fn text(&self, path: &str) -> String {
-        reqwest::get(format!("{}{path}", self.http))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.server.text(path).await
     }
 
     /// Asserts that the text at `path` holds each of `lines`.
@@ -113,9 +100,8 @@ impl Running {
         }
     }
 
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap().unwrap();
+    async fn stop(self) {
+        self.server.stop().await;
     }
 }
 
