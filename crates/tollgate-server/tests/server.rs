@@ -20,7 +20,7 @@ use tollgate::{ManualClock, MemoryStore, RedisStore, Timestamp};
 use tollgate_server::{Config, Options, Reload, Server};
 
 use common::rls::{descriptor, statuses, OK, OVER_LIMIT};
-use common::{on_port_0, OnPort0};
+use common::{on_port_0, OnPort0, NOON};
 use redis_server::RedisServer;
 
 const CONFIG: &str = r"
@@ -62,9 +62,6 @@ descriptors:
       name: bucket
       algorithm: {algorithm: token_bucket, capacity: 5, refill: 1, interval: 1h}
 ";
-
-/// 2023-11-14 12:00:00 UTC, µs since the epoch: the time of every decision.
-const NOON: u64 = 1_699_963_200_000_000;
 
 /// A server running on port 0 until dropped.
 struct Running {

@@ -14,13 +14,16 @@
 //! with limit − (count after).
 #![recursion_limit = "256"]
 
+mod common;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{AnyStore, Limit, ManualClock, MemoryStore, Op, Policy, Request, Store, Subject, Timestamp};
-use tollgate_server::config::Domain;
 use tollgate_server::service::{CheckRequest, Code, Descriptor};
-use tollgate_server::{Config, Options, Service};
+use tollgate_server::{Options, Service};
+
+use common::{config, NOON};
 
 const CONFIG: &str = r"
 domain: budget
@@ -34,9 +37,6 @@ descriptors:
 ";
 
 const KEYS: [(&str, u64); 3] = [("a", 5), ("b", 12), ("c", 30)];
-
-/// Noon, far from a day's boundary: every request counts in one window.
-const NOON: u64 = 1_699_963_200_000_000;
 
 #[derive(Debug, Clone)]
 struct Ask {
@@ -96,14 +96,6 @@ impl Upstream {
             });
         }
         answers
-    }
-}
-
-/// The configuration of one domain written as `text`.
-fn config(text: &str) -> Config {
-    let domain = Domain::parse(text, std::path::Path::new("test.yaml")).expect("the config loads");
-    Config {
-        domains: [(domain.domain.clone(), domain)].into(),
     }
 }
 

@@ -9,6 +9,20 @@ use std::net::SocketAddr;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tollgate_server::config::Domain;
+use tollgate_server::Config;
+
+/// Noon UTC, 2023-11-14, in µs since the epoch: a manual clock set there
+/// decides far from the end of a day's window.
+pub const NOON: u64 = 1_699_963_200_000_000;
+
+/// The configuration of one domain written as `text`.
+pub fn config(text: &str) -> Config {
+    let domain = Domain::parse(text, std::path::Path::new("test.yaml")).expect("the config loads");
+    Config {
+        domains: [(domain.domain.clone(), domain)].into(),
+    }
+}
 
 /// A server running on port 0 (both listeners), stopped when dropped.
 pub struct OnPort0 {
