@@ -10,8 +10,9 @@
 //! Every `interval` (1 s), aligned to the clock, the server splits each
 //! limited bucket's budget among the Envoys that ask for it (max-min fair,
 //! see the `split` module) and takes each Envoy's share from the limit in
-//! the store as a block ([`Op::CheckAtMost`]): several replicas on one Redis split one
-//! limit, and no assignment is ever made of units the store did not grant.
+//! the store as a block ([`Op::CheckAtMost`](tollgate::Op::CheckAtMost)):
+//! several replicas on one Redis split one limit, and no assignment is ever
+//! made of units the store did not grant.
 //! An Envoy's assignment is a token bucket that cannot admit more than its
 //! blocks: a new bucket may start full with `max_tokens` (beyond the
 //! capacity of the one it replaces, whose fill ratio Envoy carries over) and
