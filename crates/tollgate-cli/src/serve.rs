@@ -237,7 +237,8 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
         let grpc = TcpListener::bind(grpc_address)
             .await
             .with_context(|| format!("cannot listen on {grpc_address}"))?;
-        let options = options(args, settings)?;
+        let options = options(args, settings);
+        let rlqs = rlqs(args)?;
         let (mut server, config_text, domains) = match source {
             Source::Files(files) => {
                 let domains = files.config.domains.len();
@@ -258,6 +259,7 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
                 (server, text, 0)
             }
         };
+        server = server.rlqs(rlqs);
         if args.publish_xds {
             server = server.publish_xds();
         }
@@ -327,18 +329,21 @@ async fn store(
     })
 }
 
-/// The service's switches: flags, else envoyproxy/ratelimit's settings.
-fn options(args: &Args, settings: &Settings) -> Result<Options, UsageError> {
+/// The quota service's (RLQS) settings, from the flags.
+fn rlqs(args: &Args) -> Result<QuotaSettings, UsageError> {
     let unmatched = if args.rlqs_unmatched == "deny" {
         Blanket::DenyAll
     } else {
         Blanket::AllowAll
     };
-    let quotas = QuotaSettings::new(args.rlqs_interval, args.rlqs_ttl, args.rlqs_abandon_after, unmatched)
-        .map_err(UsageError)?;
-    Ok(Options {
+    QuotaSettings::new(args.rlqs_interval, args.rlqs_ttl, args.rlqs_abandon_after, unmatched).map_err(UsageError)
+}
+
+/// The service's switches: flags, else envoyproxy/ratelimit's settings.
+fn options(args: &Args, settings: &Settings) -> Options {
+    Options {
         shadow_mode: args.shadow_mode || settings.shadow_mode,
-        quota_mode: settings.quota_mode,
+        all_alternatives: settings.all_alternatives,
         response_headers: args.response_headers || settings.response_headers,
         header_names: settings.header_names.clone(),
         near_limit_ratio: settings.near_limit_ratio.unwrap_or(0.8),
@@ -351,8 +356,7 @@ fn options(args: &Args, settings: &Settings) -> Result<Options, UsageError> {
             .unwrap_or(tollgate_server::service::DEFAULT_MAX_DESCRIPTORS),
         health_checks_store: args.health_check_store || settings.health_checks_store,
         stop_increment_when_over: settings.stop_increment_when_over,
-        quotas,
-    })
+    }
 }
 
 /// The Redis store at `url`, ready for its resilience options. With the

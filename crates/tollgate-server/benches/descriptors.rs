@@ -35,8 +35,7 @@ fn request(descriptors: usize) -> CheckRequest {
         descriptors: (0..descriptors)
             .map(|index| Descriptor::entries(vec![("user".to_owned(), format!("u{index}"))]))
             .collect(),
-        hits: 1,
-        hits_addend: 0,
+        cost: None,
     }
 }
 

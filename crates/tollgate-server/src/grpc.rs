@@ -55,7 +55,7 @@ pub(crate) fn descriptor(index: usize, descriptor: RateLimitDescriptor) -> Resul
                 .map(|entry| (entry.key, entry.value))
                 .collect(),
         ),
-        hits_addend: descriptor.hits_addend.map(|hits| hits.value),
+        cost: descriptor.hits_addend.map(|hits| hits.value),
         limit_override,
     })
 }
@@ -139,9 +139,8 @@ impl RateLimitService for Grpc {
         let check = CheckRequest {
             domain: request.domain,
             descriptors,
-            // Envoy's 0 means 1.
-            hits: u64::from(request.hits_addend).max(1),
-            hits_addend: u64::from(request.hits_addend),
+            // Envoy's 0 means not set.
+            cost: (request.hits_addend > 0).then(|| u64::from(request.hits_addend)),
         };
         let answer = self
             .service

@@ -29,6 +29,7 @@ pub mod http;
 pub mod metrics;
 mod protobuf_json;
 pub mod quota;
+mod reload;
 pub mod rlqs;
 pub mod service;
 pub mod settings;
@@ -37,29 +38,19 @@ pub mod unit;
 pub mod xds;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt as _;
-use notify::{RecursiveMode, Watcher};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 pub use config::{Config, ConfigError, LoadOptions};
+pub use reload::Reload;
+use reload::{watch_config, Watching};
 pub use service::{HeaderNames, Options, Service};
 pub use tollgate::AnyStore;
-
-/// What the last look at the configuration files found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reload {
-    /// The configuration given at start is in force.
-    Initial,
-    /// A changed configuration was loaded and is in force (`n`-th reload).
-    Loaded(u64),
-    /// A changed configuration was refused; the previous one stays.
-    Failed(String),
-}
 
 /// A rate limit server, ready to run.
 pub struct Server {
@@ -83,10 +74,11 @@ impl Server {
     /// changes while running), deciding in `store`.
     pub fn new(config: Config, config_path: Option<PathBuf>, store: AnyStore, options: Options) -> Self {
         let (reloads, _) = watch::channel(Reload::Initial);
-        let settings = options.quotas.clone();
         let service = Arc::new(Service::new(config, store, options));
-        let quotas = Arc::new(quota::Quotas::new(Arc::clone(&service), settings));
-        service.set_quotas(&quotas);
+        let quotas = Arc::new(quota::Quotas::new(
+            Arc::clone(&service),
+            quota::QuotaSettings::default(),
+        ));
         Self {
             quotas,
             service,
@@ -102,6 +94,14 @@ impl Server {
             grpc_tls: None,
             publish_xds: false,
         }
+    }
+
+    /// Runs the quota service (RLQS) with `settings` rather than the
+    /// defaults.
+    #[must_use]
+    pub fn rlqs(mut self, settings: quota::QuotaSettings) -> Self {
+        self.quotas = Arc::new(quota::Quotas::new(Arc::clone(&self.service), settings));
+        self
     }
 
     /// Also answers ADS on the gRPC listener with this server's own
@@ -256,11 +256,11 @@ impl Server {
             axum::serve(no_delay(listener), router).with_graceful_shutdown(wait(stopped.clone()))
         });
         let debug_server = self.debug.map(|listener| {
-            axum::serve(no_delay(listener), http::debug_router(Arc::clone(&self.service)))
-                .with_graceful_shutdown(wait(stopped.clone()))
+            let router = http::debug_router(Arc::clone(&self.service), Arc::clone(&self.quotas));
+            axum::serve(no_delay(listener), router).with_graceful_shutdown(wait(stopped.clone()))
         });
-        let http_server = axum::serve(no_delay(http), http::router(Arc::clone(&self.service)))
-            .with_graceful_shutdown(wait(stopped.clone()));
+        let router = http::router(Arc::clone(&self.service), Arc::clone(&self.quotas));
+        let http_server = axum::serve(no_delay(http), router).with_graceful_shutdown(wait(stopped.clone()));
         // Accepted sockets answer at once (TCP_NODELAY): with Nagle's
         // algorithm, a small answer waits for the client's delayed ACK, up to
         // 40 ms on Linux, twice Envoy's 20 ms deadline.
@@ -409,87 +409,4 @@ async fn check_store(service: Arc<Service>, mut stopped: watch::Receiver<bool>) 
         was_reachable = reachable;
         service.store_reachable(reachable);
     }
-}
-
-/// What the configuration watcher watches.
-struct Watching {
-    path: PathBuf,
-    options: LoadOptions,
-    also: Vec<PathBuf>,
-}
-
-/// Watches the configuration file or directory and reloads it when it
-/// changes; a configuration that cannot be used is reported and the running
-/// one stays in force.
-fn watch_config(
-    watching: Watching,
-    service: Arc<Service>,
-    reloads: watch::Sender<Reload>,
-    mut stopped: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let (changed, mut changes) = mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|event| !event.kind.is_access()) {
-            let _ = changed.send(());
-        }
-    })
-    .map_err(std::io::Error::other)?;
-    // Editors replace files rather than write them: watch the directory.
-    let path = watching.path;
-    let directory = if path.is_dir() {
-        path.clone()
-    } else {
-        path.parent().unwrap_or(Path::new(".")).to_owned()
-    };
-    if !directory.is_dir() {
-        // As upstream with FORCE_START_WITHOUT_INITIAL_CONFIG: serve without
-        // limits; there is nothing to watch until a restart.
-        tracing::warn!(path = %directory.display(), "the configuration directory does not exist: not watched");
-        return Ok(());
-    }
-    let mode = if watching.options.runtime_layout {
-        RecursiveMode::Recursive
-    } else {
-        RecursiveMode::NonRecursive
-    };
-    watcher.watch(&directory, mode).map_err(std::io::Error::other)?;
-    for also in &watching.also {
-        watcher
-            .watch(also, RecursiveMode::NonRecursive)
-            .map_err(std::io::Error::other)?;
-    }
-    let options = watching.options;
-    let rewatch = !watching.also.is_empty();
-    tokio::spawn(async move {
-        let mut generation = 0;
-        loop {
-            tokio::select! {
-                change = changes.recv() => if change.is_none() { return },
-                _ = stopped.wait_for(|stop| *stop) => return,
-            }
-            // A save is often several events: let them settle, then read once.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            while changes.try_recv().is_ok() {}
-            if rewatch {
-                // A swapped link: the directory behind the path may be new.
-                let _ = watcher.unwatch(&directory);
-                let _ = watcher.watch(&directory, mode);
-            }
-            match Config::load_with(&path, options) {
-                Ok(config) => {
-                    generation += 1;
-                    service.replace_config(config);
-                    service.metrics().config_loaded(true);
-                    tracing::info!(path = %path.display(), generation, "configuration reloaded");
-                    let _ = reloads.send(Reload::Loaded(generation));
-                }
-                Err(error) => {
-                    service.metrics().config_loaded(false);
-                    tracing::error!(%error, "configuration refused; the previous one stays in force");
-                    let _ = reloads.send(Reload::Failed(error.to_string()));
-                }
-            }
-        }
-    });
-    Ok(())
 }

@@ -17,7 +17,7 @@
 //! | `GRPC_HOST`, `GRPC_PORT` (8081) | the gRPC listener; likewise |
 //! | `USE_PROMETHEUS`, `PROMETHEUS_ADDR` (`:9090`), `PROMETHEUS_PATH` (`/metrics`) | the metrics also on their own listener (always at `/metrics` of the HTTP one) |
 //! | `SHADOW_MODE` | `--shadow-mode` |
-//! | `QUOTA_MODE` | every rule in quota mode |
+//! | `QUOTA_MODE` | every rule an alternative ([`Options::all_alternatives`](crate::Options::all_alternatives)) |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | their names (`RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`) |
 //! | `NEAR_LIMIT_RATIO` (0.8) | what the `near_limit` metrics count |
@@ -93,8 +93,8 @@ pub struct Settings {
     pub prometheus: Option<(SocketAddr, String)>,
     /// `SHADOW_MODE`.
     pub shadow_mode: bool,
-    /// `QUOTA_MODE`.
-    pub quota_mode: bool,
+    /// `QUOTA_MODE`: every rule an alternative.
+    pub all_alternatives: bool,
     /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
     pub response_headers: bool,
     /// `LIMIT_*_HEADER`.
@@ -212,7 +212,7 @@ impl Settings {
         }
 
         settings.shadow_mode = env.flag("SHADOW_MODE")?;
-        settings.quota_mode = env.flag("QUOTA_MODE")?;
+        settings.all_alternatives = env.flag("QUOTA_MODE")?;
         settings.response_headers = env.flag("LIMIT_RESPONSE_HEADERS_ENABLED")?;
         let defaults = HeaderNames::default();
         settings.header_names = HeaderNames {

@@ -7,23 +7,24 @@
 //! day here where a test exhausts them, so that no test can cross a window
 //! boundary half-way; the behaviour is the same for every unit.
 
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{Entry, RateLimitOverride};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tollgate::{AnyStore, MemoryStore};
 use tollgate_server::config::Domain;
 use tollgate_server::{Config, HeaderNames, LoadOptions, Options, Server};
 
-const OK: i32 = 1;
-const OVER_LIMIT: i32 = 2;
+use common::rls::{descriptor, statuses, OK, OVER_LIMIT};
+use common::{on_port_0, OnPort0};
+
 const SECOND: i32 = 1;
 const MINUTE: i32 = 2;
 const HOUR: i32 = 3;
@@ -33,18 +34,8 @@ const DAY: i32 = 4;
 
 /// A server on port 0 over the memory store, stopped when dropped.
 struct Running {
-    http: String,
-    grpc: String,
-    stop: Option<oneshot::Sender<()>>,
+    server: OnPort0,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
 }
 
 async fn serve(config: &str, options: Options) -> Running {
@@ -58,17 +49,8 @@ async fn serve_files(files: &[(&str, &str)], options: Options) -> Running {
     }
     let config = Config::load(dir.path()).unwrap();
     let server = Server::new(config, None, AnyStore::Memory(MemoryStore::new()), options);
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel();
-    tokio::spawn(server.run(http, grpc, async {
-        let _ = stopped.await;
-    }));
     Running {
-        http: format!("http://{http_address}"),
-        grpc: format!("http://{grpc_address}"),
-        stop: Some(stop),
+        server: on_port_0(server).await,
         _dir: dir,
     }
 }
@@ -79,13 +61,13 @@ impl Running {
     }
 
     async fn try_call(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
-        let mut client = RateLimitServiceClient::connect(self.grpc.clone()).await.unwrap();
+        let mut client = RateLimitServiceClient::connect(self.server.grpc_url()).await.unwrap();
         client.should_rate_limit(request).await.map(tonic::Response::into_inner)
     }
 
     async fn json(&self, body: &Value) -> (u16, Value) {
         let response = reqwest::Client::new()
-            .post(format!("{}/json", self.http))
+            .post(format!("{}/json", self.server.http))
             .body(body.to_string())
             .send()
             .await
@@ -94,25 +76,7 @@ impl Running {
     }
 
     async fn metrics(&self) -> String {
-        reqwest::get(format!("{}/metrics", self.http))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    }
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
+        self.server.text("/metrics").await
     }
 }
 
@@ -126,21 +90,6 @@ fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequ
 
 fn one(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     request(domain, vec![descriptor(entries)])
-}
-
-/// Each status as (code, limit_remaining, requests_per_unit of its current limit).
-fn statuses(response: &RateLimitResponse) -> Vec<(i32, u32, Option<u32>)> {
-    response
-        .statuses
-        .iter()
-        .map(|status| {
-            (
-                status.code,
-                status.limit_remaining,
-                status.current_limit.as_ref().map(|limit| limit.requests_per_unit),
-            )
-        })
-        .collect()
 }
 
 fn parse(text: &str) -> Result<Domain, tollgate_server::ConfigError> {
@@ -1036,7 +985,7 @@ async fn global_quota_and_shadow_mode() {
     let server = serve(
         config,
         Options {
-            quota_mode: true,
+            all_alternatives: true,
             ..Options::default()
         },
     )
@@ -1052,7 +1001,7 @@ async fn global_quota_and_shadow_mode() {
     let server = serve(
         config,
         Options {
-            quota_mode: true,
+            all_alternatives: true,
             shadow_mode: true,
             ..Options::default()
         },
@@ -1262,7 +1211,7 @@ async fn grpc_health_and_healthcheck() {
     use tonic_health::pb::HealthCheckRequest;
 
     async fn status(server: &Running, service: &str) -> i32 {
-        let channel = tonic::transport::Endpoint::from_shared(server.grpc.clone())
+        let channel = tonic::transport::Endpoint::from_shared(server.server.grpc_url())
             .unwrap()
             .connect()
             .await
@@ -1274,11 +1223,7 @@ async fn grpc_health_and_healthcheck() {
         client.check(request).await.unwrap().into_inner().status
     }
     async fn healthcheck(server: &Running) -> u16 {
-        reqwest::get(format!("{}/healthcheck", server.http))
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
+        server.server.get("/healthcheck").await.status().as_u16()
     }
 
     let server = serve(MESSAGING, Options::default()).await;
@@ -1317,7 +1262,7 @@ async fn dynamic_metadata_of_the_passed_rules() {
     let server = serve(
         config,
         Options {
-            quota_mode: true,
+            all_alternatives: true,
             dynamic_metadata: true,
             ..Options::default()
         },

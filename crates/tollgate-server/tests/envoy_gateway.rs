@@ -42,12 +42,7 @@ fn memory() -> AnyStore {
 
 /// `/rlconfig` without its first line (which says where the rules came from).
 async fn rules(running: &Running) -> String {
-    let text = reqwest::get(format!("{}/rlconfig", running.http))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = running.text("/rlconfig").await;
     let (source, rules) = text.split_once('\n').unwrap();
     assert!(source.starts_with("# config: "), "{text}");
     rules.to_owned()

@@ -2,12 +2,15 @@
 //! clock, paused and advanced here (no test waits for time).
 #![recursion_limit = "256"]
 
+mod common;
+
 use std::time::Duration;
 
 use tollgate::{AnyStore, ManualClock, MemoryStore, Timestamp};
-use tollgate_server::config::Domain;
 use tollgate_server::service::{CheckRequest, Code, Descriptor, Failure};
-use tollgate_server::{Config, Options, Service};
+use tollgate_server::{Options, Service};
+
+use common::{config, NOON};
 
 const BUDGET: &str = "
 domain: llm
@@ -16,24 +19,16 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000}
 ";
 
-/// Noon, far from a day's boundary.
-const NOON: u64 = 1_699_963_200_000_000;
-
 fn service() -> Service {
-    let domain = Domain::parse(BUDGET, std::path::Path::new("budget.yaml")).expect("the config loads");
-    let config = Config {
-        domains: [(domain.domain.clone(), domain)].into(),
-    };
     let store = MemoryStore::with_clock(ManualClock::new(Timestamp::from_micros(NOON)));
-    Service::new(config, AnyStore::Memory(store), Options::default())
+    Service::new(config(BUDGET), AnyStore::Memory(store), Options::default())
 }
 
-fn request(hits: u64) -> CheckRequest {
+fn request(cost: u64) -> CheckRequest {
     CheckRequest {
         domain: "llm".to_owned(),
         descriptors: vec![Descriptor::entries(vec![("tenant".to_owned(), "acme".to_owned())])],
-        hits,
-        hits_addend: hits,
+        cost: Some(cost),
     }
 }
 

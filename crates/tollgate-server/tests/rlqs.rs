@@ -3,6 +3,8 @@
 //! input, and what a stopping server tells the Envoys. (Three real Envoys
 //! sharing one limit: `tollgate-cli`'s `envoy` tests.)
 
+mod common;
+
 use std::time::Duration;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -13,12 +15,13 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tollgate::{AnyStore, MemoryStore};
 use tollgate_server::quota::{Blanket, QuotaSettings};
 use tollgate_server::{Config, Options, Server};
+
+use common::{on_port_0, OnPort0};
 
 const CONFIG: &str = r"
 domain: rlqs
@@ -36,14 +39,11 @@ descriptors:
 ";
 
 struct Running {
-    grpc: String,
-    http: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    server: OnPort0,
     _dir: tempfile::TempDir,
 }
 
-async fn start(options: Options) -> Running {
+async fn start(settings: QuotaSettings) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rlqs.yaml");
     std::fs::write(&file, CONFIG).unwrap();
@@ -51,20 +51,11 @@ async fn start(options: Options) -> Running {
         Config::load(&file).unwrap(),
         Some(file),
         AnyStore::Memory(MemoryStore::new()),
-        options,
-    );
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel();
-    let task = tokio::spawn(server.run(http, grpc, async {
-        let _ = stopped.await;
-    }));
+        Options::default(),
+    )
+    .rlqs(settings);
     Running {
-        grpc: format!("http://{grpc_address}"),
-        http: format!("http://{http_address}"),
-        stop: Some(stop),
-        task,
+        server: on_port_0(server).await,
         _dir: dir,
     }
 }
@@ -82,18 +73,11 @@ impl Stream {
     }
 }
 
-/// A server whose quota service runs with `settings`.
-async fn start_quotas(settings: QuotaSettings) -> Running {
-    start(Options {
-        quotas: settings,
-        ..Options::default()
-    })
-    .await
-}
-
 impl Running {
     async fn open(&self) -> Stream {
-        let mut client = RateLimitQuotaServiceClient::connect(self.grpc.clone()).await.unwrap();
+        let mut client = RateLimitQuotaServiceClient::connect(self.server.grpc_url())
+            .await
+            .unwrap();
         let (reports, outgoing) = mpsc::unbounded_channel();
         let actions = client
             .stream_rate_limit_quotas(UnboundedReceiverStream::new(outgoing))
@@ -105,12 +89,7 @@ impl Running {
 
     /// The text at `path` of the HTTP listener.
     async fn text(&self, path: &str) -> String {
-        reqwest::get(format!("{}{path}", self.http))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.server.text(path).await
     }
 
     /// Asserts that the text at `path` holds each of `lines`.
@@ -121,9 +100,8 @@ impl Running {
         }
     }
 
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap().unwrap();
+    async fn stop(self) {
+        self.server.stop().await;
     }
 }
 
@@ -201,7 +179,7 @@ fn blanket(rule: BlanketRule) -> Strategy {
 /// interval; rules that do not count are blanket rules.
 #[tokio::test]
 async fn buckets_are_assigned_at_once_and_every_interval() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     // Envoy's first report of a bucket: one request, no time elapsed.
@@ -262,7 +240,7 @@ async fn unmatched_buckets_get_the_configured_default() {
         unmatched: Blanket::DenyAll,
         ..QuotaSettings::default()
     };
-    let server = start_quotas(settings).await;
+    let server = start(settings).await;
     let mut stream = server.open().await;
     let other = bucket(&[("name", "other")]);
     stream.report(vec![usage(other.clone(), 1, 0)]);
@@ -274,7 +252,7 @@ async fn unmatched_buckets_get_the_configured_default() {
 /// have) is skipped and counted; the stream's other buckets go on.
 #[tokio::test]
 async fn bad_usages_are_skipped_and_the_stream_goes_on() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     let usages = vec![
@@ -304,7 +282,7 @@ async fn bad_usages_are_skipped_and_the_stream_goes_on() {
 /// INVALID_ARGUMENT naming it; the server goes on serving others.
 #[tokio::test]
 async fn an_unknown_domain_ends_its_stream() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     for (domain, message) in [
         ("nowhere", "domain \"nowhere\" is not configured"),
         ("", "domain must be set"),
@@ -336,7 +314,7 @@ async fn an_unknown_domain_ends_its_stream() {
 /// than keep a rate no one renews), then ends the streams.
 #[tokio::test]
 async fn stopping_expires_every_assignment() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     let internal = bucket(&[("name", "api"), ("tenant", "internal")]);
@@ -386,7 +364,7 @@ fn per_second(strategy: &Strategy) -> u64 {
 /// closes its stream, the other gets the whole limit at the next interval.
 #[tokio::test]
 async fn a_closed_stream_leaves_its_share_to_the_others() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let api = bucket(&[("name", "api")]);
     let (mut one, mut other) = (server.open().await, server.open().await);
     // Each asked 500 over the last 5 s: 100 a second, the whole limit.
@@ -418,7 +396,7 @@ async fn a_quiet_bucket_is_abandoned() {
         abandon_after: Duration::from_secs(2),
         ..QuotaSettings::default()
     };
-    let server = start_quotas(settings).await;
+    let server = start(settings).await;
     let mut stream = server.open().await;
     let api = bucket(&[("name", "api")]);
     stream.report(vec![usage(api.clone(), 1, 0)]);
@@ -447,7 +425,7 @@ async fn a_quiet_bucket_is_abandoned() {
 /// and counted, the others assigned (in one answer).
 #[tokio::test]
 async fn a_stream_holds_at_most_ten_thousand_buckets() {
-    let server = start(Options::default()).await;
+    let server = start(QuotaSettings::default()).await;
     let mut stream = server.open().await;
     let usages: Vec<BucketQuotaUsage> = (0..10_001)
         .map(|index| usage(bucket(&[("name", "api"), ("user", &index.to_string())]), 1, 0))

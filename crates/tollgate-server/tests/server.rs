@@ -1,6 +1,7 @@
 //! The server through its real listeners (port 0) with a real gRPC client
 //! and a real HTTP client, on the memory store and on a spawned redis-server.
 
+mod common;
 #[path = "../../tollgate/tests/common/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
@@ -8,18 +9,18 @@ mod redis_server;
 use std::path::Path;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tollgate::AnyStore;
 use tollgate::{ManualClock, MemoryStore, RedisStore, Timestamp};
 use tollgate_server::{Config, Options, Reload, Server};
 
+use common::rls::{descriptor, statuses, OK, OVER_LIMIT};
+use common::{on_port_0, OnPort0, NOON};
 use redis_server::RedisServer;
 
 const CONFIG: &str = r"
@@ -62,18 +63,9 @@ descriptors:
       algorithm: {algorithm: token_bucket, capacity: 5, refill: 1, interval: 1h}
 ";
 
-/// 2023-11-14 12:00:00 UTC, µs since the epoch: the time of every decision.
-const NOON: u64 = 1_699_963_200_000_000;
-
-const OK: i32 = 1;
-const OVER_LIMIT: i32 = 2;
-
 /// A server running on port 0 until dropped.
 struct Running {
-    http: String,
-    grpc: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    server: OnPort0,
     reloads: tokio::sync::watch::Receiver<Reload>,
     dir: tempfile::TempDir,
     redis: Option<RedisServer>,
@@ -106,18 +98,8 @@ async fn start_with(store: Store, options: Options, config: &str) -> Running {
     };
     let server = Server::new(Config::load(&file).unwrap(), Some(file), backend, options);
     let reloads = server.reloads();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (http_address, grpc_address) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel();
-    let task = tokio::spawn(server.run(http, grpc, async {
-        let _ = stopped.await;
-    }));
     Running {
-        http: format!("http://{http_address}"),
-        grpc: format!("http://{grpc_address}"),
-        stop: Some(stop),
-        task: Some(task),
+        server: on_port_0(server).await,
         reloads,
         dir,
         redis,
@@ -126,7 +108,7 @@ async fn start_with(store: Store, options: Options, config: &str) -> Running {
 
 impl Running {
     async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
-        RateLimitServiceClient::connect(self.grpc.clone()).await.unwrap()
+        RateLimitServiceClient::connect(self.server.grpc_url()).await.unwrap()
     }
 
     async fn grpc(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
@@ -139,7 +121,7 @@ impl Running {
 
     async fn post(&self, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
         reqwest::Client::new()
-            .post(format!("{}{path}", self.http))
+            .post(format!("{}{path}", self.server.http))
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -148,25 +130,11 @@ impl Running {
     }
 
     async fn get(&self, path: &str) -> reqwest::Response {
-        reqwest::get(format!("{}{path}", self.http)).await.unwrap()
+        self.server.get(path).await
     }
 
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap().unwrap();
-    }
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
+    async fn stop(self) {
+        self.server.stop().await;
     }
 }
 
@@ -176,21 +144,6 @@ fn request(descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest
         descriptors,
         hits_addend: hits,
     }
-}
-
-/// `(code, limit_remaining, requests_per_unit)` of each status.
-fn statuses(response: &RateLimitResponse) -> Vec<(i32, u32, Option<u32>)> {
-    response
-        .statuses
-        .iter()
-        .map(|status| {
-            (
-                status.code,
-                status.limit_remaining,
-                status.current_limit.as_ref().map(|limit| limit.requests_per_unit),
-            )
-        })
-        .collect()
 }
 
 // --- The behaviour, on both stores. -----------------------------------------
@@ -831,12 +784,7 @@ async fn the_debug_listener_serves_rlconfig_and_metrics() {
     let debug = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let debug_address = debug.local_addr().unwrap();
     let server = Server::new(Config::load(&file).unwrap(), Some(file), store, Options::default()).debug_on(debug);
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(server.run(http, grpc, async {
-        let _ = stopped.await;
-    }));
+    let running = on_port_0(server).await;
     let rlconfig = reqwest::get(format!("http://{debug_address}/rlconfig")).await.unwrap();
     assert_eq!(rlconfig.status(), 200);
     let text = rlconfig.text().await.unwrap();
@@ -855,8 +803,7 @@ async fn the_debug_listener_serves_rlconfig_and_metrics() {
         .find(|line| line.starts_with("ratelimit_service_config_load_success"))
         .unwrap_or_else(|| panic!("no config_load_success in\n{metrics}"));
     assert!(loaded.ends_with(" 1"), "{loaded}");
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// envoyproxy/ratelimit's `/rlconfig`: one line per rule.

@@ -14,13 +14,16 @@
 //! with limit − (count after).
 #![recursion_limit = "256"]
 
+mod common;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{AnyStore, Limit, ManualClock, MemoryStore, Op, Policy, Request, Store, Subject, Timestamp};
-use tollgate_server::config::Domain;
 use tollgate_server::service::{CheckRequest, Code, Descriptor};
-use tollgate_server::{Config, Options, Service};
+use tollgate_server::{Options, Service};
+
+use common::{config, NOON};
 
 const CONFIG: &str = r"
 domain: budget
@@ -34,9 +37,6 @@ descriptors:
 ";
 
 const KEYS: [(&str, u64); 3] = [("a", 5), ("b", 12), ("c", 30)];
-
-/// Noon, far from a day's boundary: every request counts in one window.
-const NOON: u64 = 1_699_963_200_000_000;
 
 #[derive(Debug, Clone)]
 struct Ask {
@@ -99,14 +99,6 @@ impl Upstream {
     }
 }
 
-/// The configuration of one domain written as `text`.
-fn config(text: &str) -> Config {
-    let domain = Domain::parse(text, std::path::Path::new("test.yaml")).expect("the config loads");
-    Config {
-        domains: [(domain.domain.clone(), domain)].into(),
-    }
-}
-
 fn service(store: &MemoryStore, stop_increment_when_over: bool) -> Service {
     let config = config(CONFIG);
     let options = Options {
@@ -124,13 +116,12 @@ fn request(ask: &Ask) -> CheckRequest {
             .iter()
             .map(|&(key, own)| {
                 let mut descriptor = Descriptor::entries(vec![(KEYS[key].0.to_owned(), "tenant".to_owned())]);
-                descriptor.hits_addend = own;
+                descriptor.cost = own;
                 descriptor
             })
             .collect(),
-        // As the gRPC front end reads it: 0 is 1.
-        hits: ask.hits.max(1),
-        hits_addend: ask.hits,
+        // As the gRPC front end reads it: 0 is not set.
+        cost: (ask.hits > 0).then_some(ask.hits),
     }
 }
 
@@ -213,12 +204,11 @@ fn reported_usage_exhausts_a_token_budget() {
         let service = Service::new(config, AnyStore::Memory(store), Options::default());
         let ask = |hits: u64| {
             let mut descriptor = Descriptor::entries(vec![("tenant".to_owned(), "acme".to_owned())]);
-            descriptor.hits_addend = Some(hits);
+            descriptor.cost = Some(hits);
             CheckRequest {
                 domain: "llm".to_owned(),
                 descriptors: vec![descriptor],
-                hits: 1,
-                hits_addend: 0,
+                cost: None,
             }
         };
         let mut answers = Vec::new();

@@ -21,9 +21,8 @@ use tollgate_server::{Config, Options, Server};
 
 use common::certs::{self, Authority, Leaf};
 use common::control_plane::{any, ControlPlane, Snapshot};
+use common::rls::{OK, OVER_LIMIT};
 
-const OK: i32 = 1;
-const OVER_LIMIT: i32 = 2;
 /// `RateLimitUnit.HOUR`.
 const HOUR: i32 = 3;
 
@@ -47,10 +46,9 @@ fn users(name: &str, per_hour: u32) -> RateLimitConfig {
 /// A server taking its limits from `xds`, serving gRPC (over TLS with
 /// `tls`) until dropped.
 struct Running {
-    http: String,
     grpc: std::net::SocketAddr,
     status: watch::Receiver<XdsStatus>,
-    _server: common::OnPort0,
+    server: common::OnPort0,
 }
 
 async fn start(xds: XdsSettings, tls: Option<ServerTls>) -> Running {
@@ -66,10 +64,9 @@ async fn start_with(xds: XdsSettings, tls: Option<ServerTls>, options: Options, 
     let status = server.xds_status().unwrap();
     let running = common::on_port_0(server).await;
     Running {
-        http: running.http.clone(),
         grpc: running.grpc,
         status,
-        _server: running,
+        server: running,
     }
 }
 
@@ -99,12 +96,7 @@ impl Running {
     }
 
     async fn text(&self, path: &str) -> String {
-        reqwest::get(format!("{}{path}", self.http))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.server.text(path).await
     }
 }
 
@@ -453,7 +445,7 @@ async fn health_waits_for_a_domain_from_the_control_plane() {
     };
     let mut server = start_with(quick(plane.address.to_string()), None, options, false).await;
     let health = |server: &Running| {
-        let url = format!("{}/healthcheck", server.http);
+        let url = format!("{}/healthcheck", server.server.http);
         async move { reqwest::get(url).await.unwrap().status().as_u16() }
     };
     server.wait_for_version("1").await;

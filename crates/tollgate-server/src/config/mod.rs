@@ -86,21 +86,25 @@ pub struct Rule {
     /// The request count per unit reported to Envoy.
     pub requests_per_unit: Option<u64>,
     /// What applies.
-    pub quota: Quota,
+    #[serde(rename = "quota")]
+    pub limit: RuleLimit,
     /// Names of rules this one replaces when both match one request.
     pub replaces: Vec<String>,
     /// Decide and count, but never deny.
     pub shadow_mode: bool,
-    /// Over the limit denies the request only when every quota-mode
-    /// descriptor of the request is over (and reports its own OVER_LIMIT).
-    pub quota_mode: bool,
+    /// One of the request's alternatives (envoyproxy/ratelimit's
+    /// `quota_mode`): over its limit, it refuses the request only when every
+    /// alternative descriptor of the request is over (and reports its own
+    /// OVER_LIMIT).
+    #[serde(rename = "quota_mode")]
+    pub alternative: bool,
     /// Label metrics with the request's own descriptor values.
     pub detailed_metric: bool,
 }
 
 /// What a rule does to the descriptors it matches.
 #[derive(Debug, Clone)]
-pub enum Quota {
+pub enum RuleLimit {
     /// A limit of the library.
     Limited(Limit),
     /// `unlimited: true`: never limited.
@@ -109,7 +113,7 @@ pub enum Quota {
     Blocked,
 }
 
-impl Quota {
+impl RuleLimit {
     /// The window of a fixed-window limit aligned on the epoch (what
     /// envoyproxy/ratelimit counts in), whose `duration_until_reset` is the
     /// time to the window's end (a calendar window's is its decision's).
@@ -124,7 +128,7 @@ impl Quota {
     }
 }
 
-impl Serialize for Quota {
+impl Serialize for RuleLimit {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             Self::Limited(limit) => limit.spec().serialize(serializer),
@@ -265,9 +269,9 @@ impl Config {
         fn level(out: &mut String, domain: &str, nodes: &Level) {
             for node in nodes.nodes() {
                 if let Some(rule) = &node.rule {
-                    let requests = rule.requests_per_unit.unwrap_or_else(|| match &rule.quota {
-                        Quota::Limited(limit) => limit.capacity(),
-                        Quota::Unlimited | Quota::Blocked => 0,
+                    let requests = rule.requests_per_unit.unwrap_or_else(|| match &rule.limit {
+                        RuleLimit::Limited(limit) => limit.capacity(),
+                        RuleLimit::Unlimited | RuleLimit::Blocked => 0,
                     });
                     let _ = writeln!(
                         out,

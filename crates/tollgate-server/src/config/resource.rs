@@ -11,7 +11,7 @@ use tollgate::Limit;
 
 use self::document::Document;
 
-use super::{Config, ConfigError, Domain, Quota, Unit};
+use super::{Config, ConfigError, Domain, RuleLimit, Unit};
 
 mod document;
 
@@ -282,7 +282,7 @@ fn nodes_to_resource(parent: &str, nodes: &[super::Node], notes: &mut Vec<String
                 ));
             }
             let rate_limit = node.rule.as_ref().map(|rule| {
-                if let Quota::Limited(limit) = &rule.quota {
+                if let RuleLimit::Limited(limit) = &rule.limit {
                     let plain = rule
                         .unit
                         .zip(rule.requests_per_unit)
@@ -299,7 +299,7 @@ fn nodes_to_resource(parent: &str, nodes: &[super::Node], notes: &mut Vec<String
                     requests_per_unit: rule
                         .requests_per_unit
                         .map_or(0, |requests| u32::try_from(requests).unwrap_or(u32::MAX)),
-                    unlimited: matches!(rule.quota, Quota::Unlimited),
+                    unlimited: matches!(rule.limit, RuleLimit::Unlimited),
                     name: rule.name.clone().unwrap_or_default(),
                     replaces: rule
                         .replaces
@@ -316,7 +316,7 @@ fn nodes_to_resource(parent: &str, nodes: &[super::Node], notes: &mut Vec<String
                 descriptors: nodes_to_resource(&path, node.descriptors.nodes(), notes),
                 shadow_mode: rule.is_some_and(|rule| rule.shadow_mode),
                 detailed_metric: rule.is_some_and(|rule| rule.detailed_metric),
-                quota_mode: rule.is_some_and(|rule| rule.quota_mode),
+                quota_mode: rule.is_some_and(|rule| rule.alternative),
                 metadata: match &node.metadata {
                     Some(serde_json::Value::Object(fields)) => Some(crate::protobuf_json::to_struct(fields.clone())),
                     _ => None,
@@ -375,7 +375,7 @@ descriptors:
         assert_eq!((rule.name.as_deref(), rule.detailed_metric), (Some("acme"), true));
         let tenant_rule = tenant.rule.as_ref().unwrap();
         assert_eq!(
-            (tenant_rule.replaces.as_slice(), tenant_rule.quota_mode),
+            (tenant_rule.replaces.as_slice(), tenant_rule.alternative),
             (["acme".to_owned()].as_slice(), true)
         );
         // A protobuf Struct's numbers are doubles, as upstream reads them.

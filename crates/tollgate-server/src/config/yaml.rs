@@ -14,7 +14,7 @@ use tollgate::Limit;
 
 mod values;
 
-use super::{ConfigError, Domain, Level, Node, Quota, Rule, Unit};
+use super::{ConfigError, Domain, Level, Node, Rule, RuleLimit, Unit};
 use values::{composite, other_key, path_of, strip_location, yaml_to_json, Count, Flag, Keys, ListOfMaps, Text};
 
 /// The keys envoyproxy/ratelimit accepts, anywhere in a file.
@@ -167,7 +167,7 @@ struct RateLimit {
     requests_per_unit: Option<u64>,
     name: String,
     replaces: Vec<String>,
-    quota: Quota,
+    limit: RuleLimit,
 }
 
 impl<'de> Visitor<'de> for NodeSeed<'_> {
@@ -182,7 +182,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
         let mut value = String::new();
         let mut rate_limit: Option<RateLimit> = None;
         let mut children: Option<(String, Level)> = None;
-        let (mut shadow_mode, mut quota_mode, mut detailed_metric) = (false, false, false);
+        let (mut shadow_mode, mut alternative, mut detailed_metric) = (false, false, false);
         let (mut value_to_metric, mut share_threshold) = (false, false);
         let mut metadata = None;
         let mut keys = Keys::default();
@@ -199,7 +199,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                     children = Some((path, level));
                 }
                 "shadow_mode" => shadow_mode = map.next_value_seed(Flag)?,
-                "quota_mode" => quota_mode = map.next_value_seed(Flag)?,
+                "quota_mode" => alternative = map.next_value_seed(Flag)?,
                 "detailed_metric" => detailed_metric = map.next_value_seed(Flag)?,
                 "value_to_metric" => value_to_metric = map.next_value_seed(Flag)?,
                 "share_threshold" => share_threshold = map.next_value_seed(Flag)?,
@@ -222,10 +222,10 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
             name: (!rate_limit.name.is_empty()).then_some(rate_limit.name),
             unit: rate_limit.unit,
             requests_per_unit: rate_limit.requests_per_unit,
-            quota: rate_limit.quota,
+            limit: rate_limit.limit,
             replaces: rate_limit.replaces,
             shadow_mode,
-            quota_mode,
+            alternative,
             detailed_metric,
         });
         if share_threshold && !composite.contains('*') {
@@ -374,14 +374,14 @@ impl RawRateLimit {
     fn check(self) -> Result<RateLimit, String> {
         let unit_text = self.unit.unwrap_or_default();
         let unit = Unit::parse(&unit_text);
-        let quota = if self.unlimited {
+        let limit = if self.unlimited {
             if unit.is_some() {
                 return Err("should not specify rate limit unit when unlimited".to_owned());
             }
             if self.algorithm.is_some() {
                 return Err("rate_limit: unlimited cannot have an algorithm".to_owned());
             }
-            Quota::Unlimited
+            RuleLimit::Unlimited
         } else {
             if unit.is_none() && (self.algorithm.is_none() || !unit_text.is_empty()) {
                 return Err(format!(
@@ -389,12 +389,12 @@ impl RawRateLimit {
                 ));
             }
             match (self.algorithm, unit) {
-                (Some(limit), _) => Quota::Limited(limit),
+                (Some(limit), _) => RuleLimit::Limited(limit),
                 (None, Some(unit)) => match self.requests_per_unit.unwrap_or(0) {
-                    0 => Quota::Blocked,
+                    0 => RuleLimit::Blocked,
                     // envoyproxy/ratelimit's counting: a descriptor that goes
                     // over still adds its hits (usage that happened).
-                    requests => Quota::Limited(
+                    requests => RuleLimit::Limited(
                         Limit::fixed_window(requests, unit.duration())
                             .and_then(Limit::recording_overage)
                             .map_err(|error| format!("rate_limit: requests_per_unit: {error}"))?,
@@ -416,7 +416,7 @@ impl RawRateLimit {
             requests_per_unit: self.requests_per_unit,
             name: self.name,
             replaces: self.replaces,
-            quota,
+            limit,
         })
     }
 }

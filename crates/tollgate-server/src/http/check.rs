@@ -153,15 +153,13 @@ impl CheckBody {
                 "ttl: only a reservation (/v1/reserve) has one".to_owned(),
             ));
         }
-        // Here, unlike Envoy's hits_addend, a cost of 0 is a peek.
-        let hits = self.cost.unwrap_or(1);
         let (descriptors, named) = match (self.descriptors, self.subject, self.limit) {
             (Some(descriptors), None, None) => {
                 let descriptors = descriptors
                     .into_iter()
                     .map(|descriptor| Descriptor {
                         target: Target::Entries(entries(descriptor.entries)),
-                        hits_addend: descriptor.cost,
+                        cost: descriptor.cost,
                         limit_override: None,
                     })
                     .collect();
@@ -183,8 +181,8 @@ impl CheckBody {
         let request = CheckRequest {
             domain: self.domain,
             descriptors,
-            hits,
-            hits_addend: 0,
+            // Here, unlike Envoy's hits_addend, a cost of 0 is a peek.
+            cost: self.cost,
         };
         Ok((request, named))
     }

@@ -99,7 +99,7 @@ impl JsonRequest {
                 };
                 Ok(Descriptor {
                     target: Target::Entries(entries(descriptor.entries)),
-                    hits_addend: descriptor.hits_addend,
+                    cost: descriptor.hits_addend,
                     limit_override,
                 })
             })
@@ -107,9 +107,8 @@ impl JsonRequest {
         Ok(CheckRequest {
             domain: self.domain,
             descriptors,
-            // Envoy's 0 means 1.
-            hits: self.hits_addend.max(1),
-            hits_addend: self.hits_addend,
+            // Envoy's 0 means not set.
+            cost: (self.hits_addend > 0).then_some(self.hits_addend),
         })
     }
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 
@@ -40,13 +40,34 @@ use axum::Router;
 
 use serde_json::json;
 
+use crate::quota::Quotas;
 use crate::service::{Failure, Service, ServiceError};
 
 /// The largest request body, in bytes.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// The routes, over `service`.
-pub fn router(service: Arc<Service>) -> Router {
+/// What the routes answer from: the service, and the quota service (RLQS)
+/// whose buckets `/rlconfig` lists.
+#[derive(Clone)]
+struct Served {
+    service: Arc<Service>,
+    quotas: Arc<Quotas>,
+}
+
+impl FromRef<Served> for Arc<Service> {
+    fn from_ref(served: &Served) -> Self {
+        Arc::clone(&served.service)
+    }
+}
+
+impl FromRef<Served> for Arc<Quotas> {
+    fn from_ref(served: &Served) -> Self {
+        Arc::clone(&served.quotas)
+    }
+}
+
+/// The routes, over `service` (and `quotas`, for `/rlconfig`).
+pub fn router(service: Arc<Service>, quotas: Arc<Quotas>) -> Router {
     Router::new()
         .route("/json", post(envoy::envoy_json))
         .route("/v1/check", post(check::check))
@@ -57,16 +78,16 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/healthz", get(healthz))
         .route("/healthcheck", get(healthcheck))
         .route("/rlconfig", get(rlconfig))
-        .with_state(service)
+        .with_state(Served { service, quotas })
 }
 
 /// envoyproxy/ratelimit's debug listener (`DEBUG_HOST`, `DEBUG_PORT`):
 /// `/rlconfig`, and the metrics at `/metrics`.
-pub fn debug_router(service: Arc<Service>) -> Router {
+pub fn debug_router(service: Arc<Service>, quotas: Arc<Quotas>) -> Router {
     Router::new()
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics))
-        .with_state(service)
+        .with_state(Served { service, quotas })
 }
 
 /// The metrics alone, at `path`.
@@ -148,7 +169,7 @@ async fn healthz(State(service): State<Arc<Service>>) -> Response {
 /// (a `# config:` line: the file, or the xDS server and version), every
 /// loaded rule, one line each; then the quota service's buckets, each with what it matched and each
 /// Envoy's share.
-async fn rlconfig(State(service): State<Arc<Service>>) -> Response {
+async fn rlconfig(State(service): State<Arc<Service>>, State(quotas): State<Arc<Quotas>>) -> Response {
     let source = service.config_source();
     let mut text = if source.is_empty() {
         String::new()
@@ -156,9 +177,7 @@ async fn rlconfig(State(service): State<Arc<Service>>) -> Response {
         format!("# config: {source}\n")
     };
     text.push_str(&service.config().dump());
-    if let Some(quotas) = service.quotas() {
-        text.push_str(&quotas.describe());
-    }
+    text.push_str(&quotas.describe());
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 

@@ -7,8 +7,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::quota::{Action, Blanket, Strategy};
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DomainLabel {
     domain: String,
@@ -96,24 +94,9 @@ impl QuotaMetrics {
         self.rejected.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// One action sent.
-    pub(crate) fn assigned(&self, action: &Action) {
-        let strategy = match action {
-            Action::Abandon => "abandon",
-            Action::Assign { ttl, .. } if ttl.is_zero() => "expire",
-            Action::Assign {
-                strategy: Strategy::TokenBucket { .. },
-                ..
-            } => "token_bucket",
-            Action::Assign {
-                strategy: Strategy::Blanket(Blanket::AllowAll),
-                ..
-            } => "allow_all",
-            Action::Assign {
-                strategy: Strategy::Blanket(Blanket::DenyAll),
-                ..
-            } => "deny_all",
-        };
+    /// One action sent, of `strategy` (its label: `token_bucket`,
+    /// `allow_all`, `deny_all`, `expire` or `abandon`).
+    pub(crate) fn assigned(&self, strategy: &'static str) {
         self.assignments.get_or_create(&StrategyLabel { strategy }).inc();
     }
 

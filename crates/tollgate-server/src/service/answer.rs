@@ -33,24 +33,24 @@ impl Service {
                 let usage = Usage {
                     limit: 0,
                     before: 0,
-                    after: item.hits,
-                    over: item.hits > 0,
+                    after: item.cost,
+                    over: item.cost > 0,
                     shadow: item.shadow,
                 };
                 if count {
-                    self.metrics.record(domain, &item.stat_key, item.hits, usage);
+                    self.metrics.record(domain, &item.stat_key, item.cost, usage);
                 }
             }
             Matched::Limited(limited) => {
-                let Some(decision) = limited.decision.clone() else {
+                let Some(decision) = item.decision.clone() else {
                     return;
                 };
                 if count {
                     self.metrics.record(
                         domain,
                         &item.stat_key,
-                        item.hits,
-                        Usage::of(&decision, item.hits, item.shadow),
+                        item.cost,
+                        Usage::of(&decision, item.cost, item.shadow),
                     );
                 }
                 let status = &mut item.status;
@@ -76,7 +76,7 @@ impl CheckResponse {
     /// The request's decision, as one limit answers it: the most
     /// restrictive descriptor's ([`restrictiveness`]), `allowed` as the
     /// overall code says. Refused by a blocking rule (or admitted past a
-    /// limit that does not refuse, in shadow or quota mode): that rule's
+    /// limit that does not refuse, in shadow mode or an alternative): that rule's
     /// answer, never admissible (or `retry_after` zero). No limit applied:
     /// [`Decision::unlimited`].
     pub fn decision(&self) -> Decision {
@@ -128,8 +128,8 @@ pub(super) fn dynamic_metadata(
                     Value::String(format!("requests_per_unit:{requests} unit:{}", unit.name())),
                 );
             }
-            if let Some(hits) = descriptor.hits_addend {
-                fields.insert("hitsAddend".to_owned(), json!(hits));
+            if let Some(cost) = descriptor.cost {
+                fields.insert("hitsAddend".to_owned(), json!(cost));
             }
             Value::Object(fields)
         })
@@ -137,8 +137,8 @@ pub(super) fn dynamic_metadata(
     let mut fields = Map::new();
     fields.insert("domain".to_owned(), Value::String(request.domain.clone()));
     fields.insert("descriptors".to_owned(), Value::Array(descriptors));
-    if request.hits_addend != 0 {
-        fields.insert("hitsAddend".to_owned(), json!(request.hits_addend));
+    if let Some(cost) = request.cost {
+        fields.insert("hitsAddend".to_owned(), json!(cost));
     }
     let mut passed = Map::new();
     for item in items {
@@ -165,17 +165,17 @@ fn merge(into: &mut serde_json::Map<String, serde_json::Value>, from: &serde_jso
     }
 }
 
-/// As envoyproxy/ratelimit: over when a descriptor outside quota mode is,
-/// or when every quota-mode descriptor is.
+/// As envoyproxy/ratelimit: over when a descriptor that is no alternative
+/// is, or when every alternative is.
 pub(super) fn overall_code(items: &[Item<'_>]) -> Code {
     let over = |item: &&Item<'_>| item.status.code == Code::OverLimit;
-    // A descriptor counts in quota mode when a rule (or an override) applied to it.
-    let quota: Vec<&Item<'_>> = items
+    // A descriptor counts as an alternative when a rule (or an override) applied to it.
+    let alternatives: Vec<&Item<'_>> = items
         .iter()
-        .filter(|item| item.quota && item.status.current_limit.is_some())
+        .filter(|item| item.alternative && item.status.current_limit.is_some())
         .collect();
-    let failed = items.iter().filter(|item| !item.quota).any(|item| over(&item));
-    if failed || (!quota.is_empty() && quota.iter().all(over)) {
+    let failed = items.iter().filter(|item| !item.alternative).any(|item| over(&item));
+    if failed || (!alternatives.is_empty() && alternatives.iter().all(over)) {
         Code::OverLimit
     } else {
         Code::Ok

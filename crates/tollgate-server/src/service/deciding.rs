@@ -13,33 +13,37 @@ impl Service {
     /// Decides the limits of `items` (see [`Service::should_rate_limit`]),
     /// leaving each one's decision in it; the instant the store decided at
     /// (the latest, over several calls), if it was asked.
-    pub(super) async fn decide_all(&self, items: &mut [Item<'_>], hits: Cost) -> Result<Option<u64>, tollgate::Error> {
+    pub(super) async fn decide_all(
+        &self,
+        items: &mut [Item<'_>],
+        charge: Charge,
+    ) -> Result<Option<u64>, tollgate::Error> {
         let mut decided_at: Option<u64> = None;
         let note = |seen: Option<u64>, at: u64| Some(seen.map_or(at, |seen| seen.max(at)));
         // Shadow descriptors: each alone (they never refuse the others).
         let shadows: Vec<usize> = (0..items.len())
             .filter(|&index| items[index].limited().is_some() && items[index].shadow)
             .collect();
-        let outcomes = join_all(shadows.chunks(1).map(|one| self.decide_together(&*items, one, hits))).await;
+        let outcomes = join_all(shadows.chunks(1).map(|one| self.decide_together(&*items, one, charge))).await;
         for outcome in outcomes {
             let (decisions, at) = outcome?;
             decided_at = note(decided_at, at);
             set_decisions(items, decisions);
         }
-        // Quota-mode descriptors: all of them (shadow ones included), and
+        // Alternative descriptors: all of them (shadow ones included), and
         // those that already failed (blocked ones).
-        let total_quota = items
+        let alternatives = items
             .iter()
-            .filter(|item| item.quota && (item.limited().is_some() || matches!(item.matched, Matched::Blocked)))
+            .filter(|item| item.alternative && (item.limited().is_some() || matches!(item.matched, Matched::Blocked)))
             .count();
-        let mut failed_quota = items
+        let mut failed_alternatives = items
             .iter()
-            .filter(|item| item.quota && matches!(item.matched, Matched::Blocked) && item.is_over())
+            .filter(|item| item.alternative && matches!(item.matched, Matched::Blocked) && item.is_over())
             .count();
         let mut batch: Vec<usize> = (0..items.len()).filter(|&index| items[index].is_enforced()).collect();
-        if !self.options.stop_increment_when_over && hits == Cost::Hits {
+        if !self.options.stop_increment_when_over && charge == Charge::Check {
             // Upstream's default: every descriptor counted as upstream counts
-            // adds its hits, over or not, whatever the others say.
+            // adds its cost, over or not, whatever the others say.
             let recording: Vec<usize> = batch
                 .iter()
                 .copied()
@@ -50,21 +54,21 @@ impl Service {
                 })
                 .collect();
             if !recording.is_empty() {
-                let (decisions, at) = self.decide_together(&*items, &recording, Cost::Record).await?;
+                let (decisions, at) = self.decide_together(&*items, &recording, Charge::Record).await?;
                 decided_at = note(decided_at, at);
                 set_decisions(items, decisions);
                 batch.retain(|index| !recording.contains(index));
             }
         }
-        // A blocking rule already refuses the request (one outside quota
-        // mode, or every quota-mode descriptor): the others are only looked
+        // A blocking rule already refuses the request (one not an
+        // alternative, or every alternative): the others are only looked
         // at, so that a refused request consumes nothing.
         let blocked = items
             .iter()
-            .any(|item| !item.quota && matches!(item.matched, Matched::Blocked) && item.is_over());
-        if blocked || (total_quota > 0 && failed_quota == total_quota) {
+            .any(|item| !item.alternative && matches!(item.matched, Matched::Blocked) && item.is_over());
+        if blocked || (alternatives > 0 && failed_alternatives == alternatives) {
             if !batch.is_empty() {
-                let (decisions, at) = self.decide_together(&*items, &batch, Cost::Peek).await?;
+                let (decisions, at) = self.decide_together(&*items, &batch, Charge::Peek).await?;
                 decided_at = note(decided_at, at);
                 set_decisions(items, decisions);
             }
@@ -74,14 +78,14 @@ impl Service {
             if batch.is_empty() {
                 return Ok(decided_at);
             }
-            let (decisions, at) = self.decide_together(&*items, &batch, hits).await?;
+            let (decisions, at) = self.decide_together(&*items, &batch, charge).await?;
             decided_at = note(decided_at, at);
             set_decisions(items, decisions);
             let mut enforced_denied = false;
             let mut newly_failed = 0;
             for &index in &batch {
                 if items[index].is_over() {
-                    if items[index].quota {
+                    if items[index].alternative {
                         newly_failed += 1;
                     } else {
                         enforced_denied = true;
@@ -89,12 +93,12 @@ impl Service {
                 }
             }
             // Refused (nothing consumed), or admitted (all consumed).
-            if enforced_denied || newly_failed == 0 || failed_quota + newly_failed == total_quota {
+            if enforced_denied || newly_failed == 0 || failed_alternatives + newly_failed == alternatives {
                 return Ok(decided_at);
             }
-            // Some quota-mode descriptors are over but the request goes on:
+            // Some alternatives are over but the request goes on:
             // decide again without them, so that the others consume.
-            failed_quota += newly_failed;
+            failed_alternatives += newly_failed;
             batch.retain(|&index| !items[index].is_over());
         }
     }
@@ -105,35 +109,35 @@ impl Service {
         &self,
         items: &[Item<'_>],
         indices: &[usize],
-        cost: Cost,
+        charge: Charge,
     ) -> Result<(Vec<(usize, Decision)>, u64), tollgate::Error> {
-        // A descriptor sent twice is one limit (one row), weighing the sum of its hits.
+        // A descriptor sent twice is one limit (one row), weighing the sum of its costs.
         let mut rows = Spread::builder();
         let mut row_of = Vec::with_capacity(indices.len());
         for &index in indices {
             let item = &items[index];
             let Some(limited) = item.limited() else { continue };
-            let hits = match cost {
-                Cost::Hits | Cost::Estimate | Cost::Record | Cost::Refund { .. } => item.hits,
-                Cost::Peek => 0,
+            let cost = match charge {
+                Charge::Check | Charge::Estimate | Charge::Record | Charge::Refund { .. } => item.cost,
+                Charge::Peek => 0,
             };
-            let limit = if cost == Cost::Estimate {
+            let limit = if charge == Charge::Estimate {
                 limited.limit.clone().refusing_overage()
             } else {
                 limited.limit.clone()
             };
-            let row = rows.row(limited.subject.clone(), &limited.name, limit, hits);
+            let row = rows.row(limited.subject.clone(), &limited.name, limit, cost);
             row_of.push((index, row));
         }
         let spread = rows.build()?;
-        let op = match cost {
-            Cost::Hits | Cost::Estimate => gateway_op(spread.policy()),
-            Cost::Record => Op::Record,
-            Cost::Refund { at } => Op::Refund {
+        let op = match charge {
+            Charge::Check | Charge::Estimate => gateway_op(spread.policy()),
+            Charge::Record => Op::Record,
+            Charge::Refund { at } => Op::Refund {
                 at: tollgate::Timestamp::from_micros(at),
                 lease: None,
             },
-            Cost::Peek => Op::Check,
+            Charge::Peek => Op::Check,
         };
         let outcome = self.store.decide_spread(&spread, op).await?;
         self.metrics.path(outcome.path);
@@ -148,34 +152,32 @@ impl Service {
 /// How [`Service::adjust`] changes a request's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Adjustment {
-    /// Give back the hits taken at `at` (µs since the epoch).
+    /// Give back the cost taken at `at` (µs since the epoch).
     Refund { at: u64 },
-    /// Count the hits, whether or not they fit.
+    /// Count the cost, whether or not it fits.
     Record,
 }
 
-/// What the limits of a request are decided for.
+/// How each descriptor's cost is charged to its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cost {
-    /// Each descriptor's hits.
-    Hits,
-    /// Each descriptor's hits, an estimate: all-or-nothing, a limit that
-    /// records its overage counts nothing when refused.
+pub(crate) enum Charge {
+    /// Checked, as a gateway request.
+    Check,
+    /// Checked as an estimate: all-or-nothing, a limit that records its
+    /// overage counts nothing when refused.
     Estimate,
-    /// Each descriptor's hits, counted whether or not they fit.
+    /// Counted whether or not it fits.
     Record,
-    /// Each descriptor's hits given back, taken at `at` (µs).
+    /// Given back, taken at `at` (µs).
     Refund { at: u64 },
-    /// Nothing: a look at each limit (the request is refused already).
+    /// Not at all: a look at each limit (the request is refused already).
     Peek,
 }
 
 /// Puts each decision into the item at its index.
 pub(super) fn set_decisions(items: &mut [Item<'_>], decisions: Vec<(usize, Decision)>) {
     for (index, decision) in decisions {
-        if let Matched::Limited(limited) = &mut items[index].matched {
-            limited.decision = Some(decision);
-        }
+        items[index].decision = Some(decision);
     }
 }
 

@@ -7,32 +7,35 @@ use std::time::Duration;
 
 use tollgate::{Decision, Limit, Subject};
 
-use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_HITS, RULE};
-use crate::config::{Domain, Quota, Rule};
+use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_COST, RULE};
+use crate::config::{Domain, Rule, RuleLimit};
 
 /// One descriptor on its way through the service: what it matched, then
 /// its decision and its status.
 pub(super) struct Item<'a> {
-    /// Hits it adds (0: a peek).
-    pub(super) hits: u64,
+    /// What it costs (0: a peek).
+    pub(super) cost: u64,
     /// The configured rule that applied, if any (none for Envoy's override).
     pub(super) rule: Option<&'a Rule>,
     /// What applies to it.
     pub(super) matched: Matched,
     /// envoyproxy/ratelimit's stat key, without the domain.
     pub(super) stat_key: Cow<'a, str>,
-    /// In quota mode.
-    pub(super) quota: bool,
+    /// One of the request's alternatives ([`Rule::alternative`]).
+    pub(super) alternative: bool,
     /// In shadow mode.
     pub(super) shadow: bool,
     /// Its rule's metadata, for the dynamic metadata.
     pub(super) metadata: Option<&'a serde_json::Value>,
+    /// The store's decision on its limit, once made.
+    pub(super) decision: Option<Decision>,
     /// The answer, filled in as the request is decided.
     pub(super) status: DescriptorStatus,
 }
 
-/// What applies to a descriptor.
-pub(super) enum Matched {
+/// What applies to a descriptor (of an RLS request, or an RLQS bucket's).
+#[derive(Debug, Clone)]
+pub(crate) enum Matched {
     /// No rule: OK, with nothing counted.
     Nothing,
     /// An unlimited rule: OK, with everything remaining.
@@ -43,17 +46,16 @@ pub(super) enum Matched {
     Limited(Box<Limited>),
 }
 
-/// A limit that applies in this request.
-pub(super) struct Limited {
-    pub(super) limit: Limit,
+/// A limit kept in the store for a descriptor.
+#[derive(Debug, Clone)]
+pub(crate) struct Limited {
+    pub(crate) limit: Limit,
     /// The descriptor: the domain and its entries.
-    pub(super) subject: Subject,
+    pub(crate) subject: Subject,
     /// The counter's name within the subject.
-    pub(super) name: String,
+    pub(crate) name: String,
     /// A fixed window's length (its reset is the window's end).
-    pub(super) window: Option<Duration>,
-    /// The store's decision, once made.
-    pub(super) decision: Option<Decision>,
+    pub(crate) window: Option<Duration>,
 }
 
 impl Item<'_> {
@@ -72,8 +74,8 @@ impl Item<'_> {
     /// Over its limit, as far as the overall code is concerned.
     pub(super) fn is_over(&self) -> bool {
         match &self.matched {
-            Matched::Blocked => self.hits > 0 && !self.shadow,
-            Matched::Limited(limited) => limited.decision.as_ref().is_some_and(|decision| !decision.allowed),
+            Matched::Blocked => self.cost > 0 && !self.shadow,
+            Matched::Limited(_) => self.decision.as_ref().is_some_and(|decision| !decision.allowed),
             Matched::Nothing | Matched::Unlimited => false,
         }
     }
@@ -94,8 +96,8 @@ impl Service {
                 request.descriptors.len()
             )));
         }
-        if request.hits > MAX_HITS {
-            return Err(ServiceError::invalid(format!("hits_addend must be at most {MAX_HITS}")));
+        if request.default_cost() > MAX_COST {
+            return Err(ServiceError::invalid(format!("hits_addend must be at most {MAX_COST}")));
         }
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             match &descriptor.target {
@@ -112,9 +114,9 @@ impl Service {
                 }
                 _ => {}
             }
-            if descriptor.hits_addend.is_some_and(|hits| hits > MAX_HITS) {
+            if descriptor.cost.is_some_and(|cost| cost > MAX_COST) {
                 return Err(ServiceError::invalid(format!(
-                    "descriptors[{index}].hits_addend must be at most {MAX_HITS}"
+                    "descriptors[{index}].hits_addend must be at most {MAX_COST}"
                 )));
             }
             if let Some((requests, _)) = descriptor.limit_override {
@@ -137,8 +139,9 @@ impl Service {
     ) -> Result<Vec<Item<'a>>, ServiceError> {
         let mut items = Vec::with_capacity(request.descriptors.len());
         let mut replacing: HashSet<&'a str> = HashSet::new();
+        let cost = request.default_cost();
         for descriptor in &request.descriptors {
-            let item = self.match_one(&request.domain, domain, descriptor, request.hits)?;
+            let item = self.match_one(&request.domain, domain, descriptor, cost)?;
             if let Some(rule) = item.rule {
                 replacing.extend(rule.replaces.iter().map(String::as_str));
             }
@@ -166,22 +169,22 @@ impl Service {
         domain_name: &str,
         domain: Option<&'a Domain>,
         descriptor: &'a Descriptor,
-        hits: u64,
+        cost: u64,
     ) -> Result<Item<'a>, ServiceError> {
-        let hits = descriptor.hits_addend.unwrap_or(hits);
         let mut item = Item {
-            hits,
+            cost: descriptor.cost.unwrap_or(cost),
             rule: None,
             matched: Matched::Nothing,
             stat_key: Cow::Borrowed(""),
-            quota: false,
+            alternative: false,
             shadow: false,
             metadata: None,
+            decision: None,
             status: DescriptorStatus::unmatched(),
         };
         if let (Some((requests, unit)), Some(_)) = (descriptor.limit_override, domain) {
             // As envoyproxy/ratelimit: only in a known domain, never in
-            // shadow mode, but in the global quota mode.
+            // shadow mode, but an alternative with `QUOTA_MODE`.
             let limit = Limit::fixed_window(requests, unit.duration())
                 .and_then(Limit::recording_overage)
                 .map_err(ServiceError::from)?;
@@ -192,11 +195,10 @@ impl Service {
                 subject: Subject::from_parts(std::iter::once(domain_name).chain(parts)),
                 name: format!("override.{requests}.{}", unit.name()),
                 window: Some(unit.duration()),
-                decision: None,
             }));
             item.stat_key = Cow::Owned(override_stat_key(entries));
             item.status.rule = Some("override".to_owned());
-            item.quota = self.options.quota_mode;
+            item.alternative = self.options.all_alternatives;
             return Ok(item);
         }
         let (rule, subject, name, stat_key) = match &descriptor.target {
@@ -205,7 +207,7 @@ impl Service {
                     return Ok(item);
                 };
                 let rule = found.rule;
-                if !matches!(rule.quota, Quota::Unlimited) {
+                if !matches!(rule.limit, RuleLimit::Unlimited) {
                     item.metadata = found.metadata;
                 }
                 // Subjects are injective encodings, hashed when long. A
@@ -238,18 +240,17 @@ impl Service {
         item.rule = Some(rule);
         item.stat_key = stat_key;
         item.status.rule = Some(rule.path.clone());
-        item.quota = rule.quota_mode || self.options.quota_mode;
+        item.alternative = rule.alternative || self.options.all_alternatives;
         item.shadow = rule.shadow_mode;
-        item.matched = match &rule.quota {
-            Quota::Limited(limit) => Matched::Limited(Box::new(Limited {
+        item.matched = match &rule.limit {
+            RuleLimit::Limited(limit) => Matched::Limited(Box::new(Limited {
                 limit: limit.clone(),
                 subject,
                 name,
-                window: rule.quota.fixed_window(),
-                decision: None,
+                window: rule.limit.fixed_window(),
             })),
-            Quota::Unlimited => Matched::Unlimited,
-            Quota::Blocked => Matched::Blocked,
+            RuleLimit::Unlimited => Matched::Unlimited,
+            RuleLimit::Blocked => Matched::Blocked,
         };
         Ok(item)
     }
@@ -273,71 +274,32 @@ fn override_stat_key(entries: &[(String, String)]) -> String {
 }
 
 /// What applies to an RLQS bucket: what an RLS request of one descriptor
-/// of the bucket's entries would match ([`Service::match_bucket`]).
+/// of the bucket's entries matches ([`Service::match_bucket`]), and its
+/// rule's stat key.
 #[derive(Debug, Clone)]
-pub(crate) enum BucketRule {
-    /// No rule.
-    Nothing,
-    /// An unlimited rule.
-    Unlimited,
-    /// A rule of `requests_per_unit: 0`.
-    Blocked,
-    /// A limit kept in the store.
-    Limited(Box<BucketLimit>),
-}
-
-/// A bucket's limit in the store, and the rule's stat key.
-#[derive(Debug, Clone)]
-pub(crate) struct BucketLimit {
-    pub(crate) limit: Limit,
-    pub(crate) subject: Subject,
-    pub(crate) name: String,
-    pub(crate) rule: String,
+pub(crate) struct BucketMatch {
+    pub(crate) matched: Matched,
+    pub(crate) stat_key: String,
 }
 
 impl Service {
-    /// The rule an RLS request of one descriptor with `entries` (in key
-    /// order) would match in `domain`; `None` when the domain is not
-    /// configured.
-    ///
-    /// # Errors
-    ///
-    /// An entry without a key, or no entry.
-    pub(crate) fn match_bucket(
-        &self,
-        domain: &str,
-        entries: Vec<(String, String)>,
-    ) -> Result<Option<BucketRule>, ServiceError> {
+    /// What an RLS request of one descriptor with `entries` (in key order)
+    /// would match in `domain`, a rule in shadow mode read as unlimited (it
+    /// never refuses); `None` when the domain is not configured or the
+    /// entries are not a descriptor (none, or one without a key).
+    pub(crate) fn match_bucket(&self, domain: &str, entries: Vec<(String, String)>) -> Option<BucketMatch> {
         let request = CheckRequest {
             domain: domain.to_owned(),
             descriptors: vec![Descriptor::entries(entries)],
-            hits: 1,
-            hits_addend: 1,
+            cost: None,
         };
-        self.validate(&request)?;
+        self.validate(&request).ok()?;
         let config = self.config.load();
-        let Some(domain) = config.domains.get(domain) else {
-            return Ok(None);
-        };
-        let mut items = self.match_rules(&request, Some(domain))?;
-        let Some(item) = items.pop() else {
-            return Ok(Some(BucketRule::Nothing));
-        };
-        let rule = item.stat_key.into_owned();
-        // A rule in shadow mode never refuses.
-        if item.shadow {
-            return Ok(Some(BucketRule::Unlimited));
-        }
-        Ok(Some(match item.matched {
-            Matched::Nothing => BucketRule::Nothing,
-            Matched::Unlimited => BucketRule::Unlimited,
-            Matched::Blocked => BucketRule::Blocked,
-            Matched::Limited(limited) => BucketRule::Limited(Box::new(BucketLimit {
-                limit: limited.limit,
-                subject: limited.subject,
-                name: limited.name,
-                rule,
-            })),
-        }))
+        let domain = config.domains.get(domain)?;
+        let item = self.match_rules(&request, Some(domain)).ok()?.pop()?;
+        Some(BucketMatch {
+            matched: if item.shadow { Matched::Unlimited } else { item.matched },
+            stat_key: item.stat_key.into_owned(),
+        })
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! All descriptors of a request are decided together, counted as
 //! envoyproxy/ratelimit counts them: a descriptor is over when its count
-//! plus its hits exceeds its limit; when none is, all add their hits; when
+//! plus its cost exceeds its limit; when none is, all add their cost; when
 //! one is, the descriptors that are over still add theirs (usage that
 //! happened: a gateway's report of tokens spent looks like a check) and the
 //! others add nothing — upstream with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
@@ -25,9 +25,9 @@
 //! denies.
 //!
 //! Rules in `shadow_mode` are decided apart, each alone: they count and
-//! consume like any limit, but never refuse. A rule in `quota_mode` (or every
-//! rule, with the global quota mode) refuses the request only when every
-//! quota-mode descriptor of it is over: one that is over is set aside and the
+//! consume like any limit, but never refuse. A rule in `quota_mode` (an
+//! alternative; every rule, with `QUOTA_MODE`) refuses the request only when
+//! every alternative descriptor of it is over: one that is over is set aside and the
 //! others are decided again, so that an admitted request consumes from all
 //! the limits that admit it and a refused one from none.
 //!
@@ -62,9 +62,9 @@ use tollgate::{AnyStore, LeasedStore};
 use self::answer::{dynamic_metadata, overall_code, unix_now};
 pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, seconds};
 use self::deciding::set_decisions;
-pub(crate) use self::deciding::{Adjustment, Cost};
+pub(crate) use self::deciding::{Adjustment, Charge};
 pub use self::error::{Failure, ServiceError};
-pub(crate) use self::matching::{BucketLimit, BucketRule};
+pub(crate) use self::matching::{BucketMatch, Limited, Matched};
 pub use self::options::{HeaderNames, Options};
 pub use self::request::{CheckRequest, CheckResponse, Code, CurrentLimit, Descriptor, DescriptorStatus, Target};
 use crate::config::Config;
@@ -78,8 +78,8 @@ pub const DECISION_SPANS: &str = "tollgate::decision";
 /// The name of a configured rule's limit within its descriptor's subject.
 const RULE: &str = "rule";
 
-/// The most hits one request or descriptor may add.
-pub const MAX_HITS: u64 = u32::MAX as u64;
+/// The most one request or descriptor may cost.
+pub const MAX_COST: u64 = u32::MAX as u64;
 
 /// The most descriptors one request may carry, by default.
 pub const DEFAULT_MAX_DESCRIPTORS: usize = 1_000;
@@ -100,9 +100,6 @@ pub struct Service {
     health: std::sync::Mutex<Health>,
     /// Open reservations (`/v1/reserve`, `/v1/settle`).
     pub(crate) reservations: reservations::Reservations,
-    /// The quota service over this one, for `/rlconfig` (weak: it holds
-    /// this service).
-    quotas: std::sync::OnceLock<std::sync::Weak<crate::quota::Quotas>>,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -134,18 +131,7 @@ impl Service {
             healthy: watch::channel(!health.no_config).0,
             health: std::sync::Mutex::new(health),
             reservations: reservations::Reservations::default(),
-            quotas: std::sync::OnceLock::new(),
         }
-    }
-
-    /// Makes `quotas` the quota service `/rlconfig` describes.
-    pub(crate) fn set_quotas(&self, quotas: &Arc<crate::quota::Quotas>) {
-        let _ = self.quotas.set(Arc::downgrade(quotas));
-    }
-
-    /// The quota service over this one, while it runs.
-    pub(crate) fn quotas(&self) -> Option<Arc<crate::quota::Quotas>> {
-        self.quotas.get().and_then(std::sync::Weak::upgrade)
     }
 
     /// Changes a cause of ill health and publishes the result.
@@ -242,7 +228,7 @@ impl Service {
     /// Decides every descriptor of `request` at once.
     ///
     /// Descriptors in shadow mode are decided apart, each alone. The others
-    /// are decided together, all-or-nothing; a quota-mode descriptor that is
+    /// are decided together, all-or-nothing; an alternative descriptor that is
     /// over its limit is then set aside and the rest decided again, so that
     /// the request consumes from every limit or from none (when it is
     /// refused).
@@ -258,15 +244,18 @@ impl Service {
             "should_rate_limit",
             domain = %request.domain,
             descriptors = request.descriptors.len(),
-            hits = request.hits,
+            hits = request.default_cost(),
             code = tracing::field::Empty,
             error = tracing::field::Empty,
         );
         // No subscriber wants decision spans (no tracing exporter): nothing to pay.
         if span.is_disabled() {
-            return self.decide_request(request, Cost::Hits).await;
+            return self.decide_request(request, Charge::Check).await;
         }
-        let answer = self.decide_request(request, Cost::Hits).instrument(span.clone()).await;
+        let answer = self
+            .decide_request(request, Charge::Check)
+            .instrument(span.clone())
+            .await;
         match &answer {
             Ok(response) => span.record("code", tracing::field::debug(response.overall)),
             Err(error) => span.record("error", tracing::field::display(error)),
@@ -274,13 +263,13 @@ impl Service {
         answer
     }
 
-    /// [`Service::should_rate_limit`], each descriptor's hits weighed as
-    /// `hits` says: [`Cost::Hits`], or [`Cost::Estimate`] for a reservation
+    /// [`Service::should_rate_limit`], each descriptor's cost charged as
+    /// `charge` says: [`Charge::Check`], or [`Charge::Estimate`] for a reservation
     /// (all-or-nothing, a refused estimate counts nowhere).
     pub(crate) async fn decide_request(
         &self,
         request: &CheckRequest,
-        hits: Cost,
+        charge: Charge,
     ) -> Result<CheckResponse, ServiceError> {
         if let Err(error) = self.validate(request) {
             self.metrics.service_error();
@@ -296,7 +285,7 @@ impl Service {
                 return Err(error);
             }
         };
-        let decided_at = match self.decide_all(&mut items, hits).await {
+        let decided_at = match self.decide_all(&mut items, charge).await {
             Ok(decided_at) => decided_at,
             Err(error) if error.is_invalid() => {
                 self.metrics.service_error();
@@ -335,7 +324,7 @@ impl Service {
         })
     }
 
-    /// Runs `adjustment` for each descriptor's hits on every limit that
+    /// Runs `adjustment` for each descriptor's cost on every limit that
     /// applies to `request` (shadow rules too): what settles a reservation.
     /// Answers each limit as it stands after; a refund is not counted as
     /// hits in the metrics, a record is.
@@ -357,11 +346,11 @@ impl Service {
             .collect();
         let mut decided_at = None;
         if !limited.is_empty() {
-            let cost = match adjustment {
-                Adjustment::Refund { at } => Cost::Refund { at },
-                Adjustment::Record => Cost::Record,
+            let charge = match adjustment {
+                Adjustment::Refund { at } => Charge::Refund { at },
+                Adjustment::Record => Charge::Record,
             };
-            let (decisions, at) = self.decide_together(&items, &limited, cost).await.map_err(|error| {
+            let (decisions, at) = self.decide_together(&items, &limited, charge).await.map_err(|error| {
                 if !error.is_invalid() {
                     self.metrics.store_error(&request.domain);
                 }

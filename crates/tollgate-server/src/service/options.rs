@@ -1,7 +1,6 @@
 //! The service's global switches, as envoyproxy/ratelimit's settings.
 
 use super::DEFAULT_MAX_DESCRIPTORS;
-use crate::quota::QuotaSettings;
 
 /// Global switches, as envoyproxy/ratelimit's settings.
 #[derive(Debug, Clone)]
@@ -10,8 +9,9 @@ pub struct Options {
     /// Decide and count, but always answer an overall OK (each descriptor
     /// keeps its real code) (`SHADOW_MODE`).
     pub shadow_mode: bool,
-    /// Every rule in quota mode (`QUOTA_MODE`).
-    pub quota_mode: bool,
+    /// Every rule an alternative (`QUOTA_MODE`): see
+    /// [`Rule::alternative`](crate::config::Rule::alternative).
+    pub all_alternatives: bool,
     /// Add the limit, remaining and reset headers to every answer
     /// (`LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub response_headers: bool,
@@ -34,19 +34,17 @@ pub struct Options {
     /// (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
     pub health_checks_store: bool,
     /// When a request is refused, only the descriptors that are over add
-    /// their hits (true, the default); false: every descriptor whose limit
+    /// their cost (true, the default); false: every descriptor whose limit
     /// records its overage adds them (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`,
     /// whose default upstream is false).
     pub stop_increment_when_over: bool,
-    /// The quota service's (RLQS) intervals and defaults.
-    pub quotas: QuotaSettings,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
             shadow_mode: false,
-            quota_mode: false,
+            all_alternatives: false,
             response_headers: false,
             header_names: HeaderNames::default(),
             near_limit_ratio: 0.8,
@@ -55,7 +53,6 @@ impl Default for Options {
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             health_checks_store: false,
             stop_increment_when_over: true,
-            quotas: QuotaSettings::default(),
         }
     }
 }

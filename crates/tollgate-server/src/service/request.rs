@@ -28,14 +28,15 @@ impl Default for Target {
     }
 }
 
-/// One descriptor of a request: what it names, and optionally its own hits
+/// One descriptor of a request: what it names, and optionally its own cost
 /// and a limit that overrides the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Descriptor {
     /// The entries, or a named rule.
     pub target: Target,
-    /// Hits for this descriptor instead of the request's.
-    pub hits_addend: Option<u64>,
+    /// Its cost instead of the request's (Envoy's per-descriptor
+    /// `hits_addend`); 0 is a peek.
+    pub cost: Option<u64>,
     /// A fixed window of `requests_per_unit` per `unit` instead of the configured rule.
     pub limit_override: Option<(u64, Unit)>,
 }
@@ -65,11 +66,16 @@ pub struct CheckRequest {
     pub domain: String,
     /// The descriptors to decide.
     pub descriptors: Vec<Descriptor>,
-    /// Hits each descriptor adds unless it says otherwise; 0 is a peek (the
-    /// gRPC and `/json` front ends read Envoy's `hits_addend` 0 as 1).
-    pub hits: u64,
-    /// Envoy's `hits_addend` as sent (0: not set), for the dynamic metadata.
-    pub hits_addend: u64,
+    /// The cost each descriptor adds unless it says otherwise (Envoy's
+    /// `hits_addend`, 0 there read as not set); not set, 1. 0 is a peek.
+    pub cost: Option<u64>,
+}
+
+impl CheckRequest {
+    /// The cost each descriptor adds unless it says otherwise.
+    pub(super) fn default_cost(&self) -> u64 {
+        self.cost.unwrap_or(1)
+    }
 }
 
 /// Envoy's response codes.
@@ -130,8 +136,8 @@ impl DescriptorStatus {
 /// The answer to a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckResponse {
-    /// OVER_LIMIT when a descriptor outside shadow and quota mode is over
-    /// its limit, or when every quota-mode descriptor is; OK in global
+    /// OVER_LIMIT when a descriptor outside shadow mode and no alternative
+    /// is over its limit, or when every alternative is; OK in global
     /// shadow mode.
     pub overall: Code,
     /// One status per descriptor, in the request's order.

@@ -2,7 +2,7 @@
 //! known only when it is done (an LLM completion's tokens).
 //!
 //! `reserve` decides the request with its estimate as every descriptor's
-//! hits, as a check does (so N concurrent requests cannot all pass while the
+//! cost, as a check does (so N concurrent requests cannot all pass while the
 //! budget has room for one) but all-or-nothing even on rules that count as
 //! envoyproxy/ratelimit (a refused estimate was never spent), and, when
 //! admitted, keeps it under a
@@ -35,7 +35,7 @@ use std::time::Duration;
 // Tokio's clock, which a test may pause and advance.
 use tokio::time::Instant;
 
-use super::{Adjustment, CheckRequest, CheckResponse, Code, Cost, Failure, Service, ServiceError};
+use super::{Adjustment, Charge, CheckRequest, CheckResponse, Code, Failure, Service, ServiceError};
 
 /// The most reservations open at once; more is refused (503).
 pub const MAX_OPEN: usize = 100_000;
@@ -54,7 +54,7 @@ pub struct Reservations {
 
 #[derive(Debug)]
 struct Reservation {
-    /// The request, with the estimate as its hits.
+    /// The request, with the estimate as its cost.
     request: CheckRequest,
     /// The store's instant when the estimate was taken (µs).
     taken_at: u64,
@@ -116,13 +116,13 @@ impl Reservations {
 }
 
 impl Service {
-    /// Decides `request` (its `hits` the estimate; no per-descriptor hits)
+    /// Decides `request` (its `cost` the estimate; no per-descriptor cost)
     /// as a check, and when admitted keeps it open for `ttl` (default
     /// [`DEFAULT_TTL`]) under the id it answers.
     ///
     /// # Errors
     ///
-    /// As [`Service::should_rate_limit`]; per-descriptor hits, a `ttl` of
+    /// As [`Service::should_rate_limit`]; per-descriptor costs, a `ttl` of
     /// zero or above [`MAX_TTL`] are invalid; too many open reservations is
     /// unavailable.
     pub async fn reserve(&self, request: &CheckRequest, ttl: Option<Duration>) -> Result<Reserved, ServiceError> {
@@ -136,13 +136,13 @@ impl Service {
         if let Some(index) = request
             .descriptors
             .iter()
-            .position(|descriptor| descriptor.hits_addend.is_some())
+            .position(|descriptor| descriptor.cost.is_some())
         {
             return Err(ServiceError::invalid(format!(
                 "descriptors[{index}].cost: a reservation takes one estimate for the request (its cost)"
             )));
         }
-        let response = self.decide_request(request, Cost::Estimate).await?;
+        let response = self.decide_request(request, Charge::Estimate).await?;
         let id = match (response.overall, response.decided_at) {
             (Code::Ok, Some(taken_at)) => {
                 let reservation = Reservation {
@@ -191,10 +191,10 @@ impl Service {
                 ))
             };
         }
-        let estimate = reservation.request.hits;
+        let estimate = reservation.request.default_cost();
         let response = if actual == estimate {
             self.should_rate_limit(&CheckRequest {
-                hits: 0,
+                cost: Some(0),
                 ..reservation.request.clone()
             })
             .await?
@@ -210,7 +210,7 @@ impl Service {
                 (Adjustment::Record, actual - estimate)
             };
             let request = CheckRequest {
-                hits: units,
+                cost: Some(units),
                 ..reservation.request.clone()
             };
             self.adjust(&request, adjustment).await?

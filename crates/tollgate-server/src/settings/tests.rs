@@ -60,7 +60,7 @@ fn a_container_environment_is_read() {
         read.prometheus,
         Some(("127.0.0.1:9090".parse().unwrap(), "/metrics".to_owned()))
     );
-    assert!(read.shadow_mode && !read.quota_mode && read.response_headers);
+    assert!(read.shadow_mode && !read.all_alternatives && read.response_headers);
     assert_eq!(read.header_names.remaining, "X-Left");
     assert_eq!(read.header_names.limit, "RateLimit-Limit");
     assert_eq!(read.near_limit_ratio, Some(0.9));
