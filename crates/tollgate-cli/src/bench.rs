@@ -207,7 +207,7 @@ pub enum BenchOp {
     /// A gateway's token budget: a check of 0, and when it passes a record
     /// of the cost (two store calls)
     CheckThenRecord,
-    /// Reserve then settle: take the cost as an estimate, then settle half
+    /// Estimate then settle: take the cost as an estimate, then settle half
     /// of it (two store calls: a check and a refund)
     Settle,
     /// Take a lease on the concurrency limits and release it right away

@@ -16,8 +16,8 @@
 //!
 //! It counts as envoyproxy/ratelimit does (a descriptor that goes over still
 //! adds its hits: a token report is usage that happened; see [`service`]),
-//! and offers what a gateway cannot: reserve an estimate, then settle the
-//! actual ([`service::reservations`]).
+//! and offers what a gateway cannot: take an estimate, then settle the
+//! actual ([`service::estimates`]).
 
 // The store futures nest deeply (a resilient store over Redis, in `AnyStore`,
 // in the gRPC and HTTP handlers): the compiler needs more room to lay them out.

@@ -598,11 +598,11 @@ async fn a_blocked_request_consumes_nothing(store: Store) {
     server.stop().await;
 }
 
-/// Reserve an estimate, then settle the actual (`/v1/reserve`,
+/// Take an estimate, then settle the actual (`/v1/estimate`,
 /// `/v1/settle`): the unused part comes back, an excess is recorded (past the
 /// limit too), settling again with the same amount answers the same, with
 /// another is a conflict, and an unknown id is not found.
-async fn reservations_settle_to_the_actual(store: Store) {
+async fn estimates_settle_to_the_actual(store: Store) {
     const BUDGET: &str = "
 domain: llm
 descriptors:
@@ -618,20 +618,20 @@ descriptors:
         let status = response.status().as_u16();
         (status, response.json::<Value>().await.unwrap())
     };
-    let (status, first) = answer(server.post("/v1/reserve", reserve(400)).await).await;
+    let (status, first) = answer(server.post("/v1/estimate", reserve(400)).await).await;
     assert_eq!((status, first["remaining"].clone()), (200, json!(600)), "{first}");
-    let first_id = first["reservation"]["id"].as_str().unwrap().to_owned();
-    assert_eq!(first["reservation"]["ttl_ms"], 600_000, "{first}");
-    let (_, second) = answer(server.post("/v1/reserve", reserve(400)).await).await;
-    let second_id = second["reservation"]["id"].as_str().unwrap().to_owned();
-    let (status, third) = answer(server.post("/v1/reserve", reserve(400)).await).await;
+    let first_id = first["estimate"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(first["estimate"]["ttl_ms"], 600_000, "{first}");
+    let (_, second) = answer(server.post("/v1/estimate", reserve(400)).await).await;
+    let second_id = second["estimate"]["id"].as_str().unwrap().to_owned();
+    let (status, third) = answer(server.post("/v1/estimate", reserve(400)).await).await;
     assert_eq!(status, 429, "200 left: {third}");
     assert!(
-        third.get("reservation").is_none(),
+        third.get("estimate").is_none(),
         "a refused estimate is not kept: {third}"
     );
 
-    let settle = |id: &str, actual: u64| json!({"reservation": id, "actual": actual}).to_string();
+    let settle = |id: &str, actual: u64| json!({"estimate": id, "actual": actual}).to_string();
     let (status, settled) = answer(server.post("/v1/settle", settle(&first_id, 100)).await).await;
     assert_eq!(
         (status, settled["remaining"].clone()),
@@ -669,15 +669,15 @@ descriptors:
         "{unknown}"
     );
     let bad = [
-        (json!({"reservation": first_id}).to_string(), "actual"),
+        (json!({"estimate": first_id}).to_string(), "actual"),
         (json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "b"}]}], "cost": 1, "ttl": "0s"}).to_string(), "ttl"),
         (json!({"domain": "llm", "descriptors": [{"entries": [{"key": "tenant", "value": "b"}], "cost": 2}]}).to_string(), "cost"),
     ];
     for (body, field) in bad {
-        let path = if body.contains("reservation") {
+        let path = if body.contains("estimate") {
             "/v1/settle"
         } else {
-            "/v1/reserve"
+            "/v1/estimate"
         };
         let (status, refused) = answer(server.post(path, body.clone()).await).await;
         assert_eq!(status, 400, "{body}: {refused}");
@@ -688,7 +688,7 @@ descriptors:
     assert_eq!(
         server.post("/v1/check", with_ttl.to_string()).await.status(),
         400,
-        "ttl is a reservation's"
+        "ttl is an estimate's"
     );
     server.stop().await;
 }
@@ -750,7 +750,7 @@ on_both_stores!(
     descriptors_are_capped,
     resets_come_from_the_store_clock,
     envoy_resets_are_whole_seconds_rounded_up,
-    reservations_settle_to_the_actual,
+    estimates_settle_to_the_actual,
     calendar_budgets_reset_with_the_zone,
 );
 

@@ -1,4 +1,4 @@
-//! `/v1/check`, `/v1/reserve` and `/v1/settle`: Tollgate's own JSON API.
+//! `/v1/check`, `/v1/estimate` and `/v1/settle`: Tollgate's own JSON API.
 
 use std::sync::Arc;
 
@@ -34,7 +34,7 @@ struct CheckBody {
     limit: Option<String>,
     #[serde(default)]
     cost: Option<u64>,
-    /// `/v1/reserve` only: how long the reservation waits for its
+    /// `/v1/estimate` only: how long the estimate waits for its
     /// settlement (`"10m"`).
     #[serde(default)]
     ttl: Option<String>,
@@ -63,7 +63,7 @@ pub(super) async fn check(State(service): State<Arc<Service>>, body: Body) -> Re
     }
 }
 
-pub(super) async fn reserve(State(service): State<Arc<Service>>, body: Body) -> Response {
+pub(super) async fn estimate(State(service): State<Arc<Service>>, body: Body) -> Response {
     let mut body: CheckBody = match read_json(body).await {
         Ok(body) => body,
         Err(response) => return response,
@@ -82,13 +82,13 @@ pub(super) async fn reserve(State(service): State<Arc<Service>>, body: Body) -> 
         Ok(parsed) => parsed,
         Err(failure) => return service_error(&failure),
     };
-    match service.reserve(&request, ttl).await {
-        Ok(reserved) => {
-            let reservation = reserved.id.map(|id| ReservationJson {
+    match service.estimate(&request, ttl).await {
+        Ok(estimated) => {
+            let estimate = estimated.id.map(|id| EstimateJson {
                 id,
-                ttl_ms: reserved.ttl.as_millis(),
+                ttl_ms: estimated.ttl.as_millis(),
             });
-            check_answer(&reserved.response, named, reservation, false)
+            check_answer(&estimated.response, named, estimate, false)
         }
         Err(failure) => service_error(&failure),
     }
@@ -97,7 +97,7 @@ pub(super) async fn reserve(State(service): State<Arc<Service>>, body: Body) -> 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SettleBody {
-    reservation: String,
+    estimate: String,
     actual: u64,
 }
 
@@ -106,7 +106,7 @@ pub(super) async fn settle(State(service): State<Arc<Service>>, body: Body) -> R
         Ok(body) => body,
         Err(response) => return response,
     };
-    match service.settle(&body.reservation, body.actual).await {
+    match service.settle(&body.estimate, body.actual).await {
         // Settled (200): the request went through; the decision says
         // whether the limits admit more now.
         Ok(answer) => check_answer(&answer, false, None, true),
@@ -114,9 +114,9 @@ pub(super) async fn settle(State(service): State<Arc<Service>>, body: Body) -> R
     }
 }
 
-/// `/v1/check`'s answer (and `/v1/reserve`'s, with its `reservation`);
+/// `/v1/check`'s answer (and `/v1/estimate`'s, with its `estimate`);
 /// 429 when refused, unless `settled` (always 200).
-fn check_answer(answer: &CheckResponse, named: bool, reservation: Option<ReservationJson>, settled: bool) -> Response {
+fn check_answer(answer: &CheckResponse, named: bool, estimate: Option<EstimateJson>, settled: bool) -> Response {
     let overall = answer.overall;
     let decision = answer.decision();
     let headers = rate_limit_headers(&answer.statuses, overall);
@@ -139,7 +139,7 @@ fn check_answer(answer: &CheckResponse, named: bool, reservation: Option<Reserva
     let json = CheckJson {
         decision: DecisionJson::from(&decision),
         descriptors,
-        reservation,
+        estimate,
     };
     with_headers((status, axum::Json(json)).into_response(), &headers)
 }
@@ -150,7 +150,7 @@ impl CheckBody {
     fn into_check(self) -> Result<(CheckRequest, bool), ServiceError> {
         if self.ttl.is_some() {
             return Err(ServiceError::invalid(
-                "ttl: only a reservation (/v1/reserve) has one".to_owned(),
+                "ttl: only an estimate (/v1/estimate) has one".to_owned(),
             ));
         }
         let (descriptors, named) = match (self.descriptors, self.subject, self.limit) {
@@ -196,12 +196,12 @@ struct CheckJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     descriptors: Option<Vec<DescriptorJson>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    reservation: Option<ReservationJson>,
+    estimate: Option<EstimateJson>,
 }
 
-/// An admitted reservation: its id, and how long it waits to be settled.
+/// An admitted estimate: its id, and how long it waits to be settled.
 #[derive(Serialize)]
-struct ReservationJson {
+struct EstimateJson {
     id: String,
     ttl_ms: u128,
 }

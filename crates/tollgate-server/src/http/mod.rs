@@ -5,9 +5,9 @@
 //! - `POST /v1/check`: Tollgate's own — descriptors, or a subject and a named
 //!   rule, with a cost — answering a decision with `RateLimit` /
 //!   `Retry-After` headers, 429 when denied;
-//! - `POST /v1/reserve` (the body of `/v1/check`, its `cost` the estimate,
+//! - `POST /v1/estimate` (the body of `/v1/check`, its `cost` the estimate,
 //!   and an optional `ttl`): answered as `/v1/check`, plus the
-//!   `reservation` id when admitted; `POST /v1/settle` (`{"reservation":
+//!   `estimate` id when admitted; `POST /v1/settle` (`{"estimate":
 //!   id, "actual": n}`): the limits after the unused part went back or the
 //!   excess was recorded (404 for an unknown or expired id, 409 for one
 //!   settled with another amount);
@@ -71,7 +71,7 @@ pub fn router(service: Arc<Service>, quotas: Arc<Quotas>) -> Router {
     Router::new()
         .route("/json", post(envoy::envoy_json))
         .route("/v1/check", post(check::check))
-        .route("/v1/reserve", post(check::reserve))
+        .route("/v1/estimate", post(check::estimate))
         .route("/v1/settle", post(check::settle))
         .route("/v1/config", get(config))
         .route("/metrics", get(metrics))

@@ -149,15 +149,6 @@ impl Service {
     }
 }
 
-/// How [`Service::adjust`] changes a request's limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Adjustment {
-    /// Give back the cost taken at `at` (µs since the epoch).
-    Refund { at: u64 },
-    /// Count the cost, whether or not it fits.
-    Record,
-}
-
 /// How each descriptor's cost is charged to its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Charge {

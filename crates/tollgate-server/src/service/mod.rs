@@ -47,22 +47,22 @@
 mod answer;
 mod deciding;
 mod error;
+pub mod estimates;
 mod matching;
 mod options;
 mod request;
-pub mod reservations;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
-use tollgate::{AnyStore, LeasedStore};
+use tollgate::{AnyStore, LeasedStore, Op};
 
 use self::answer::{dynamic_metadata, overall_code, unix_now};
 pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, seconds};
 use self::deciding::set_decisions;
-pub(crate) use self::deciding::{Adjustment, Charge};
+pub(crate) use self::deciding::Charge;
 pub use self::error::{Failure, ServiceError};
 pub(crate) use self::matching::{BucketMatch, Limited, Matched};
 pub use self::options::{HeaderNames, Options};
@@ -98,8 +98,8 @@ pub struct Service {
     options: Options,
     healthy: watch::Sender<bool>,
     health: std::sync::Mutex<Health>,
-    /// Open reservations (`/v1/reserve`, `/v1/settle`).
-    pub(crate) reservations: reservations::Reservations,
+    /// Open estimates (`/v1/estimate`, `/v1/settle`).
+    pub(crate) estimates: estimates::Estimates,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -130,7 +130,7 @@ impl Service {
             options,
             healthy: watch::channel(!health.no_config).0,
             health: std::sync::Mutex::new(health),
-            reservations: reservations::Reservations::default(),
+            estimates: estimates::Estimates::default(),
         }
     }
 
@@ -264,7 +264,7 @@ impl Service {
     }
 
     /// [`Service::should_rate_limit`], each descriptor's cost charged as
-    /// `charge` says: [`Charge::Check`], or [`Charge::Estimate`] for a reservation
+    /// `charge` says: [`Charge::Check`], or [`Charge::Estimate`] for an estimate
     /// (all-or-nothing, a refused estimate counts nowhere).
     pub(crate) async fn decide_request(
         &self,
@@ -324,19 +324,21 @@ impl Service {
         })
     }
 
-    /// Runs `adjustment` for each descriptor's cost on every limit that
-    /// applies to `request` (shadow rules too): what settles a reservation.
-    /// Answers each limit as it stands after; a refund is not counted as
-    /// hits in the metrics, a record is.
+    /// Runs `settlement` ([`tollgate::Request::settlement`]'s record or
+    /// refund) for each descriptor's cost on every limit that applies to
+    /// `request` (shadow rules too): what settles an estimate. Answers
+    /// each limit as it stands after; a refund is not counted as hits in
+    /// the metrics, a record is.
     ///
     /// # Errors
     ///
     /// As [`Service::should_rate_limit`].
-    pub(crate) async fn adjust(
-        &self,
-        request: &CheckRequest,
-        adjustment: Adjustment,
-    ) -> Result<CheckResponse, ServiceError> {
+    pub(crate) async fn adjust(&self, request: &CheckRequest, settlement: &Op) -> Result<CheckResponse, ServiceError> {
+        let charge = match settlement {
+            Op::Refund { at, .. } => Charge::Refund { at: at.as_micros() },
+            Op::Record => Charge::Record,
+            _ => return Err(ServiceError::invalid("a settlement records or refunds")),
+        };
         self.validate(request)?;
         let config = self.config.load();
         let domain = config.domains.get(&request.domain);
@@ -346,10 +348,6 @@ impl Service {
             .collect();
         let mut decided_at = None;
         if !limited.is_empty() {
-            let charge = match adjustment {
-                Adjustment::Refund { at } => Charge::Refund { at },
-                Adjustment::Record => Charge::Record,
-            };
             let (decisions, at) = self.decide_together(&items, &limited, charge).await.map_err(|error| {
                 if !error.is_invalid() {
                     self.metrics.store_error(&request.domain);
@@ -360,7 +358,7 @@ impl Service {
             decided_at = Some(at);
         }
         let now = decided_at.unwrap_or_else(unix_now);
-        let count = adjustment == Adjustment::Record;
+        let count = charge == Charge::Record;
         for item in &mut items {
             self.answer(&request.domain, item, now, count);
         }

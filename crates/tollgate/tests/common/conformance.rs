@@ -605,7 +605,7 @@ pub async fn calendar_windows_follow_the_zone<S: Store>(store: S) {
     assert!(check(&month, &subject, 10, march).await.allowed, "March in Tokyo");
 }
 
-/// Reserve an estimate, then settle the actual: the unused part comes back,
+/// Take an estimate, then settle the actual: the unused part comes back,
 /// an excess is recorded, an exact estimate costs no call; what is never
 /// settled stays at its estimate. (The store's own clock: limits of an hour,
 /// so that nothing refills meanwhile.)

@@ -1,4 +1,4 @@
-//! Reservations that nobody settles: their time to live is kept on tokio's
+//! Estimates that nobody settles: their time to live is kept on tokio's
 //! clock, paused and advanced here (no test waits for time).
 #![recursion_limit = "256"]
 
@@ -37,7 +37,7 @@ async fn remaining(service: &Service) -> u64 {
     peek.statuses[0].limit_remaining
 }
 
-/// Settled before its time to live ends, a reservation gives back what was
+/// Settled before its time to live ends, an estimate gives back what was
 /// not used; once it has ended, its id is not found and the estimate stays
 /// counted (settled at its estimate); settling again says so, and nothing
 /// changes.
@@ -45,8 +45,8 @@ async fn remaining(service: &Service) -> u64 {
 async fn a_reservation_nobody_settles_is_settled_at_its_estimate_when_its_ttl_ends() {
     let service = service();
     let ttl = Duration::from_secs(60);
-    let kept = service.reserve(&request(400), Some(ttl)).await.unwrap();
-    let lapsing = service.reserve(&request(300), Some(ttl)).await.unwrap();
+    let kept = service.estimate(&request(400), Some(ttl)).await.unwrap();
+    let lapsing = service.estimate(&request(300), Some(ttl)).await.unwrap();
     assert_eq!(kept.response.overall, Code::Ok);
     assert_eq!(remaining(&service).await, 300);
 
@@ -64,6 +64,6 @@ async fn a_reservation_nobody_settles_is_settled_at_its_estimate_when_its_ttl_en
     let kept_again = service.settle(kept.id.as_deref().unwrap(), 100).await;
     assert!(
         matches!(&kept_again, Err(error) if error.kind() == Failure::NotFound),
-        "a settled reservation also lapses with its time to live: {kept_again:?}"
+        "a settled estimate also lapses with its time to live: {kept_again:?}"
     );
 }

@@ -1,31 +1,31 @@
-//! Reserve an estimate, then settle the actual: for a request whose cost is
+//! Take an estimate, then settle the actual: for a request whose cost is
 //! known only when it is done (an LLM completion's tokens).
 //!
-//! `reserve` decides the request with its estimate as every descriptor's
+//! `estimate` decides the request with its estimate as every descriptor's
 //! cost, as a check does (so N concurrent requests cannot all pass while the
 //! budget has room for one) but all-or-nothing even on rules that count as
 //! envoyproxy/ratelimit (a refused estimate was never spent), and, when
 //! admitted, keeps it under a
 //! random id until its time to live ends. `settle(id, actual)` then gives
 //! back the unused part ([`Op::Refund`](tollgate::Op::Refund) of the units
-//! taken at the reservation's instant) or records the excess
+//! taken at the estimate's instant) or records the excess
 //! ([`Op::Record`](tollgate::Op::Record): counted whether or not it fits),
 //! one store call either way (at the estimate exactly, a look).
 //!
 //! Settling is idempotent: the same id settled again with the same amount
 //! gets the first answer, with another amount a conflict. An unknown or
-//! expired id is not found; a reservation nobody settles before its time to
+//! expired id is not found; an estimate nobody settles before its time to
 //! live ends is settled at its estimate (it is forgotten: the estimate
-//! stays counted). Open reservations are bounded ([`MAX_OPEN`]); expired
+//! stays counted). Open estimates are bounded ([`MAX_OPEN`]); expired
 //! ones are swept as new ones come.
 //!
 //! The bound on overspend: at most the excess of the actual costs over their
-//! estimates (check-then-report, without a reservation: the usage of every
+//! estimates (check-then-report, without an estimate: the usage of every
 //! request in flight).
 //!
-//! Reservations are kept by the process that took them (the limits
+//! Estimates are kept by the process that took them (the limits
 //! themselves are in the store): behind several `serve` replicas, a
-//! settlement must reach the replica that answered the reservation, or its
+//! settlement must reach the replica that answered the estimate, or its
 //! id is not found.
 
 use std::collections::HashMap;
@@ -35,25 +35,25 @@ use std::time::Duration;
 // Tokio's clock, which a test may pause and advance.
 use tokio::time::Instant;
 
-use super::{Adjustment, Charge, CheckRequest, CheckResponse, Code, Failure, Service, ServiceError};
+use super::{Charge, CheckRequest, CheckResponse, Code, Failure, Service, ServiceError};
 
-/// The most reservations open at once; more is refused (503).
+/// The most estimates open at once; more is refused (503).
 pub const MAX_OPEN: usize = 100_000;
 
-/// How long a reservation waits for its settlement by default.
+/// How long an estimate waits for its settlement by default.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 
-/// The longest a reservation may wait.
+/// The longest an estimate may wait.
 pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 
-/// The open reservations of a service.
+/// The open estimates of a service.
 #[derive(Debug, Default)]
-pub struct Reservations {
-    open: Mutex<HashMap<String, Arc<Reservation>>>,
+pub struct Estimates {
+    open: Mutex<HashMap<String, Arc<Estimate>>>,
 }
 
 #[derive(Debug)]
-struct Reservation {
+struct Estimate {
     /// The request, with the estimate as its cost.
     request: CheckRequest,
     /// The store's instant when the estimate was taken (µs).
@@ -63,42 +63,42 @@ struct Reservation {
     settled: tokio::sync::Mutex<Option<(u64, CheckResponse)>>,
 }
 
-/// What a reservation was answered.
+/// What an estimate was answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reserved {
+pub struct Estimated {
     /// The decision on the estimate, as a check answers it.
     pub response: CheckResponse,
-    /// The reservation's id, when it was admitted.
+    /// The estimate's id, when it was admitted.
     pub id: Option<String>,
     /// How long it waits for its settlement.
     pub ttl: Duration,
 }
 
-impl Reservations {
-    /// Keeps `reservation` under a new id; `None` when too many are open.
-    fn open(&self, reservation: Reservation) -> Option<String> {
+impl Estimates {
+    /// Keeps `estimate` under a new id; `None` when too many are open.
+    fn open(&self, estimate: Estimate) -> Option<String> {
         let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if open.len() >= MAX_OPEN / 2 {
             let now = Instant::now();
-            open.retain(|_, reservation| reservation.expires > now);
+            open.retain(|_, estimate| estimate.expires > now);
         }
         if open.len() >= MAX_OPEN {
             return None;
         }
         let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        open.insert(id.clone(), Arc::new(reservation));
+        open.insert(id.clone(), Arc::new(estimate));
         Some(id)
     }
 
-    /// The open reservation `id`, unless it has expired (then it goes).
-    fn get(&self, id: &str) -> Option<Arc<Reservation>> {
+    /// The open estimate `id`, unless it has expired (then it goes).
+    fn get(&self, id: &str) -> Option<Arc<Estimate>> {
         let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let reservation = open.get(id)?;
-        if reservation.expires <= Instant::now() {
+        let estimate = open.get(id)?;
+        if estimate.expires <= Instant::now() {
             open.remove(id);
             return None;
         }
-        Some(Arc::clone(reservation))
+        Some(Arc::clone(estimate))
     }
 
     /// How many are open (expired ones not yet swept included).
@@ -123,9 +123,9 @@ impl Service {
     /// # Errors
     ///
     /// As [`Service::should_rate_limit`]; per-descriptor costs, a `ttl` of
-    /// zero or above [`MAX_TTL`] are invalid; too many open reservations is
+    /// zero or above [`MAX_TTL`] are invalid; too many open estimates is
     /// unavailable.
-    pub async fn reserve(&self, request: &CheckRequest, ttl: Option<Duration>) -> Result<Reserved, ServiceError> {
+    pub async fn estimate(&self, request: &CheckRequest, ttl: Option<Duration>) -> Result<Estimated, ServiceError> {
         let ttl = ttl.unwrap_or(DEFAULT_TTL);
         if ttl.is_zero() || ttl > MAX_TTL {
             return Err(ServiceError::invalid(format!(
@@ -139,32 +139,32 @@ impl Service {
             .position(|descriptor| descriptor.cost.is_some())
         {
             return Err(ServiceError::invalid(format!(
-                "descriptors[{index}].cost: a reservation takes one estimate for the request (its cost)"
+                "descriptors[{index}].cost: an estimate takes one estimate for the request (its cost)"
             )));
         }
         let response = self.decide_request(request, Charge::Estimate).await?;
         let id = match (response.overall, response.decided_at) {
             (Code::Ok, Some(taken_at)) => {
-                let reservation = Reservation {
+                let estimate = Estimate {
                     request: request.clone(),
                     taken_at,
                     expires: Instant::now() + ttl,
                     settled: tokio::sync::Mutex::new(None),
                 };
-                let id = self.reservations.open(reservation).ok_or_else(|| {
+                let id = self.estimates.open(estimate).ok_or_else(|| {
                     ServiceError::Refused(
                         Failure::Unavailable,
-                        format!("{MAX_OPEN} reservations are open: settle some first"),
+                        format!("{MAX_OPEN} estimates are open: settle some first"),
                     )
                 })?;
                 Some(id)
             }
             _ => None,
         };
-        Ok(Reserved { response, id, ttl })
+        Ok(Estimated { response, id, ttl })
     }
 
-    /// Settles reservation `id` with the `actual` cost: the unused part of
+    /// Settles estimate `id` with the `actual` cost: the unused part of
     /// the estimate goes back, an excess is recorded; answers the limits as
     /// they stand after (at the estimate exactly, nothing changes: a look).
     ///
@@ -174,46 +174,38 @@ impl Service {
     /// settled with another amount; a store fault (then it may be settled
     /// again).
     pub async fn settle(&self, id: &str, actual: u64) -> Result<CheckResponse, ServiceError> {
-        let reservation = self.reservations.get(id).ok_or_else(|| {
+        let open = self.estimates.get(id).ok_or_else(|| {
             ServiceError::Refused(
                 Failure::NotFound,
-                format!("reservation \"{id}\" is unknown or has expired (an expired one is settled at its estimate)"),
+                format!("estimate \"{id}\" is unknown or has expired (an expired one is settled at its estimate)"),
             )
         })?;
-        let mut settled = reservation.settled.lock().await;
+        let mut settled = open.settled.lock().await;
         if let Some((settled_with, response)) = &*settled {
             return if *settled_with == actual {
                 Ok(response.clone())
             } else {
                 Err(ServiceError::Refused(
                     Failure::Conflict,
-                    format!("reservation \"{id}\" was settled with {settled_with}, not {actual}"),
+                    format!("estimate \"{id}\" was settled with {settled_with}, not {actual}"),
                 ))
             };
         }
-        let estimate = reservation.request.default_cost();
+        let estimate = open.request.default_cost();
         let response = if actual == estimate {
             self.should_rate_limit(&CheckRequest {
                 cost: Some(0),
-                ..reservation.request.clone()
+                ..open.request.clone()
             })
             .await?
         } else {
-            let (adjustment, units) = if actual < estimate {
-                (
-                    Adjustment::Refund {
-                        at: reservation.taken_at,
-                    },
-                    estimate - actual,
-                )
-            } else {
-                (Adjustment::Record, actual - estimate)
-            };
+            let taken_at = tollgate::Timestamp::from_micros(open.taken_at);
+            let settlement = tollgate::Request::settlement(taken_at, estimate, actual);
             let request = CheckRequest {
-                cost: Some(units),
-                ..reservation.request.clone()
+                cost: Some(settlement.cost),
+                ..open.request.clone()
             };
-            self.adjust(&request, adjustment).await?
+            self.adjust(&request, &settlement.op).await?
         };
         *settled = Some((actual, response.clone()));
         Ok(response)
