@@ -53,6 +53,17 @@ impl Envoy {
         envoy
     }
 
+    /// Sets Envoy's counters back to zero (`POST /reset_counters`).
+    pub async fn reset_counters(&self) {
+        let url = format!("http://{}/reset_counters", self.admin);
+        let response = reqwest::Client::new()
+            .post(url)
+            .send()
+            .await
+            .expect("envoy's admin answers");
+        assert!(response.status().is_success(), "reset_counters: {}", response.status());
+    }
+
     /// Starts Envoy on `examples/<example>`, asking the rate limit service
     /// at `grpc`, and returns once it is ready.
     pub fn start_with(example: &str, grpc: &str) -> Self {
