@@ -604,12 +604,15 @@ impl Limit {
         dispatch!(&self.kind, p => id_of(p))
     }
 
-    /// The numbers the Redis library reads of this limit for a decision
-    /// near `now` (µs; asked only of a calendar window, whose periods are
-    /// the ones around it).
+    /// Hands `each` the numbers the Redis library reads of this limit, in
+    /// order, for a decision near `now` (µs; asked only of a calendar
+    /// window, whose periods are the ones around it).
     #[cfg(feature = "engine")]
-    pub(crate) fn params_near(&self, now: impl FnOnce() -> u64) -> Vec<u64> {
-        dispatch!(&self.kind, p => p.params_near(now).unwrap_or_else(|| p.params().into_iter().collect()))
+    pub(crate) fn each_param(&self, now: impl FnOnce() -> u64, each: impl FnMut(u64)) {
+        dispatch!(&self.kind, p => match p.params_near(now) {
+            Some(params) => params.into_iter().for_each(each),
+            None => p.params().into_iter().for_each(each),
+        });
     }
 }
 

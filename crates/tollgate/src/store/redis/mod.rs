@@ -83,8 +83,7 @@ use super::{spread, Spread, Store};
 use crate::clock::{Clock, Sleep, SystemClock, Timestamp};
 use crate::decision::Outcome;
 use crate::engine::protocol::{
-    decision_reply_len, limit_argument, limit_text, read_head, read_limit, Head, OpCode, ALLOWED, FOREIGN,
-    REPLY_PER_LIMIT,
+    decision_reply_len, limit_argument, read_head, read_limit, Head, OpCode, ALLOWED, FOREIGN, REPLY_PER_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
@@ -733,8 +732,8 @@ impl RedisStore {
         let mut args = Vec::with_capacity(3 + policy.len());
         head.encode(&mut args);
         for (index, (_, limit)) in policy.limits().enumerate() {
-            let text = limit_text(limit, || now.unwrap_or_else(|| SystemClock.now().as_micros()));
-            args.push(limit_argument(&text, request.cost_of(index)));
+            let now = || now.unwrap_or_else(|| SystemClock.now().as_micros());
+            args.push(limit_argument(limit, request.cost_of(index), now));
         }
         Encoded {
             keys,
