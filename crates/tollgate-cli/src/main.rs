@@ -13,6 +13,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 mod bench;
+mod overrides;
 mod serve;
 mod simulate;
 mod state;
@@ -51,6 +52,9 @@ enum Command {
     /// Forget a subject's state under each limit, then print a peek (a JSON
     /// line).
     Reset(state::Args),
+    /// A running server's limits for one descriptor, changed while it runs
+    /// (`/v1/overrides`): set, list, delete.
+    Override(overrides::Args),
 }
 
 /// An argument the command cannot work with (exit code 2).
@@ -104,6 +108,7 @@ fn main() -> ExitCode {
         Command::Check(args) => state::check(&args),
         Command::Inspect(args) => state::inspect(&args).map(|()| true),
         Command::Reset(args) => state::reset(&args).map(|()| true),
+        Command::Override(args) => overrides::run(&args).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tollgate::{AnyStore, MemoryStore, OnStoreError, ResilientStore};
+use tollgate_server::http::AdminToken;
 use tollgate_server::quota::{Blanket, QuotaSettings};
 use tollgate_server::settings::{RedisTls, Settings};
 use tollgate_server::xds::XdsSettings;
@@ -118,6 +119,11 @@ pub struct Args {
     /// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
     #[arg(long)]
     response_headers: bool,
+    /// Opens the overrides API (`/v1/overrides`) to requests carrying the
+    /// token in this file as `Authorization: Bearer` (or the token in
+    /// `TOLLGATE_ADMIN_TOKEN`); without a token the API is off.
+    #[arg(long, value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
     /// Only validate the configuration, then exit (0 when it is valid).
     #[arg(long)]
     check_config: bool,
@@ -260,6 +266,9 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
             }
         };
         server = server.rlqs(rlqs);
+        if let Some(token) = admin_token(args.admin_token_file.as_deref())? {
+            server = server.admin_token(token);
+        }
         if args.publish_xds {
             server = server.publish_xds();
         }
@@ -302,6 +311,25 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// The environment variable holding the admin token.
+pub const ADMIN_TOKEN_ENV: &str = "TOLLGATE_ADMIN_TOKEN";
+
+/// The admin token: `--admin-token-file`'s, else `TOLLGATE_ADMIN_TOKEN`'s.
+fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<AdminToken>> {
+    let text = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--admin-token-file: cannot read {}", path.display()))?;
+            if text.trim().is_empty() {
+                return Err(UsageError(format!("--admin-token-file: {} is empty", path.display())).into());
+            }
+            text
+        }
+        None => std::env::var(ADMIN_TOKEN_ENV).unwrap_or_default(),
+    };
+    Ok(AdminToken::new(&text))
 }
 
 /// The store `--redis` names (the embedded memory store without it).

@@ -27,6 +27,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod overrides;
 mod protobuf_json;
 pub mod quota;
 mod reload;
@@ -67,6 +68,7 @@ pub struct Server {
     wait_for_xds: bool,
     grpc_tls: Option<Arc<tls::Acceptor>>,
     publish_xds: bool,
+    admin_token: Option<http::AdminToken>,
 }
 
 impl Server {
@@ -93,7 +95,16 @@ impl Server {
             wait_for_xds: false,
             grpc_tls: None,
             publish_xds: false,
+            admin_token: None,
         }
+    }
+
+    /// Opens `/v1/overrides` to requests carrying `token`
+    /// (`Authorization: Bearer`); without one the API is off.
+    #[must_use]
+    pub fn admin_token(mut self, token: http::AdminToken) -> Self {
+        self.admin_token = Some(token);
+        self
     }
 
     /// Runs the quota service (RLQS) with `settings` rather than the
@@ -243,6 +254,9 @@ impl Server {
             }
         }
         tokio::spawn(Arc::clone(&self.quotas).run(stopped.clone()));
+        let service = Arc::clone(&self.service);
+        let following = stopped.clone();
+        tokio::spawn(async move { service.follow_overrides(following).await });
         let (health, health_service) = tonic_health::server::health_reporter();
         tokio::spawn(follow_health(health, self.service.health()));
         if self.service.options().health_checks_store {
@@ -259,7 +273,7 @@ impl Server {
             let router = http::debug_router(Arc::clone(&self.service), Arc::clone(&self.quotas));
             axum::serve(no_delay(listener), router).with_graceful_shutdown(wait(stopped.clone()))
         });
-        let router = http::router(Arc::clone(&self.service), Arc::clone(&self.quotas));
+        let router = http::router(Arc::clone(&self.service), Arc::clone(&self.quotas), self.admin_token);
         let http_server = axum::serve(no_delay(http), router).with_graceful_shutdown(wait(stopped.clone()));
         // Accepted sockets answer at once (TCP_NODELAY): with Nagle's
         // algorithm, a small answer waits for the client's delayed ACK, up to

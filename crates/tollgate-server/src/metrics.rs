@@ -33,8 +33,10 @@ use prometheus_client::registry::Registry;
 use tollgate::{Decision, EngineKind, Path};
 
 mod labels;
+mod overrides;
 mod quota;
 
+pub use overrides::OverrideMetrics;
 pub(crate) use quota::bucket_name;
 pub use quota::QuotaMetrics;
 
@@ -117,6 +119,7 @@ pub struct Metrics {
     histograms: Cache<Histogram>,
     hasher: foldhash::fast::RandomState,
     quota: QuotaMetrics,
+    overrides: OverrideMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -131,6 +134,7 @@ impl Metrics {
     }
 
     /// Empty metrics, near the limit past `ratio` of it (`NEAR_LIMIT_RATIO`).
+    #[allow(clippy::too_many_lines)] // one registration per family
     pub fn with_near_limit_ratio(ratio: f32) -> Self {
         let mut metrics = Self {
             hits: Family::default(),
@@ -159,6 +163,7 @@ impl Metrics {
             histograms: RwLock::new(HashTable::new()),
             hasher: foldhash::fast::RandomState::default(),
             quota: QuotaMetrics::default(),
+            overrides: OverrideMetrics::default(),
         };
         let tollgate = metrics.registry.sub_registry_with_prefix("tollgate");
         tollgate.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
@@ -203,6 +208,7 @@ impl Metrics {
         tollgate.register("config_errors", "Configurations refused", metrics.config_errors.clone());
         register_source(tollgate, &metrics.config_info, &metrics.xds_connected);
         metrics.quota.register(tollgate);
+        metrics.overrides.register(tollgate);
         let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
         for (stat, family) in UPSTREAM_STATS.iter().zip(&metrics.upstream.rule) {
             upstream.register(
@@ -328,6 +334,16 @@ impl Metrics {
     /// The RLQS metrics.
     pub fn quota(&self) -> &QuotaMetrics {
         &self.quota
+    }
+
+    /// One override change (`set`, `delete`, `expire`) in `domain`.
+    pub fn override_change(&self, domain: &str, change: &'static str) {
+        self.overrides.change(domain, change);
+    }
+
+    /// `domain` has `count` overrides in force.
+    pub fn overrides_in_force(&self, domain: &str, count: usize) {
+        self.overrides.in_force(domain, count);
     }
 
     /// Counts a request whose overall OVER_LIMIT the global shadow mode

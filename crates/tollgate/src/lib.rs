@@ -79,5 +79,7 @@ pub use store::{
 pub struct ReadmeDoctests;
 
 #[cfg(feature = "redis")]
-pub use store::{EngineChoice, EngineKind, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use store::{
+    EngineChoice, EngineKind, RedisStore, RedisStoreBuilder, SharedTable, TableChange, TableChanges, DEFAULT_PREFIX,
+};
 pub use subject::{Subject, MAX_KEY_LEN};

@@ -140,6 +140,27 @@ impl Domain {
 }
 
 impl Domain {
+    /// The depth of the deepest rule: how many entries a descriptor with a
+    /// rule of its own can have.
+    pub fn deepest_rule(&self) -> usize {
+        fn depth(level: &Level) -> usize {
+            level
+                .nodes
+                .iter()
+                .map(|node| {
+                    let below = depth(&node.descriptors);
+                    if below > 0 {
+                        below + 1
+                    } else {
+                        usize::from(node.rule.is_some())
+                    }
+                })
+                .max()
+                .unwrap_or(0)
+        }
+        depth(&self.descriptors)
+    }
+
     /// The first rule (in file order, depth first) with this `name`.
     pub fn named_rule(&self, name: &str) -> Option<&Rule> {
         fn search<'a>(level: &'a Level, name: &str) -> Option<&'a Rule> {

@@ -70,6 +70,7 @@ use tollgate::{Limit, LimitSpec};
 
 pub use self::load::LoadOptions;
 pub use self::lookup::wildcard_match;
+pub(crate) use self::yaml::rule_from_json;
 pub use crate::unit::Unit;
 
 /// A rule: what applies to the descriptors that reach one node.

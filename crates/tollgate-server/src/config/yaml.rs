@@ -488,3 +488,32 @@ fn any_node(level: &Level, test: &dyn Fn(&Node) -> bool) -> bool {
         .iter()
         .any(|node| test(node) || any_node(&node.descriptors, test))
 }
+
+/// A `rate_limit` block given as JSON (an override, `/v1/overrides`), read
+/// by the file's own reader with its checks, as the rule at `path`: its
+/// unit, requests per unit and limit, with every flag off. `name` and
+/// `replaces` mean nothing outside a file and are refused.
+///
+/// # Errors
+///
+/// What a file's `rate_limit` block is refused for, as text.
+pub(crate) fn rule_from_json(value: &serde_json::Value, path: String) -> Result<Rule, String> {
+    let read = RateLimitSeed
+        .deserialize(value)
+        .map_err(|error| strip_location(&error.to_string()).replace('`', "\""))?
+        .ok_or_else(|| "a rate_limit block is required".to_owned())?;
+    if !read.name.is_empty() || !read.replaces.is_empty() {
+        return Err("name and replaces belong in a configuration file, not an override".to_owned());
+    }
+    Ok(Rule {
+        path,
+        name: None,
+        unit: read.unit,
+        requests_per_unit: read.requests_per_unit,
+        limit: read.limit,
+        replaces: Vec::new(),
+        shadow_mode: false,
+        alternative: false,
+        detailed_metric: false,
+    })
+}

@@ -14,7 +14,9 @@
 //! - `GET /metrics` (Prometheus), `GET /healthz`, `GET /v1/config`;
 //! - `GET /healthcheck`: envoyproxy/ratelimit's (`OK`, or 500 when unhealthy);
 //! - `GET /rlconfig`: envoyproxy/ratelimit's debug view of the loaded
-//!   configuration, as text.
+//!   configuration, as text, with the overrides in force;
+//! - `PUT`, `GET`, `DELETE /v1/overrides`: limits set per descriptor while
+//!   running, behind an admin token (the `overrides` module).
 //!
 //! Every route parses its body into the service's one request type and
 //! calls [`Service::should_rate_limit`]. Bodies are capped at [`MAX_BODY`]
@@ -23,6 +25,7 @@
 
 mod check;
 mod envoy;
+mod overrides;
 
 use std::sync::Arc;
 
@@ -34,12 +37,13 @@ use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 
 use axum::response::{IntoResponse, Response};
 
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 
 use axum::Router;
 
 use serde_json::json;
 
+pub use self::overrides::AdminToken;
 use crate::quota::Quotas;
 use crate::service::{Failure, Service, ServiceError};
 
@@ -66,8 +70,19 @@ impl FromRef<Served> for Arc<Quotas> {
     }
 }
 
-/// The routes, over `service` (and `quotas`, for `/rlconfig`).
-pub fn router(service: Arc<Service>, quotas: Arc<Quotas>) -> Router {
+/// The routes, over `service` (and `quotas`, for `/rlconfig`);
+/// `/v1/overrides` opens to `admin` alone (off without it).
+pub fn router(service: Arc<Service>, quotas: Arc<Quotas>, admin: Option<AdminToken>) -> Router {
+    let admin = overrides::Admin {
+        service: Arc::clone(&service),
+        token: admin,
+    };
+    let overrides = Router::new()
+        .route(
+            "/v1/overrides",
+            put(overrides::put).get(overrides::list).delete(overrides::delete),
+        )
+        .with_state(admin);
     Router::new()
         .route("/json", post(envoy::envoy_json))
         .route("/v1/check", post(check::check))
@@ -79,6 +94,7 @@ pub fn router(service: Arc<Service>, quotas: Arc<Quotas>) -> Router {
         .route("/healthcheck", get(healthcheck))
         .route("/rlconfig", get(rlconfig))
         .with_state(Served { service, quotas })
+        .merge(overrides)
 }
 
 /// envoyproxy/ratelimit's debug listener (`DEBUG_HOST`, `DEBUG_PORT`):
@@ -177,6 +193,7 @@ async fn rlconfig(State(service): State<Arc<Service>>, State(quotas): State<Arc<
         format!("# config: {source}\n")
     };
     text.push_str(&service.config().dump());
+    text.push_str(&service.overrides().dump());
     text.push_str(&quotas.describe());
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }

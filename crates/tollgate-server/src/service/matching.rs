@@ -9,6 +9,7 @@ use tollgate::{Decision, Limit, Subject};
 
 use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_COST, RULE};
 use crate::config::{Domain, Rule, RuleLimit};
+use crate::overrides::DomainOverrides;
 
 /// One descriptor on its way through the service: what it matched, then
 /// its decision and its status.
@@ -132,16 +133,24 @@ impl Service {
 
     /// Finds what applies to each descriptor of `request`, and drops the
     /// rules that a matched rule `replaces`.
+    ///
+    /// An override of the domain ([`crate::overrides`]) for exactly a
+    /// descriptor's entries takes the place of the rule they match, as a
+    /// more specific rule of the file would: its counter is the one that
+    /// rule would count in, so what was used carries over.
     pub(super) fn match_rules<'a>(
         &self,
         request: &'a CheckRequest,
         domain: Option<&'a Domain>,
+        overrides: Option<&'a DomainOverrides>,
     ) -> Result<Vec<Item<'a>>, ServiceError> {
         let mut items = Vec::with_capacity(request.descriptors.len());
         let mut replacing: HashSet<&'a str> = HashSet::new();
         let cost = request.default_cost();
+        // Only a domain with overrides reads the clock.
+        let overrides = overrides.map(|overrides| (overrides, self.overrides.now()));
         for descriptor in &request.descriptors {
-            let item = self.match_one(&request.domain, domain, descriptor, cost)?;
+            let item = self.match_one(&request.domain, domain, overrides, descriptor, cost)?;
             if let Some(rule) = item.rule {
                 replacing.extend(rule.replaces.iter().map(String::as_str));
             }
@@ -168,6 +177,7 @@ impl Service {
         &self,
         domain_name: &str,
         domain: Option<&'a Domain>,
+        overrides: Option<(&'a DomainOverrides, u64)>,
         descriptor: &'a Descriptor,
         cost: u64,
     ) -> Result<Item<'a>, ServiceError> {
@@ -203,30 +213,40 @@ impl Service {
         }
         let (rule, subject, name, stat_key) = match &descriptor.target {
             Target::Entries(entries) => {
-                let Some(found) = domain.and_then(|domain| domain.lookup(entries)) else {
-                    return Ok(item);
-                };
-                let rule = found.rule;
-                if !matches!(rule.limit, RuleLimit::Unlimited) {
-                    item.metadata = found.metadata;
+                let overridden = overrides.and_then(|(overrides, now)| overrides.get(entries, now));
+                if let Some(found) = overridden {
+                    // The descriptor's own subject, as the rule it replaces
+                    // would count it (no share_threshold: it is one value).
+                    let parts = entries.iter().flat_map(|(key, value)| [key.as_str(), value.as_str()]);
+                    let subject = Subject::from_parts(std::iter::once(domain_name).chain(parts));
+                    let rule = &found.rule;
+                    (rule, subject, RULE.to_owned(), Cow::Borrowed(rule.path.as_str()))
+                } else {
+                    let Some(found) = domain.and_then(|domain| domain.lookup(entries)) else {
+                        return Ok(item);
+                    };
+                    let rule = found.rule;
+                    if !matches!(rule.limit, RuleLimit::Unlimited) {
+                        item.metadata = found.metadata;
+                    }
+                    // Subjects are injective encodings, hashed when long. A
+                    // share_threshold wildcard puts its pattern in place of the
+                    // value, so its matches share.
+                    let parts = entries.iter().enumerate().flat_map(|(at, (key, value))| {
+                        let value = found
+                            .shared
+                            .iter()
+                            .find(|(shared, _)| *shared == at)
+                            .map_or(value.as_str(), |(_, pattern)| *pattern);
+                        [key.as_str(), value]
+                    });
+                    let subject = Subject::from_parts(std::iter::once(domain_name).chain(parts));
+                    let stat_key = match found.stat_key {
+                        Some(key) => Cow::Owned(key),
+                        None => Cow::Borrowed(rule.path.as_str()),
+                    };
+                    (rule, subject, RULE.to_owned(), stat_key)
                 }
-                // Subjects are injective encodings, hashed when long. A
-                // share_threshold wildcard puts its pattern in place of the
-                // value, so its matches share.
-                let parts = entries.iter().enumerate().flat_map(|(at, (key, value))| {
-                    let value = found
-                        .shared
-                        .iter()
-                        .find(|(shared, _)| *shared == at)
-                        .map_or(value.as_str(), |(_, pattern)| *pattern);
-                    [key.as_str(), value]
-                });
-                let subject = Subject::from_parts(std::iter::once(domain_name).chain(parts));
-                let stat_key = match found.stat_key {
-                    Some(key) => Cow::Owned(key),
-                    None => Cow::Borrowed(rule.path.as_str()),
-                };
-                (rule, subject, RULE.to_owned(), stat_key)
             }
             Target::Named { subject, limit } => {
                 let rule = domain.and_then(|domain| domain.named_rule(limit)).ok_or_else(|| {
@@ -295,8 +315,12 @@ impl Service {
         };
         self.validate(&request).ok()?;
         let config = self.config.load();
+        let overrides = self.overrides.domain(domain);
         let domain = config.domains.get(domain)?;
-        let item = self.match_rules(&request, Some(domain)).ok()?.pop()?;
+        let item = self
+            .match_rules(&request, Some(domain), overrides.as_deref())
+            .ok()?
+            .pop()?;
         Some(BucketMatch {
             matched: if item.shadow { Matched::Unlimited } else { item.matched },
             stat_key: item.stat_key.into_owned(),

@@ -50,6 +50,7 @@ mod error;
 pub mod estimates;
 mod matching;
 mod options;
+mod overriding;
 mod request;
 
 use std::sync::Arc;
@@ -69,6 +70,7 @@ pub use self::options::{HeaderNames, Options};
 pub use self::request::{CheckRequest, CheckResponse, Code, CurrentLimit, Descriptor, DescriptorStatus, Target};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::overrides::Overrides;
 
 /// The target of the span each decision opens (`should_rate_limit`, with
 /// its domain, descriptors, hits and code): what a tracing exporter
@@ -100,6 +102,8 @@ pub struct Service {
     health: std::sync::Mutex<Health>,
     /// Open estimates (`/v1/estimate`, `/v1/settle`).
     pub(crate) estimates: estimates::Estimates,
+    /// Limits set per descriptor while running (`/v1/overrides`).
+    overrides: Overrides,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -125,6 +129,7 @@ impl Service {
             config: ArcSwap::from_pointee(config),
             config_source: ArcSwap::from_pointee(String::new()),
             config_changes: watch::channel(0).0,
+            overrides: Overrides::new(&store),
             store: LeasedStore::new(store),
             metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,
@@ -179,6 +184,18 @@ impl Service {
     /// Where the configuration in force comes from.
     pub fn config_source(&self) -> Arc<String> {
         self.config_source.load_full()
+    }
+
+    /// The overrides in force, and where they are kept.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
+    /// Decides overrides' expiry by `clock` rather than the system's (tests).
+    #[must_use]
+    pub fn with_overrides_clock(mut self, clock: std::sync::Arc<dyn tollgate::Clock>) -> Self {
+        self.overrides = self.overrides.with_clock(clock);
+        self
     }
 
     /// The metrics registry.
@@ -278,7 +295,8 @@ impl Service {
         let started = Instant::now();
         let config = self.config.load();
         let domain = config.domains.get(&request.domain);
-        let mut items = match self.match_rules(request, domain) {
+        let overrides = self.overrides.domain(&request.domain);
+        let mut items = match self.match_rules(request, domain, overrides.as_deref()) {
             Ok(items) => items,
             Err(error) => {
                 self.metrics.service_error();
@@ -342,7 +360,8 @@ impl Service {
         self.validate(request)?;
         let config = self.config.load();
         let domain = config.domains.get(&request.domain);
-        let mut items = self.match_rules(request, domain)?;
+        let overrides = self.overrides.domain(&request.domain);
+        let mut items = self.match_rules(request, domain, overrides.as_deref())?;
         let limited: Vec<usize> = (0..items.len())
             .filter(|&index| items[index].limited().is_some())
             .collect();

@@ -367,6 +367,29 @@ impl Connection {
         Ok(seconds.saturating_mul(1_000_000).saturating_add(micros))
     }
 
+    /// Runs a plain command (not a decision) on the server that holds its
+    /// keys: the one server, the master of its keys' slot, or the master
+    /// the Sentinels named last.
+    pub(super) async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> redis::RedisResult<T> {
+        match self {
+            Self::Single(connection) => command.query_async(&mut connection.clone()).await,
+            Self::Cluster(connection) => command.query_async(&mut connection.clone()).await,
+            Self::Sentinel(followed) => command.query_async(&mut followed.current().0).await,
+        }
+    }
+
+    /// Runs a script (loaded on first use) where [`Connection::query`] would.
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Self::Single(connection) => invocation.invoke_async(&mut connection.clone()).await,
+            Self::Cluster(connection) => invocation.invoke_async(&mut connection.clone()).await,
+            Self::Sentinel(followed) => invocation.invoke_async(&mut followed.current().0).await,
+        }
+    }
+
     /// Runs the engine's call `command`, whose keys start with `first_key`.
     pub(super) async fn run(
         &self,

@@ -78,6 +78,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::connection::{Connection, Engine, Followed};
 pub use self::connection::{EngineChoice, EngineKind};
+pub use self::table::{SharedTable, TableChange, TableChanges};
 use self::url::Target;
 use super::{spread, Spread, Store};
 use crate::clock::{Clock, Sleep, SystemClock, Timestamp};
@@ -90,6 +91,7 @@ use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
 mod connection;
+mod table;
 mod url;
 
 /// The library's source: the prelude, every algorithm's Lua version (in the

@@ -1,0 +1,223 @@
+//! `tollgate override set | list | delete`: a running server's overrides
+//! (`/v1/overrides`), with the admin token from `--token-file` or
+//! `TOLLGATE_ADMIN_TOKEN`.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Args as ClapArgs, Subcommand};
+use serde_json::{json, Value};
+
+use crate::serve::ADMIN_TOKEN_ENV;
+use crate::UsageError;
+
+/// Change a running server's limits for one descriptor (its overrides API).
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the server is, and the token that opens its overrides API.
+#[derive(Debug, ClapArgs)]
+struct Target {
+    /// The server's HTTP address.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    server: String,
+    /// A file holding the admin token (else `TOLLGATE_ADMIN_TOKEN`).
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Sets (or replaces) the limit of one exact descriptor.
+    Set {
+        #[command(flatten)]
+        target: Target,
+        /// The domain.
+        #[arg(long)]
+        domain: String,
+        /// One entry of the descriptor, `key=value`, outermost first
+        /// (repeat for each).
+        #[arg(long = "entry", value_name = "KEY=VALUE", required = true, value_parser = parse_entry)]
+        entries: Vec<(String, String)>,
+        /// Requests per unit (with --unit).
+        #[arg(long, value_name = "N")]
+        requests_per_unit: Option<u64>,
+        /// second, minute, hour, day, week, month or year.
+        #[arg(long)]
+        unit: Option<String>,
+        /// Never limited.
+        #[arg(long)]
+        unlimited: bool,
+        /// Tollgate's algorithm block, as JSON (`{"algorithm": "gcra", …}`).
+        #[arg(long, value_name = "JSON")]
+        algorithm: Option<String>,
+        /// How long it lasts (`2h`); it ends by itself then.
+        #[arg(long, value_name = "DURATION")]
+        ttl: Option<String>,
+        /// When it ends (RFC 3339).
+        #[arg(long, value_name = "INSTANT")]
+        expires_at: Option<String>,
+        /// Why (logged with the change, and listed).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Lists the overrides in force.
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// Only this domain's.
+        #[arg(long)]
+        domain: Option<String>,
+    },
+    /// Removes the override of one descriptor: its rule applies again.
+    Delete {
+        #[command(flatten)]
+        target: Target,
+        /// The domain.
+        #[arg(long)]
+        domain: String,
+        /// One entry of the descriptor, `key=value`, outermost first.
+        #[arg(long = "entry", value_name = "KEY=VALUE", required = true, value_parser = parse_entry)]
+        entries: Vec<(String, String)>,
+    },
+}
+
+fn parse_entry(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("\"{text}\": an entry is key=value"))?;
+    if key.is_empty() {
+        return Err(format!("\"{text}\": the key must not be empty"));
+    }
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+fn descriptor(entries: &[(String, String)]) -> Value {
+    entries
+        .iter()
+        .map(|(key, value)| json!({ "key": key, "value": value }))
+        .collect()
+}
+
+impl Target {
+    fn token(&self) -> anyhow::Result<String> {
+        let token = match &self.token_file {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("--token-file: cannot read {}", path.display()))?,
+            None => std::env::var(ADMIN_TOKEN_ENV).unwrap_or_default(),
+        };
+        let token = token.trim().to_owned();
+        if token.is_empty() {
+            return Err(UsageError(format!(
+                "an admin token is required: --token-file, or {ADMIN_TOKEN_ENV}"
+            ))
+            .into());
+        }
+        Ok(token)
+    }
+
+    fn url(&self) -> String {
+        format!("{}/v1/overrides", self.server.trim_end_matches('/'))
+    }
+}
+
+/// Runs the subcommand; prints the server's answer (JSON).
+///
+/// # Errors
+///
+/// Invalid arguments, a server that cannot be reached, or its refusal (its
+/// message).
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let (method, target, body, query) = match &args.command {
+        Command::Set {
+            target,
+            domain,
+            entries,
+            requests_per_unit,
+            unit,
+            unlimited,
+            algorithm,
+            ttl,
+            expires_at,
+            reason,
+        } => {
+            let mut rate_limit = serde_json::Map::new();
+            if let Some(unit) = unit {
+                rate_limit.insert("unit".into(), json!(unit));
+            }
+            if let Some(requests) = requests_per_unit {
+                rate_limit.insert("requests_per_unit".into(), json!(requests));
+            }
+            if *unlimited {
+                rate_limit.insert("unlimited".into(), json!(true));
+            }
+            if let Some(algorithm) = algorithm {
+                let block: Value = serde_json::from_str(algorithm)
+                    .map_err(|error| UsageError(format!("--algorithm: invalid JSON: {error}")))?;
+                rate_limit.insert("algorithm".into(), block);
+            }
+            if rate_limit.is_empty() {
+                return Err(UsageError(
+                    "a limit is required: --requests-per-unit and --unit, --unlimited, or --algorithm".to_owned(),
+                )
+                .into());
+            }
+            let mut body = json!({
+                "domain": domain,
+                "descriptor": descriptor(entries),
+                "rate_limit": rate_limit,
+            });
+            for (name, value) in [("ttl", ttl), ("expires_at", expires_at), ("reason", reason)] {
+                if let Some(value) = value {
+                    body[name] = json!(value);
+                }
+            }
+            (reqwest::Method::PUT, target, Some(body), None)
+        }
+        Command::List { target, domain } => (reqwest::Method::GET, target, None, domain.clone()),
+        Command::Delete {
+            target,
+            domain,
+            entries,
+        } => {
+            let body = json!({ "domain": domain, "descriptor": descriptor(entries) });
+            (reqwest::Method::DELETE, target, Some(body), None)
+        }
+    };
+    let token = target.token()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (status, answer) = runtime.block_on(async {
+        let mut url = reqwest::Url::parse(&target.url()).map_err(|error| UsageError(format!("--server: {error}")))?;
+        if let Some(domain) = query {
+            url.query_pairs_mut().append_pair("domain", &domain);
+        }
+        let mut request = reqwest::Client::new().request(method, url).bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {}", target.server))?;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        anyhow::Ok((status, answer))
+    })?;
+    if !status.is_success() {
+        let message = answer
+            .get("error")
+            .and_then(Value::as_str)
+            .map_or_else(|| status.to_string(), str::to_owned);
+        let error = anyhow::anyhow!("{message} ({status})");
+        return Err(if status.as_u16() == 400 {
+            UsageError(error.to_string()).into()
+        } else {
+            error
+        });
+    }
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
+}

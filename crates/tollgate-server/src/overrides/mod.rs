@@ -1,0 +1,473 @@
+//! Overrides: a limit set for one exact descriptor while the service runs
+//! (`/v1/overrides`), in the place of the rule that descriptor matches.
+//!
+//! On Redis, the overrides of a domain live in the store as one shared
+//! table ([`tollgate::SharedTable`], `<prefix>:table:{overrides:<domain>}`),
+//! so every replica on that Redis applies a change and a restart keeps it.
+//! On the memory store they live in this process. Either way a decision
+//! never waits for them: each replica keeps the overrides in force in
+//! memory ([`Overrides::domain`], one atomic load), and follows the store
+//! every [`REFRESH`], reading only what changed since the version it holds.
+//! An expired override stops applying at its instant, whoever looks; the
+//! first replica to notice removes it from the store.
+
+mod model;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tollgate::{AnyStore, Clock, SystemClock, TableChanges};
+
+pub use self::model::{describe_rule, format_instant, stat_key, Entry, Override, OverrideRequest, Stored};
+
+/// How often each replica asks the store whether overrides changed: a change
+/// made through another replica applies here within this, plus a round trip.
+pub const REFRESH: Duration = Duration::from_millis(200);
+
+/// A descriptor's entries, outermost first.
+type Entries = Vec<(String, String)>;
+
+/// The overrides of one domain in force.
+#[derive(Debug, Default)]
+pub struct DomainOverrides {
+    /// The store's version of the domain's table they are of.
+    version: u64,
+    /// By the descriptor's entries, outermost first.
+    by_entries: HashMap<Vec<(String, String)>, Arc<Override>>,
+}
+
+impl DomainOverrides {
+    /// The override in force at `now` (µs since the Unix epoch) for
+    /// exactly these entries.
+    pub fn get(&self, entries: &[(String, String)], now: u64) -> Option<&Override> {
+        self.by_entries
+            .get(entries)
+            .map(AsRef::as_ref)
+            .filter(|found| found.in_force(now))
+    }
+
+    /// How many it holds (expired ones not yet removed included).
+    pub fn len(&self) -> usize {
+        self.by_entries.len()
+    }
+
+    /// True when it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.by_entries.is_empty()
+    }
+
+    /// Every one, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Override>> {
+        self.by_entries.values()
+    }
+}
+
+/// One change made or seen, to log and count.
+#[derive(Debug)]
+pub struct Changed {
+    /// The domain.
+    pub domain: String,
+    /// What it was before (none: it had no override).
+    pub previous: Option<Arc<Override>>,
+    /// What it is now (none: removed).
+    pub current: Option<Arc<Override>>,
+    /// An expired override this replica removed.
+    pub expired_here: bool,
+}
+
+/// Where overrides are kept.
+enum Backend {
+    /// In this process (the memory store).
+    Local,
+    /// In the store, shared by every replica on it.
+    Shared(AnyStore),
+}
+
+/// The overrides in force, and where they are kept.
+pub struct Overrides {
+    backend: Backend,
+    /// By domain: what decisions read.
+    in_force: ArcSwap<HashMap<String, Arc<DomainOverrides>>>,
+    /// Serialises the writers of `in_force` (changes made here, refreshes).
+    writing: Mutex<()>,
+    clock: Arc<dyn Clock>,
+}
+
+/// A fault of the store holding overrides, or an override it holds that no
+/// longer reads.
+#[derive(Debug, thiserror::Error)]
+pub enum OverrideError {
+    /// The store failed or did not answer.
+    #[error("{0}")]
+    Store(#[from] tollgate::Error),
+    /// No Redis connection yet (a resilient store still connecting).
+    #[error("the store is not connected yet")]
+    NotConnected,
+}
+
+impl Overrides {
+    /// Overrides kept beside `store`'s state: in it when it is Redis, in
+    /// this process otherwise.
+    pub fn new(store: &AnyStore) -> Self {
+        let backend = match store {
+            AnyStore::Redis(_) | AnyStore::Resilient(_) => Backend::Shared(store.clone()),
+            _ => Backend::Local,
+        };
+        Self {
+            backend,
+            in_force: ArcSwap::from_pointee(HashMap::new()),
+            writing: Mutex::new(()),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Decides expiry by `clock` rather than the system's (tests).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Now, µs since the Unix epoch, by the overrides' clock.
+    pub fn now(&self) -> u64 {
+        self.clock.now().as_micros()
+    }
+
+    /// True when every replica on the store shares them.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Shared(_))
+    }
+
+    /// The overrides in force in `domain`, if it has any: one atomic load.
+    pub fn domain(&self, domain: &str) -> Option<Arc<DomainOverrides>> {
+        let in_force = self.in_force.load();
+        in_force.get(domain).filter(|found| !found.is_empty()).cloned()
+    }
+
+    /// Every domain's overrides in force.
+    pub fn all(&self) -> Arc<HashMap<String, Arc<DomainOverrides>>> {
+        self.in_force.load_full()
+    }
+
+    fn table(&self, domain: &str) -> Result<Option<tollgate::SharedTable>, OverrideError> {
+        let Backend::Shared(store) = &self.backend else {
+            return Ok(None);
+        };
+        let redis = match store {
+            AnyStore::Redis(redis) => redis.clone(),
+            AnyStore::Resilient(resilient) => resilient.store().cloned().ok_or(OverrideError::NotConnected)?,
+            _ => return Ok(None),
+        };
+        Ok(Some(redis.table(&format!("overrides:{domain}"))))
+    }
+
+    /// Replaces `domain`'s overrides in force with what `change` makes of
+    /// them.
+    fn install(&self, domain: &str, change: impl FnOnce(&DomainOverrides) -> Option<DomainOverrides>) {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.in_force.load_full();
+        let empty = DomainOverrides::default();
+        let old = current.get(domain).map_or(&empty, AsRef::as_ref);
+        if let Some(new) = change(old) {
+            let mut next = HashMap::clone(&current);
+            next.insert(domain.to_owned(), Arc::new(new));
+            self.in_force.store(Arc::new(next));
+        }
+    }
+
+    /// Puts `new` in force for its descriptor, in the store first.
+    ///
+    /// # Errors
+    ///
+    /// The store failed: nothing changed.
+    pub async fn set(&self, new: Override) -> Result<Changed, OverrideError> {
+        let domain = new.stored.domain.clone();
+        let field = Override::field(&new.stored.descriptor);
+        let new = Arc::new(new);
+        let entries = new.entries();
+        let previous = if let Some(table) = self.table(&domain)? {
+            let text = serde_json::to_string(&new.stored).unwrap_or_default();
+            let change = table.set(&field, &text).await?;
+            self.apply(&domain, change.version, vec![(entries, Some(Arc::clone(&new)))]);
+            read_stored(change.previous.as_deref())
+        } else {
+            {
+                let mut previous = None;
+                self.install(&domain, |old| {
+                    previous = old.by_entries.get(&entries).cloned();
+                    let mut by_entries = old.by_entries.clone();
+                    by_entries.insert(entries, Arc::clone(&new));
+                    Some(DomainOverrides {
+                        version: old.version + 1,
+                        by_entries,
+                    })
+                });
+                previous
+            }
+        };
+        Ok(Changed {
+            domain,
+            previous,
+            current: Some(new),
+            expired_here: false,
+        })
+    }
+
+    /// Removes the override of `descriptor` in `domain`: what it was, if
+    /// there was one.
+    ///
+    /// # Errors
+    ///
+    /// The store failed: nothing changed.
+    pub async fn delete(&self, domain: &str, descriptor: &[Entry]) -> Result<Changed, OverrideError> {
+        let entries: Vec<(String, String)> = descriptor
+            .iter()
+            .map(|entry| (entry.key.clone(), entry.value.clone()))
+            .collect();
+        let previous = if let Some(table) = self.table(domain)? {
+            let change = table.delete(&Override::field(descriptor)).await?;
+            if change.previous.is_some() {
+                self.apply(domain, change.version, vec![(entries, None)]);
+            }
+            read_stored(change.previous.as_deref())
+        } else {
+            {
+                let mut previous = None;
+                self.install(domain, |old| {
+                    previous = old.by_entries.get(&entries).cloned();
+                    previous.as_ref()?;
+                    let mut by_entries = old.by_entries.clone();
+                    by_entries.remove(&entries);
+                    Some(DomainOverrides {
+                        version: old.version + 1,
+                        by_entries,
+                    })
+                });
+                previous
+            }
+        };
+        Ok(Changed {
+            domain: domain.to_owned(),
+            previous,
+            current: None,
+            expired_here: false,
+        })
+    }
+
+    /// Applies changes read from the store that bring `domain` to
+    /// `version`: in place when they follow the version held, else by
+    /// reading the domain again at the next refresh.
+    fn apply(&self, domain: &str, version: u64, changes: Vec<(Entries, Option<Arc<Override>>)>) {
+        self.install(domain, |old| {
+            if old.version + 1 != version {
+                // Another change came between: the next refresh reads them all.
+                return None;
+            }
+            let mut by_entries = old.by_entries.clone();
+            for (entries, current) in changes {
+                match current {
+                    Some(current) => by_entries.insert(entries, current),
+                    None => by_entries.remove(&entries),
+                };
+            }
+            Some(DomainOverrides { version, by_entries })
+        });
+    }
+
+    /// Brings the overrides of `domains` up to date with the store, drops
+    /// those of other domains, and removes expired ones (from the store
+    /// too); answers what changed, to log and count.
+    ///
+    /// # Errors
+    ///
+    /// The store failed: what is in force stays, and the next refresh
+    /// tries again.
+    pub async fn refresh<'a>(&self, domains: impl Iterator<Item = &'a str>) -> Result<Vec<Changed>, OverrideError> {
+        let mut changed = Vec::new();
+        let now = self.now();
+        let domains: Vec<&str> = domains.collect();
+        for &domain in &domains {
+            let Some(table) = self.table(domain)? else {
+                changed.extend(self.expire_local(domain, now));
+                continue;
+            };
+            let held = self.in_force.load().get(domain).map_or(0, |held| held.version);
+            let present = self.in_force.load().contains_key(domain);
+            match table.changes_since(held).await? {
+                TableChanges::None if present => {}
+                TableChanges::Some { version, fields } if present => {
+                    let old = self.in_force.load().get(domain).cloned().unwrap_or_default();
+                    let mut by_entries = old.by_entries.clone();
+                    for (field, value) in fields {
+                        let Some(entries) = entries_of_field(&field) else {
+                            continue;
+                        };
+                        let current = value.as_deref().and_then(|text| read_override(domain, text));
+                        let previous = match &current {
+                            Some(current) => by_entries.insert(entries, Arc::clone(current)),
+                            None => by_entries.remove(&entries),
+                        };
+                        changed.push(Changed {
+                            domain: domain.to_owned(),
+                            previous,
+                            current,
+                            expired_here: false,
+                        });
+                    }
+                    self.install(domain, |held| {
+                        (held.version == old.version).then(|| DomainOverrides { version, by_entries })
+                    });
+                }
+                _ => {
+                    let (version, fields) = table.load().await?;
+                    let by_entries = fields
+                        .into_iter()
+                        .filter_map(|(field, text)| Some((entries_of_field(&field)?, read_override(domain, &text)?)))
+                        .collect();
+                    self.install(domain, |_| Some(DomainOverrides { version, by_entries }));
+                }
+            }
+            // Expired ones leave the store (only if nobody replaced them).
+            let expired: Vec<Arc<Override>> = self
+                .domain(domain)
+                .map(|held| held.iter().filter(|found| !found.in_force(now)).cloned().collect())
+                .unwrap_or_default();
+            for found in expired {
+                let text = serde_json::to_string(&found.stored).unwrap_or_default();
+                let field = Override::field(&found.stored.descriptor);
+                if let Some(change) = table.delete_if(&field, &text).await? {
+                    self.apply(domain, change.version, vec![(found.entries(), None)]);
+                    changed.push(Changed {
+                        domain: domain.to_owned(),
+                        previous: Some(found),
+                        current: None,
+                        expired_here: true,
+                    });
+                }
+            }
+        }
+        let stale = self
+            .in_force
+            .load()
+            .keys()
+            .any(|domain| !domains.contains(&domain.as_str()));
+        if stale {
+            let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut next = HashMap::clone(&self.in_force.load_full());
+            next.retain(|domain, _| domains.contains(&domain.as_str()));
+            self.in_force.store(Arc::new(next));
+        }
+        Ok(changed)
+    }
+
+    /// Drops the expired overrides of `domain` kept in this process.
+    fn expire_local(&self, domain: &str, now: u64) -> Vec<Changed> {
+        let mut changed = Vec::new();
+        self.install(domain, |old| {
+            let expired: Vec<_> = old
+                .by_entries
+                .iter()
+                .filter(|(_, found)| !found.in_force(now))
+                .map(|(entries, _)| entries.clone())
+                .collect();
+            if expired.is_empty() {
+                return None;
+            }
+            let mut by_entries = old.by_entries.clone();
+            for entries in expired {
+                changed.push(Changed {
+                    domain: domain.to_owned(),
+                    previous: by_entries.remove(&entries),
+                    current: None,
+                    expired_here: true,
+                });
+            }
+            Some(DomainOverrides {
+                version: old.version + 1,
+                by_entries,
+            })
+        });
+        changed
+    }
+}
+
+impl Overrides {
+    /// The overrides in force, for `/rlconfig`: one line each, as a rule's
+    /// (`<domain>.<descriptor>: unit=… requests_per_unit=…`), then its end
+    /// and reason.
+    pub fn dump(&self) -> String {
+        use std::fmt::Write as _;
+        let now = self.now();
+        let all = self.all();
+        let mut lines: Vec<String> = Vec::new();
+        for (domain, overrides) in all.iter() {
+            for found in overrides.iter().filter(|found| found.in_force(now)) {
+                let rule = &found.rule;
+                let requests = rule.requests_per_unit.unwrap_or_else(|| match &rule.limit {
+                    crate::config::RuleLimit::Limited(limit) => limit.capacity(),
+                    _ => 0,
+                });
+                let mut line = format!(
+                    "{domain}.{}: unit={} requests_per_unit={requests}, shadow_mode: false, override",
+                    rule.path,
+                    rule.unit.map_or("UNKNOWN", crate::unit::Unit::name),
+                );
+                if let Some(until) = &found.stored.expires_at {
+                    let _ = write!(line, " until {until}");
+                }
+                if let Some(reason) = &found.stored.reason {
+                    let _ = write!(line, " ({reason})");
+                }
+                lines.push(line);
+            }
+        }
+        lines.sort();
+        if lines.is_empty() {
+            return String::new();
+        }
+        let mut text = format!(
+            "# overrides ({})\n",
+            if self.is_shared() {
+                "shared in the store"
+            } else {
+                "this process"
+            }
+        );
+        for line in lines {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// A descriptor's entries from the store's field.
+fn entries_of_field(field: &str) -> Option<Vec<(String, String)>> {
+    let pairs: Vec<[String; 2]> = serde_json::from_str(field).ok()?;
+    Some(pairs.into_iter().map(|[key, value]| (key, value)).collect())
+}
+
+fn read_stored(text: Option<&str>) -> Option<Arc<Override>> {
+    let stored: Stored = serde_json::from_str(text?).ok()?;
+    Override::from_stored(stored).ok().map(Arc::new)
+}
+
+/// An override of `domain` read from the store; one that does not read
+/// (written by hand) is logged and left out.
+fn read_override(domain: &str, text: &str) -> Option<Arc<Override>> {
+    let read = serde_json::from_str::<Stored>(text)
+        .map_err(|error| error.to_string())
+        .and_then(Override::from_stored);
+    match read {
+        Ok(found) => Some(Arc::new(found)),
+        Err(error) => {
+            tracing::warn!(
+                domain,
+                "overrides: an override in the store does not read, left out: {error}"
+            );
+            None
+        }
+    }
+}

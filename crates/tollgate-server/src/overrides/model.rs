@@ -1,0 +1,257 @@
+//! One override: what `PUT /v1/overrides` takes, what the store keeps, and
+//! the rule it puts in force.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tollgate::duration::parse_duration;
+
+use crate::config::{rule_from_json, Config, Rule, RuleLimit};
+
+/// One entry of a descriptor: a key and its exact value.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// The entry's key.
+    pub key: String,
+    /// Its value, exactly as a request carries it.
+    pub value: String,
+}
+
+/// The body of `PUT /v1/overrides`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideRequest {
+    /// The domain of the rules it overrides.
+    pub domain: String,
+    /// The exact descriptor, outermost entry first.
+    pub descriptor: Vec<Entry>,
+    /// The limit, as a file's `rate_limit` block (`unit`,
+    /// `requests_per_unit`, `unlimited`, or an `algorithm` block).
+    #[serde(default)]
+    pub rate_limit: Option<serde_json::Value>,
+    /// The limit as Tollgate's `algorithm` block alone.
+    #[serde(default)]
+    pub algorithm: Option<serde_json::Value>,
+    /// When it ends (RFC 3339).
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    /// How long it lasts (`90s`, `2h`): a temporary raise.
+    #[serde(default)]
+    pub ttl: Option<String>,
+    /// Why: logged with the change, and listed.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// An override as the store keeps it and `GET /v1/overrides` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stored {
+    /// The domain.
+    pub domain: String,
+    /// The exact descriptor.
+    pub descriptor: Vec<Entry>,
+    /// The limit, as a `rate_limit` block.
+    pub rate_limit: serde_json::Value,
+    /// When it ends, if it does (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Why it was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When it was set (RFC 3339).
+    pub set_at: String,
+}
+
+/// An override in force: what it was set as, and the rule it puts in the
+/// place of the one its descriptor matches.
+#[derive(Debug, Clone)]
+pub struct Override {
+    /// As stored.
+    pub stored: Stored,
+    /// The rule, its path the descriptor's (`tenant_acme`).
+    pub rule: Rule,
+    /// When it ends, µs since the Unix epoch.
+    pub expires_at: Option<u64>,
+}
+
+/// The longest `reason` kept.
+pub const MAX_REASON: usize = 1_000;
+
+impl Override {
+    /// The store's field for a descriptor: its entries as compact JSON
+    /// (injective, and readable with `redis-cli`).
+    pub fn field(descriptor: &[Entry]) -> String {
+        let pairs: Vec<[&str; 2]> = descriptor
+            .iter()
+            .map(|entry| [entry.key.as_str(), entry.value.as_str()])
+            .collect();
+        serde_json::to_string(&pairs).unwrap_or_default()
+    }
+
+    /// The descriptor's entries as requests carry them.
+    pub fn entries(&self) -> Vec<(String, String)> {
+        self.stored
+            .descriptor
+            .iter()
+            .map(|entry| (entry.key.clone(), entry.value.clone()))
+            .collect()
+    }
+
+    /// The override `request` asks for, set at `now` (µs since the Unix
+    /// epoch), checked against the domains of `config`.
+    ///
+    /// # Errors
+    ///
+    /// The field at fault, and why: an unknown domain, an empty or too deep
+    /// descriptor, a limit a file would refuse or of 0 without `unlimited`,
+    /// an expiry in the past or given twice.
+    pub fn from_request(request: OverrideRequest, config: &Config, now: u64) -> Result<Self, String> {
+        let domain = config.domains.get(&request.domain).ok_or_else(|| {
+            if request.domain.is_empty() {
+                "domain: must not be empty".to_owned()
+            } else {
+                format!("domain: no domain \"{}\" is configured", request.domain)
+            }
+        })?;
+        check_descriptor(&request.descriptor)?;
+        let deepest = domain.deepest_rule();
+        if request.descriptor.len() > deepest {
+            return Err(format!(
+                "descriptor: {} entries, and no rule of domain \"{}\" is deeper than {deepest}",
+                request.descriptor.len(),
+                request.domain
+            ));
+        }
+        let rate_limit = match (request.rate_limit, request.algorithm) {
+            (Some(_), Some(_)) => {
+                return Err("algorithm: give the limit once, as rate_limit or as algorithm".to_owned());
+            }
+            (Some(rate_limit), None) => rate_limit,
+            (None, Some(algorithm)) => serde_json::json!({ "algorithm": algorithm }),
+            (None, None) => return Err("rate_limit: required (or algorithm)".to_owned()),
+        };
+        let expires_at = match (request.expires_at, request.ttl) {
+            (Some(_), Some(_)) => return Err("ttl: give expires_at or ttl, not both".to_owned()),
+            (Some(text), None) => {
+                let at = parse_instant(&text).map_err(|error| format!("expires_at: {error}"))?;
+                if at <= now {
+                    return Err(format!("expires_at: {text} has passed"));
+                }
+                Some(at)
+            }
+            (None, Some(text)) => {
+                let ttl = parse_duration(&text).map_err(|error| format!("ttl: {error}"))?;
+                if ttl.is_zero() {
+                    return Err("ttl: must be more than 0".to_owned());
+                }
+                Some(now.saturating_add(micros(ttl)))
+            }
+            (None, None) => None,
+        };
+        if request.reason.as_ref().is_some_and(|reason| reason.len() > MAX_REASON) {
+            return Err(format!("reason: at most {MAX_REASON} bytes"));
+        }
+        let stored = Stored {
+            domain: request.domain,
+            descriptor: request.descriptor,
+            rate_limit,
+            expires_at: expires_at.map(format_instant),
+            reason: request.reason,
+            set_at: format_instant(now),
+        };
+        let read = Self::from_stored(stored)?;
+        if matches!(read.rule.limit, RuleLimit::Blocked) {
+            return Err("rate_limit.requests_per_unit: must be at least 1 (or unlimited: true)".to_owned());
+        }
+        Ok(read)
+    }
+
+    /// An override read back from the store.
+    ///
+    /// # Errors
+    ///
+    /// A limit or an instant that does not read (a value written by hand).
+    pub fn from_stored(stored: Stored) -> Result<Self, String> {
+        check_descriptor(&stored.descriptor)?;
+        let path = stat_key(&stored.descriptor);
+        let rule = rule_from_json(&stored.rate_limit, path).map_err(|error| format!("rate_limit: {error}"))?;
+        let expires_at = stored
+            .expires_at
+            .as_deref()
+            .map(parse_instant)
+            .transpose()
+            .map_err(|error| format!("expires_at: {error}"))?;
+        Ok(Self {
+            stored,
+            rule,
+            expires_at,
+        })
+    }
+
+    /// In force at `now` (µs since the Unix epoch).
+    pub fn in_force(&self, now: u64) -> bool {
+        self.expires_at.is_none_or(|end| now < end)
+    }
+
+    /// The limit, as logs say it.
+    pub fn describe(&self) -> String {
+        describe_rule(&self.rule)
+    }
+}
+
+/// A rule's limit in one line, as the logs of a change say it.
+pub fn describe_rule(rule: &Rule) -> String {
+    match &rule.limit {
+        RuleLimit::Unlimited => "unlimited".to_owned(),
+        RuleLimit::Blocked => "0 (blocked)".to_owned(),
+        RuleLimit::Limited(limit) => serde_json::to_string(&limit.spec()).unwrap_or_default(),
+    }
+}
+
+fn check_descriptor(descriptor: &[Entry]) -> Result<(), String> {
+    if descriptor.is_empty() {
+        return Err("descriptor: must have at least one entry".to_owned());
+    }
+    if let Some(at) = descriptor.iter().position(|entry| entry.key.is_empty()) {
+        return Err(format!("descriptor[{at}].key: must not be empty"));
+    }
+    Ok(())
+}
+
+/// envoyproxy/ratelimit's stat key of a rule at exactly this descriptor:
+/// `key_value.key2_value2` (`key` alone for an empty value).
+pub fn stat_key(descriptor: &[Entry]) -> String {
+    let mut key = String::new();
+    for entry in descriptor {
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(&entry.key);
+        if !entry.value.is_empty() {
+            key.push('_');
+            key.push_str(&entry.value);
+        }
+    }
+    key
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// An RFC 3339 instant, µs since the Unix epoch.
+fn parse_instant(text: &str) -> Result<u64, String> {
+    let at: jiff::Timestamp = text
+        .parse()
+        .map_err(|_| format!("\"{text}\" is not an RFC 3339 instant (2026-01-31T12:00:00Z)"))?;
+    u64::try_from(at.as_microsecond()).map_err(|_| format!("\"{text}\" is before 1970"))
+}
+
+/// µs since the Unix epoch, as RFC 3339.
+pub fn format_instant(micros: u64) -> String {
+    i64::try_from(micros)
+        .ok()
+        .and_then(|micros| jiff::Timestamp::from_microsecond(micros).ok())
+        .map_or_else(String::new, |at| at.to_string())
+}
