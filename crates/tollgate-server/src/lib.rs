@@ -253,6 +253,9 @@ impl Server {
                 _ = stopping.wait_for(|stop| *stop) => {}
             }
         }
+        // A replica that restarts enforces the overrides in the store from
+        // its first answer.
+        self.service.load_overrides(Duration::from_secs(2)).await;
         tokio::spawn(Arc::clone(&self.quotas).run(stopped.clone()));
         let service = Arc::clone(&self.service);
         let following = stopped.clone();

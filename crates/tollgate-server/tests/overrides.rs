@@ -426,7 +426,7 @@ async fn bad_input_is_refused_and_writes_nothing() {
         ),
         (
             with(&|body| {
-                body["rate_limit"] = json!({"algorithm": {"algorithm": "gcra", "rate": 0, "period": "1s", "burst": 1}})
+                body["rate_limit"] = json!({"algorithm": {"algorithm": "gcra", "rate": 0, "period": "1s", "burst": 1}});
             }),
             "rate_limit: algorithm:",
         ),

@@ -5,6 +5,7 @@
 use tokio::sync::watch;
 
 use super::{Failure, Service, ServiceError};
+use crate::config::RuleLimit;
 use crate::overrides::{describe_rule, Changed, Entry, Override, OverrideError, OverrideRequest, Stored, REFRESH};
 
 impl From<OverrideError> for ServiceError {
@@ -25,7 +26,21 @@ impl Service {
     /// changed).
     pub async fn set_override(&self, request: OverrideRequest) -> Result<Changed, ServiceError> {
         let now = self.overrides.now();
-        let new = Override::from_request(request, &self.config.load(), now).map_err(ServiceError::invalid)?;
+        let config = self.config.load();
+        let new = Override::from_request(request, &config, now).map_err(ServiceError::invalid)?;
+        let configured = config
+            .domains
+            .get(&new.stored.domain)
+            .and_then(|domain| domain.lookup(&new.entries()).map(|found| found.rule.limit.clone()));
+        if let (Some(RuleLimit::Limited(was)), RuleLimit::Limited(now)) = (&configured, &new.rule.limit) {
+            if std::mem::discriminant(was.spec()) != std::mem::discriminant(now.spec()) {
+                tracing::warn!(
+                    domain = %new.stored.domain,
+                    descriptor = %crate::overrides::stat_key(&new.stored.descriptor),
+                    "override: another algorithm than the rule's; what was used under the rule does not carry over"
+                );
+            }
+        }
         let changed = self.overrides.set(new).await?;
         self.note_override(&changed, "set");
         Ok(changed)
@@ -132,6 +147,21 @@ impl Service {
     fn count_overrides(&self) {
         for (domain, overrides) in self.overrides.all().iter() {
             self.metrics.overrides_in_force(domain, overrides.len());
+        }
+    }
+
+    /// Reads the overrides in the store once, before the service answers:
+    /// a replica that starts (or restarts) applies them from its first
+    /// decision. A store that does not answer within `patience` is left to
+    /// [`Service::follow_overrides`].
+    pub async fn load_overrides(&self, patience: std::time::Duration) {
+        let config = self.config.load_full();
+        let domains = config.domains.keys().map(String::as_str);
+        match tokio::time::timeout(patience, self.overrides.refresh(domains)).await {
+            Ok(Ok(_)) => self.count_overrides(),
+            Ok(Err(OverrideError::NotConnected)) => {}
+            Ok(Err(error)) => tracing::warn!("overrides: cannot read the store yet: {error}"),
+            Err(_) => tracing::warn!("overrides: the store did not answer within {patience:?}; read later"),
         }
     }
 
