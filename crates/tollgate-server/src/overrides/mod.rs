@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use hashbrown::HashTable;
 use tollgate::{AnyStore, Clock, SystemClock, TableChanges};
 
 pub use self::model::{describe_rule, format_instant, stat_key, Entry, Override, OverrideRequest, Stored};
@@ -25,6 +26,9 @@ pub use self::model::{describe_rule, format_instant, stat_key, Entry, Override, 
 /// How often each replica asks the store whether overrides changed: a change
 /// made through another replica applies here within this, plus a round trip.
 pub const REFRESH: Duration = Duration::from_millis(200);
+
+/// The overrides in force, by domain.
+pub type Domains = HashMap<String, Arc<DomainOverrides>, foldhash::fast::RandomState>;
 
 /// A descriptor's entries, outermost first.
 type Entries = Vec<(String, String)>;
@@ -44,10 +48,11 @@ pub struct DomainOverrides {
 /// a lock.
 const SHARDS: usize = 256;
 
-/// Overrides by their descriptor's entries, in [`SHARDS`] shards.
+/// Overrides by their descriptor's entries, in [`SHARDS`] shards. One hash
+/// of the entries picks the shard (its top bits) and the slot in it.
 #[derive(Debug, Clone)]
 struct Table {
-    shards: Vec<Arc<HashMap<Entries, Arc<Override>>>>,
+    shards: Vec<Arc<HashTable<(Entries, Arc<Override>)>>>,
     len: usize,
 }
 
@@ -61,32 +66,47 @@ impl Default for Table {
 }
 
 impl Table {
-    fn shard(entries: &[(String, String)]) -> usize {
+    fn hash(entries: &[(String, String)]) -> u64 {
         use std::hash::BuildHasher as _;
-        // A fixed seed: the shard of a descriptor never changes.
-        let hash = foldhash::fast::FixedState::with_seed(0x746f_6c6c).hash_one(entries);
+        // A fixed seed: a descriptor's shard and slot never change.
+        foldhash::fast::FixedState::with_seed(0x746f_6c6c).hash_one(entries)
+    }
+
+    fn shard(hash: u64) -> usize {
         (hash >> 56) as usize % SHARDS
     }
 
     fn get(&self, entries: &[(String, String)]) -> Option<&Arc<Override>> {
-        self.shards[Self::shard(entries)].get(entries)
+        let hash = Self::hash(entries);
+        self.shards[Self::shard(hash)]
+            .find(hash, |(held, _)| held.as_slice() == entries)
+            .map(|(_, found)| found)
     }
 
     fn insert(&mut self, entries: Entries, found: Arc<Override>) -> Option<Arc<Override>> {
-        let shard = Arc::make_mut(&mut self.shards[Self::shard(&entries)]);
-        let previous = shard.insert(entries, found);
-        self.len += usize::from(previous.is_none());
-        previous
+        let hash = Self::hash(&entries);
+        let shard = Arc::make_mut(&mut self.shards[Self::shard(hash)]);
+        match shard.entry(hash, |(held, _)| *held == entries, |(held, _)| Self::hash(held)) {
+            hashbrown::hash_table::Entry::Occupied(mut slot) => Some(std::mem::replace(&mut slot.get_mut().1, found)),
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert((entries, found));
+                self.len += 1;
+                None
+            }
+        }
     }
 
     fn remove(&mut self, entries: &[(String, String)]) -> Option<Arc<Override>> {
-        let index = Self::shard(entries);
-        if !self.shards[index].contains_key(entries) {
-            return None;
-        }
-        let removed = Arc::make_mut(&mut self.shards[index]).remove(entries);
-        self.len -= usize::from(removed.is_some());
-        removed
+        let hash = Self::hash(entries);
+        let index = Self::shard(hash);
+        self.shards[index].find(hash, |(held, _)| held.as_slice() == entries)?;
+        let shard = Arc::make_mut(&mut self.shards[index]);
+        let (removed, _) = shard
+            .find_entry(hash, |(held, _)| held.as_slice() == entries)
+            .ok()?
+            .remove();
+        self.len -= 1;
+        Some(removed.1)
     }
 
     fn len(&self) -> usize {
@@ -98,7 +118,9 @@ impl Table {
     }
 
     fn iter(&self) -> impl Iterator<Item = (&Entries, &Arc<Override>)> {
-        self.shards.iter().flat_map(|shard| shard.iter())
+        self.shards
+            .iter()
+            .flat_map(|shard| shard.iter().map(|(entries, found)| (entries, found)))
     }
 
     fn values(&self) -> impl Iterator<Item = &Arc<Override>> {
@@ -117,13 +139,13 @@ impl FromIterator<(Entries, Arc<Override>)> for Table {
 }
 
 impl DomainOverrides {
-    /// The override in force at `now` (µs since the Unix epoch) for
-    /// exactly these entries.
-    pub fn get(&self, entries: &[(String, String)], now: u64) -> Option<&Override> {
+    /// The override in force at `now` (µs since the Unix epoch, read only
+    /// when an override with an end is found) for exactly these entries.
+    pub fn get(&self, entries: &[(String, String)], now: impl FnOnce() -> u64) -> Option<&Override> {
         self.by_entries
             .get(entries)
             .map(AsRef::as_ref)
-            .filter(|found| found.in_force(now))
+            .filter(|found| found.expires_at.is_none() || found.in_force(now()))
     }
 
     /// How many it holds (expired ones not yet removed included).
@@ -167,7 +189,7 @@ enum Backend {
 pub struct Overrides {
     backend: Backend,
     /// By domain: what decisions read.
-    in_force: ArcSwap<HashMap<String, Arc<DomainOverrides>>>,
+    in_force: ArcSwap<Domains>,
     /// Serialises the writers of `in_force` (changes made here, refreshes).
     writing: Mutex<()>,
     clock: Arc<dyn Clock>,
@@ -195,7 +217,7 @@ impl Overrides {
         };
         Self {
             backend,
-            in_force: ArcSwap::from_pointee(HashMap::new()),
+            in_force: ArcSwap::from_pointee(Domains::default()),
             writing: Mutex::new(()),
             clock: Arc::new(SystemClock),
         }
@@ -225,7 +247,7 @@ impl Overrides {
     }
 
     /// Every domain's overrides in force.
-    pub fn all(&self) -> Arc<HashMap<String, Arc<DomainOverrides>>> {
+    pub fn all(&self) -> Arc<Domains> {
         self.in_force.load_full()
     }
 
@@ -249,7 +271,7 @@ impl Overrides {
         let empty = DomainOverrides::default();
         let old = current.get(domain).map_or(&empty, AsRef::as_ref);
         if let Some(new) = change(old) {
-            let mut next = HashMap::clone(&current);
+            let mut next = Domains::clone(&current);
             next.insert(domain.to_owned(), Arc::new(new));
             self.in_force.store(Arc::new(next));
         }
@@ -433,7 +455,7 @@ impl Overrides {
             .any(|domain| !domains.contains(&domain.as_str()));
         if stale {
             let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut next = HashMap::clone(&self.in_force.load_full());
+            let mut next = Domains::clone(&self.in_force.load_full());
             next.retain(|domain, _| domains.contains(&domain.as_str()));
             self.in_force.store(Arc::new(next));
         }

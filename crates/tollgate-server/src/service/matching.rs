@@ -147,8 +147,6 @@ impl Service {
         let mut items = Vec::with_capacity(request.descriptors.len());
         let mut replacing: HashSet<&'a str> = HashSet::new();
         let cost = request.default_cost();
-        // Only a domain with overrides reads the clock.
-        let overrides = overrides.map(|overrides| (overrides, self.overrides.now()));
         for descriptor in &request.descriptors {
             let item = self.match_one(&request.domain, domain, overrides, descriptor, cost)?;
             if let Some(rule) = item.rule {
@@ -177,7 +175,7 @@ impl Service {
         &self,
         domain_name: &str,
         domain: Option<&'a Domain>,
-        overrides: Option<(&'a DomainOverrides, u64)>,
+        overrides: Option<&'a DomainOverrides>,
         descriptor: &'a Descriptor,
         cost: u64,
     ) -> Result<Item<'a>, ServiceError> {
@@ -213,7 +211,7 @@ impl Service {
         }
         let (rule, subject, name, stat_key) = match &descriptor.target {
             Target::Entries(entries) => {
-                let overridden = overrides.and_then(|(overrides, now)| overrides.get(entries, now));
+                let overridden = overrides.and_then(|overrides| overrides.get(entries, || self.overrides.now()));
                 if let Some(found) = overridden {
                     // The descriptor's own subject, as the rule it replaces
                     // would count it (no share_threshold: it is one value).
