@@ -48,11 +48,14 @@ pub struct DomainOverrides {
 /// a lock.
 const SHARDS: usize = 256;
 
+/// One shard: descriptors' entries and their overrides.
+type Shard = HashTable<(Entries, Arc<Override>)>;
+
 /// Overrides by their descriptor's entries, in [`SHARDS`] shards. One hash
 /// of the entries picks the shard (its top bits) and the slot in it.
 #[derive(Debug, Clone)]
 struct Table {
-    shards: Vec<Arc<HashTable<(Entries, Arc<Override>)>>>,
+    shards: Vec<Arc<Shard>>,
     len: usize,
 }
 
