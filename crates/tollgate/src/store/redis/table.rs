@@ -186,7 +186,7 @@ impl SharedTable {
         Ok((TableChange { previous, version }, changed == 1))
     }
 
-    /// What changed since `version` (one short call: at most [`LOG_LEN`]
+    /// What changed since `version` (one short call: at most `LOG_LEN` (1 000)
     /// fields are read).
     ///
     /// # Errors
