@@ -105,31 +105,40 @@ fn decide(c: &mut Criterion) {
         });
     }
     group.finish();
-    // The same three, interleaved: rounds of 20 000 decisions of each in
+    // The same three, interleaved: rounds of 10 000 decisions of each in
     // turn, so that the host's drift falls on all three alike; the median
-    // round of each.
+    // of each, and the median of the ratios within a round.
     let mut rounds: [Vec<f64>; 3] = Default::default();
     let cases = [&none, &without, &with];
-    for _ in 0..30 {
+    for _ in 0..60 {
         for (index, request) in cases.iter().enumerate() {
             let started = Instant::now();
-            for _ in 0..20_000 {
+            for _ in 0..10_000 {
                 runtime.block_on(service.should_rate_limit(request)).expect("decided");
             }
-            rounds[index].push(started.elapsed().as_secs_f64() * 1e9 / 20_000.0);
+            rounds[index].push(started.elapsed().as_secs_f64() * 1e9 / 10_000.0);
         }
     }
-    let medians = rounds.map(|mut round| {
-        round.sort_by(f64::total_cmp);
-        round[round.len() / 2]
-    });
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let ratio = |of: usize| {
+        median(
+            rounds[of]
+                .iter()
+                .zip(&rounds[0])
+                .map(|(row, none)| row / none)
+                .collect(),
+        )
+    };
     println!(
         "interleaved: none {:.0} ns, 100k overrides tenant without {:.0} ns ({:.3}x), tenant with {:.0} ns ({:.3}x)",
-        medians[0],
-        medians[1],
-        medians[1] / medians[0],
-        medians[2],
-        medians[2] / medians[0],
+        median(rounds[0].clone()),
+        median(rounds[1].clone()),
+        ratio(1),
+        median(rounds[2].clone()),
+        ratio(2),
     );
 }
 

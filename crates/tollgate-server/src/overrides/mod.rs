@@ -75,8 +75,11 @@ impl Table {
         foldhash::fast::FixedState::with_seed(0x746f_6c6c).hash_one(entries)
     }
 
+    /// Bits of the hash the tables do not use: a table finds a slot by the
+    /// low bits and tells slots apart by the top seven, which must differ
+    /// within one shard.
     fn shard(hash: u64) -> usize {
-        (hash >> 56) as usize % SHARDS
+        (hash >> 32) as usize % SHARDS
     }
 
     fn get(&self, entries: &[(String, String)]) -> Option<&Arc<Override>> {
