@@ -29,19 +29,26 @@ struct Target {
     token_file: Option<PathBuf>,
 }
 
+/// The server, and the descriptor an override is for.
+#[derive(Debug, ClapArgs)]
+struct Which {
+    #[command(flatten)]
+    target: Target,
+    /// The domain.
+    #[arg(long)]
+    domain: String,
+    /// One entry of the descriptor, `key=value`, outermost first (repeat
+    /// for each).
+    #[arg(long = "entry", value_name = "KEY=VALUE", required = true, value_parser = parse_entry)]
+    entries: Vec<(String, String)>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Sets (or replaces) the limit of one exact descriptor.
     Set {
         #[command(flatten)]
-        target: Target,
-        /// The domain.
-        #[arg(long)]
-        domain: String,
-        /// One entry of the descriptor, `key=value`, outermost first
-        /// (repeat for each).
-        #[arg(long = "entry", value_name = "KEY=VALUE", required = true, value_parser = parse_entry)]
-        entries: Vec<(String, String)>,
+        which: Which,
         /// Requests per unit (with --unit).
         #[arg(long, value_name = "N")]
         requests_per_unit: Option<u64>,
@@ -75,13 +82,7 @@ enum Command {
     /// Removes the override of one descriptor: its rule applies again.
     Delete {
         #[command(flatten)]
-        target: Target,
-        /// The domain.
-        #[arg(long)]
-        domain: String,
-        /// One entry of the descriptor, `key=value`, outermost first.
-        #[arg(long = "entry", value_name = "KEY=VALUE", required = true, value_parser = parse_entry)]
-        entries: Vec<(String, String)>,
+        which: Which,
     },
 }
 
@@ -133,9 +134,11 @@ impl Target {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let (method, target, body, query) = match &args.command {
         Command::Set {
-            target,
-            domain,
-            entries,
+            which: Which {
+                target,
+                domain,
+                entries,
+            },
             requests_per_unit,
             unit,
             unlimited,
@@ -179,9 +182,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         Command::List { target, domain } => (reqwest::Method::GET, target, None, domain.clone()),
         Command::Delete {
-            target,
-            domain,
-            entries,
+            which: Which {
+                target,
+                domain,
+                entries,
+            },
         } => {
             let body = json!({ "domain": domain, "descriptor": descriptor(entries) });
             (reqwest::Method::DELETE, target, Some(body), None)

@@ -51,6 +51,7 @@ pub mod duration;
 pub mod engine;
 mod error;
 mod limiter;
+mod overrides;
 mod policy;
 mod settling;
 mod store;
@@ -68,6 +69,7 @@ pub use decision::{Decision, Outcome, Path, Restrictiveness};
 pub use direct::DirectLimiter;
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
+pub use overrides::PolicyOverrides;
 pub use policy::{Op, Policy, Request};
 pub use store::{
     AnyStore, LeaseStats, LeasedStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::clock::Timestamp;
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
+use crate::overrides::PolicyOverrides;
 use crate::policy::{Op, Policy, Request};
 use crate::settling::Settling;
 use crate::store::{MemoryStore, Store};
@@ -19,6 +20,8 @@ use crate::subject::Subject;
 pub struct Limiter<S = MemoryStore> {
     store: S,
     policy: Arc<Policy>,
+    /// Policies in place of `policy` for some subjects.
+    overrides: Option<Arc<PolicyOverrides>>,
     /// Settlements' refunds under way, shared by the clones.
     settling: Arc<Settling>,
 }
@@ -194,7 +197,10 @@ impl Limiter<MemoryStore> {
     ///
     /// An operation the policy's limits do not support.
     pub fn decide_now(&self, subject: &Subject, request: &Request) -> Result<Outcome> {
-        self.store.decide_now(subject, &self.policy, request)
+        match self.overridden(subject) {
+            Some(policy) => self.store.decide_now(subject, &policy, request),
+            None => self.store.decide_now(subject, &self.policy, request),
+        }
     }
 
     /// [`Limiter::check`] without a future.
@@ -215,7 +221,10 @@ impl Limiter<MemoryStore> {
     ///
     /// As [`Limiter::decide_now`].
     pub fn check_now(&self, subject: &Subject) -> Result<Decision> {
-        self.store.check(subject, &self.policy, 1)
+        match self.overridden(subject) {
+            Some(policy) => self.store.check(subject, &policy, 1),
+            None => self.store.check(subject, &self.policy, 1),
+        }
     }
 }
 
@@ -225,8 +234,24 @@ impl<S: Store> Limiter<S> {
         Self {
             store,
             policy: Arc::new(policy.into()),
+            overrides: None,
             settling: Arc::default(),
         }
+    }
+
+    /// Decides a subject that has an override in `overrides` by the
+    /// override's policy instead of this limiter's, in the same keys (see
+    /// [`PolicyOverrides`]).
+    #[must_use]
+    pub fn with_overrides(mut self, overrides: Arc<PolicyOverrides>) -> Self {
+        self.overrides = Some(overrides);
+        self
+    }
+
+    /// The override for `subject`, if any.
+    #[inline]
+    fn overridden(&self, subject: &Subject) -> Option<Arc<Policy>> {
+        self.overrides.as_ref().and_then(|overrides| overrides.get(subject))
     }
 
     /// The policy this limiter applies.
@@ -245,7 +270,10 @@ impl<S: Store> Limiter<S> {
     ///
     /// An operation the policy's limits do not support, or a store fault.
     pub async fn decide(&self, subject: &Subject, request: &Request) -> Result<Outcome> {
-        self.store.decide(subject, &self.policy, request).await
+        match self.overridden(subject) {
+            Some(policy) => self.store.decide(subject, &policy, request).await,
+            None => self.store.decide(subject, &self.policy, request).await,
+        }
     }
 
     async fn decision(&self, subject: &Subject, op: Op, cost: u64) -> Result<Decision> {
@@ -271,7 +299,11 @@ impl<S: Store> Limiter<S> {
     /// a refund under way when its connection failed was made is unknown).
     pub async fn settle(&self, subject: &Subject, taken_at: Timestamp, estimate: u64, actual: u64) -> Result<Decision> {
         let settlement = Request::settlement(taken_at, estimate, actual);
-        match (self.policy.refund_keys(taken_at), &settlement.op) {
+        let refund_keys = match self.overridden(subject) {
+            Some(policy) => policy.refund_keys(taken_at),
+            None => self.policy.refund_keys(taken_at),
+        };
+        match (refund_keys, &settlement.op) {
             (Some(keys), Op::Refund { .. }) if !self.store.in_process() => {
                 let refund =
                     |at, cost| async move { self.decision(subject, Op::Refund { at, lease: None }, cost).await };
@@ -424,6 +456,9 @@ impl<S: Store> Limiter<S> {
     ///
     /// A store fault.
     pub async fn reset(&self, subject: &Subject) -> Result<()> {
-        self.store.reset(subject, &self.policy).await
+        match self.overridden(subject) {
+            Some(policy) => self.store.reset(subject, &policy).await,
+            None => self.store.reset(subject, &self.policy).await,
+        }
     }
 }

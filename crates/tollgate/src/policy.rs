@@ -277,6 +277,17 @@ impl Policy {
         Self::from_value(value)
     }
 
+    /// The policy as JSON that [`Policy::from_value`] reads back as it: a
+    /// limit alone (`{"algorithm": …}`) for a one-limit policy of
+    /// [`Policy::single`], else its limits by name.
+    pub fn to_value(&self) -> serde_json::Value {
+        let spec = |limit: &Limit| serde_json::to_value(limit.spec()).unwrap_or_default();
+        match self.limits.as_slice() {
+            [(_, limit)] if !self.named => spec(limit),
+            limits => limits.iter().map(|(name, limit)| (name.clone(), spec(limit))).collect(),
+        }
+    }
+
     /// Like [`Policy::from_json`], from a parsed value.
     ///
     /// # Errors
