@@ -568,17 +568,28 @@ async fn rlqs_envoys_fall_back_when_serve_is_killed_and_recover_on_restart() {
     );
 }
 
+/// What the quota service assigns while Redis is down, by failure policy.
+#[derive(Debug, Clone, Copy)]
+enum WhileDown {
+    /// `closed`: every request denied.
+    Denied,
+    /// `open`: every request admitted.
+    Admitted,
+    /// `local`: the limit kept by this process alone.
+    Limited,
+}
+
 /// Redis killed under a real Envoy driven at 200 a second (100 allowed),
-/// `serve --on-store-error closed`: while Redis is down the failure policy
-/// decides the assignments (closed: deny all, for two intervals at a time);
-/// once it is back, the split resumes.
-#[tokio::test]
-async fn rlqs_assignments_follow_the_failure_policy_when_redis_is_down() {
+/// `serve --on-store-error <policy>`: while Redis is down the failure
+/// policy decides the assignments (closed: deny all, open: allow all, for
+/// two intervals at a time; local: the process's own memory store keeps
+/// the limit); once it is back, the split resumes.
+async fn rlqs_assignments_follow(policy: &str, while_down: WhileDown) {
     let _alone = ONE_AT_A_TIME.lock().await;
     let mut redis = RedisServer::start();
     let url = redis.url();
     let (_dir, config) = rlqs_config();
-    let serve = common::Serve::start_with(&config, &["--redis", url.as_str(), "--on-store-error", "closed"]);
+    let serve = common::Serve::start_with(&config, &["--redis", url.as_str(), "--on-store-error", policy]);
     let envoy = Envoy::start_with("envoy-rlqs/envoy.yaml", &serve.grpc);
     let faults = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -593,16 +604,42 @@ async fn rlqs_assignments_follow_the_failure_policy_when_redis_is_down() {
     let limited = rate(&sent, 0, 5, 10, 200);
     assert!(
         (80.0..=110.0).contains(&limited),
-        "limited: {limited}/s; each second: {seconds:?}"
+        "{policy}: limited: {limited}/s; each second: {seconds:?}"
     );
-    assert_eq!(
-        count(&sent, 0, 13, 20, 200),
-        0,
-        "redis down, closed: all denied; {seconds:?}"
-    );
+    let down = rate(&sent, 0, 13, 20, 200);
+    match while_down {
+        WhileDown::Denied => assert_eq!(
+            count(&sent, 0, 13, 20, 200),
+            0,
+            "redis down, closed: all denied; {seconds:?}"
+        ),
+        WhileDown::Admitted => assert!(
+            down >= 190.0,
+            "redis down, open: all admitted, not {down}/s; {seconds:?}"
+        ),
+        WhileDown::Limited => assert!(
+            (80.0..=120.0).contains(&down),
+            "redis down, local: limited in the process, not {down}/s; {seconds:?}"
+        ),
+    }
     let again = rate(&sent, 0, 26, 34, 200);
     assert!(
         (80.0..=110.0).contains(&again),
-        "limited again: {again}/s; each second: {seconds:?}"
+        "{policy}: limited again: {again}/s; each second: {seconds:?}"
     );
+}
+
+#[tokio::test]
+async fn rlqs_assignments_deny_all_while_redis_is_down_when_closed() {
+    rlqs_assignments_follow("closed", WhileDown::Denied).await;
+}
+
+#[tokio::test]
+async fn rlqs_assignments_allow_all_while_redis_is_down_when_open() {
+    rlqs_assignments_follow("open", WhileDown::Admitted).await;
+}
+
+#[tokio::test]
+async fn rlqs_assignments_keep_the_limit_locally_while_redis_is_down_when_local() {
+    rlqs_assignments_follow("local", WhileDown::Limited).await;
 }

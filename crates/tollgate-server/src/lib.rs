@@ -256,6 +256,9 @@ impl Server {
         // A replica that restarts enforces the overrides in the store from
         // its first answer.
         self.service.load_overrides(Duration::from_secs(2)).await;
+        let service = Arc::clone(&self.service);
+        let checking = stopped.clone();
+        tokio::spawn(async move { service.follow_persistence(checking).await });
         tokio::spawn(Arc::clone(&self.quotas).run(stopped.clone()));
         let service = Arc::clone(&self.service);
         let following = stopped.clone();

@@ -34,9 +34,11 @@ use tollgate::{Decision, EngineKind, Path};
 
 mod labels;
 mod overrides;
+mod persistence;
 mod quota;
 
 pub use overrides::OverrideMetrics;
+pub use persistence::PersistenceMetrics;
 pub(crate) use quota::bucket_name;
 pub use quota::QuotaMetrics;
 
@@ -120,6 +122,7 @@ pub struct Metrics {
     hasher: foldhash::fast::RandomState,
     quota: QuotaMetrics,
     overrides: OverrideMetrics,
+    persistence: PersistenceMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -164,6 +167,7 @@ impl Metrics {
             hasher: foldhash::fast::RandomState::default(),
             quota: QuotaMetrics::default(),
             overrides: OverrideMetrics::default(),
+            persistence: PersistenceMetrics::default(),
         };
         let tollgate = metrics.registry.sub_registry_with_prefix("tollgate");
         tollgate.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
@@ -209,6 +213,7 @@ impl Metrics {
         register_source(tollgate, &metrics.config_info, &metrics.xds_connected);
         metrics.quota.register(tollgate);
         metrics.overrides.register(tollgate);
+        metrics.persistence.register(tollgate);
         let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
         for (stat, family) in UPSTREAM_STATS.iter().zip(&metrics.upstream.rule) {
             upstream.register(
@@ -344,6 +349,12 @@ impl Metrics {
     /// `domain` has `count` overrides in force.
     pub fn overrides_in_force(&self, domain: &str, count: usize) {
         self.overrides.in_force(domain, count);
+    }
+
+    /// The store persists as `label` says (`Persistence::label`); `lost`
+    /// rules would lose their state on its restart.
+    pub fn store_persistence(&self, label: &'static str, lost: usize) {
+        self.persistence.set(label, lost);
     }
 
     /// Counts a request whose overall OVER_LIMIT the global shadow mode

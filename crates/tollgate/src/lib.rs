@@ -82,6 +82,7 @@ pub struct ReadmeDoctests;
 
 #[cfg(feature = "redis")]
 pub use store::{
-    EngineChoice, EngineKind, RedisStore, RedisStoreBuilder, SharedTable, TableChange, TableChanges, DEFAULT_PREFIX,
+    EngineChoice, EngineKind, Persistence, RedisStore, RedisStoreBuilder, SharedTable, TableChange, TableChanges,
+    DEFAULT_PREFIX,
 };
 pub use subject::{Subject, MAX_KEY_LEN};

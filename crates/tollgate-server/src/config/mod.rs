@@ -264,6 +264,23 @@ pub struct Config {
 }
 
 impl Config {
+    /// Every rule of every domain, with its domain, in file order.
+    pub fn rules(&self) -> Vec<(&str, &Rule)> {
+        fn level<'a>(out: &mut Vec<(&'a str, &'a Rule)>, domain: &'a str, nodes: &'a Level) {
+            for node in nodes.nodes() {
+                if let Some(rule) = &node.rule {
+                    out.push((domain, rule));
+                }
+                level(out, domain, &node.descriptors);
+            }
+        }
+        let mut out = Vec::new();
+        for (name, domain) in &self.domains {
+            level(&mut out, name, &domain.descriptors);
+        }
+        out
+    }
+
     /// envoyproxy/ratelimit's debug view (`/rlconfig`): one line per rule,
     /// `<domain>.<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>`.
     pub fn dump(&self) -> String {

@@ -192,6 +192,9 @@ async fn rlconfig(State(service): State<Arc<Service>>, State(quotas): State<Arc<
     } else {
         format!("# config: {source}\n")
     };
+    if let Some(lasting) = service.lasting() {
+        text.push_str(&lasting.describe());
+    }
     text.push_str(&service.config().dump());
     text.push_str(&service.overrides().dump());
     text.push_str(&quotas.describe());

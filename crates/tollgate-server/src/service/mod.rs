@@ -48,6 +48,7 @@ mod answer;
 mod deciding;
 mod error;
 pub mod estimates;
+mod lasting;
 mod matching;
 mod options;
 mod overriding;
@@ -65,6 +66,7 @@ pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, secon
 use self::deciding::set_decisions;
 pub(crate) use self::deciding::Charge;
 pub use self::error::{Failure, ServiceError};
+pub use self::lasting::{Lasting, PERSISTENCE_CHECK};
 pub(crate) use self::matching::{BucketMatch, Limited, Matched};
 pub use self::options::{HeaderNames, Options};
 pub use self::request::{CheckRequest, CheckResponse, Code, CurrentLimit, Descriptor, DescriptorStatus, Target};
@@ -104,6 +106,8 @@ pub struct Service {
     pub(crate) estimates: estimates::Estimates,
     /// Limits set per descriptor while running (`/v1/overrides`).
     overrides: Overrides,
+    /// What the store was last found to keep across a restart.
+    lasting: std::sync::Mutex<Option<Lasting>>,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -130,6 +134,7 @@ impl Service {
             config_source: ArcSwap::from_pointee(String::new()),
             config_changes: watch::channel(0).0,
             overrides: Overrides::new(&store),
+            lasting: std::sync::Mutex::new(None),
             store: LeasedStore::new(store),
             metrics: Metrics::with_near_limit_ratio(options.near_limit_ratio),
             options,

@@ -50,6 +50,7 @@ pub(crate) mod core;
 pub(crate) mod encoding;
 #[macro_use]
 pub(crate) mod registry;
+mod lifetime;
 mod limit;
 
 pub(crate) mod concurrency;

@@ -162,7 +162,6 @@ impl RedisServer {
             } else {
                 Vec::new()
             })
-            .args(&self.extra)
             .args([
                 "--port",
                 &plain.to_string(),
@@ -173,6 +172,8 @@ impl RedisServer {
                 "--appendonly",
                 "no",
             ])
+            // After the defaults, so that a test may ask for persistence.
+            .args(&self.extra)
             .args(["--dir".as_ref(), self.dir.path().as_os_str()])
             .args(["--logfile", "", "--daemonize", "no", "--protected-mode", "yes"])
             .stdin(Stdio::null())

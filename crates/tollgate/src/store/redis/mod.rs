@@ -78,6 +78,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::connection::{Connection, Engine, Followed};
 pub use self::connection::{EngineChoice, EngineKind};
+pub use self::persistence::Persistence;
 pub use self::table::{SharedTable, TableChange, TableChanges};
 use self::url::Target;
 use super::{spread, Spread, Store};
@@ -91,6 +92,7 @@ use crate::policy::{Op, Policy, Request};
 use crate::subject::Subject;
 
 mod connection;
+mod persistence;
 mod table;
 mod url;
 
