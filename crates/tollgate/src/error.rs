@@ -19,6 +19,9 @@ pub enum ErrorKind {
     Store,
     /// The store did not answer within the call's timeout.
     Timeout,
+    /// What a durable limit counted was counted, but not made durable
+    /// (replicated, fsynced) within the call's timeout.
+    NotDurable,
 }
 
 /// An error from building a limit or running a decision.

@@ -61,8 +61,8 @@ pub mod tower;
 pub mod wire;
 
 pub use algorithm::{
-    ConcurrencySpec, FixedWindowSpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Period, Refill, ReservationSpec,
-    SlidingWindowSpec, TokenBucketSpec, WindowSpec,
+    ConcurrencySpec, Durability, FixedWindowSpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Period, Refill,
+    ReservationSpec, SlidingWindowSpec, TokenBucketSpec, WindowSpec,
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
 pub use decision::{Decision, Outcome, Path, Restrictiveness};

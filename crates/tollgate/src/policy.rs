@@ -277,11 +277,16 @@ impl Policy {
         Self::from_value(value)
     }
 
+    /// The strongest durability its limits ask for ([`Limit::durable`]).
+    pub fn durability(&self) -> Option<crate::Durability> {
+        self.limits.iter().filter_map(|(_, limit)| limit.durability()).max()
+    }
+
     /// The policy as JSON that [`Policy::from_value`] reads back as it: a
     /// limit alone (`{"algorithm": …}`) for a one-limit policy of
     /// [`Policy::single`], else its limits by name.
     pub fn to_value(&self) -> serde_json::Value {
-        let spec = |limit: &Limit| serde_json::to_value(limit.spec()).unwrap_or_default();
+        let spec = Limit::to_value;
         match self.limits.as_slice() {
             [(_, limit)] if !self.named => spec(limit),
             limits => limits.iter().map(|(name, limit)| (name.clone(), spec(limit))).collect(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::calendar::Period;
 use super::core::{Action, Algorithm, Step, Update, WindowSpec};
+use super::durability::Durability;
 #[cfg(feature = "engine")]
 use super::encoding::{Encoded, Loaded, Members, SortedSet, Value};
 use super::fixed_window::FixedWindowSpec;
@@ -28,6 +29,8 @@ pub struct Limit {
     lease: Option<Duration>,
     /// [`Limit::recording_overage`]: a check it refuses still counts.
     records_overage: bool,
+    /// [`Limit::durable`]: what it counts is made durable before the answer.
+    pub(super) durability: Option<Durability>,
 }
 
 impl LimitSpec {
@@ -44,6 +47,7 @@ impl LimitSpec {
             kind,
             lease: None,
             records_overage: false,
+            durability: None,
         })
     }
 
@@ -322,9 +326,10 @@ impl Limit {
     }
 
     /// Like [`Limit::from_json`], from a parsed value: the algorithm's fields
-    /// and, optionally, `"lease": "<duration>"` ([`Limit::with_lease`]) and
+    /// and, optionally, `"lease": "<duration>"` ([`Limit::with_lease`]),
     /// `"overage": "record"` ([`Limit::recording_overage`]; `"refuse"`, the
-    /// default, keeps a refused check from counting).
+    /// default, keeps a refused check from counting) and `"durable":
+    /// "replicated"` or `"fsynced"` ([`Limit::durable`]).
     ///
     /// # Errors
     ///
@@ -352,7 +357,13 @@ impl Limit {
                 ))
             }
         };
+        let durability = match value.as_object_mut().and_then(|fields| fields.remove("durable")) {
+            None => None,
+            Some(serde_json::Value::String(text)) => Some(Durability::parse(&text)?),
+            Some(_) => return Err(Error::invalid_limit(Durability::EXPECTED)),
+        };
         let mut limit = LimitSpec::from_value(value)?.build()?;
+        limit.durability = durability;
         if records_overage {
             limit = limit.recording_overage()?;
         }
@@ -662,16 +673,29 @@ fn unsupported_reserve(algorithm: &str) -> Error {
     ))
 }
 
+impl Limit {
+    /// The limit as the JSON [`Limit::from_value`] reads back as it: its
+    /// spec, and its lease, overage and durability when set.
+    pub fn to_value(&self) -> serde_json::Value {
+        let mut json = serde_json::to_value(&self.spec).unwrap_or_default();
+        if let Some(fields) = json.as_object_mut() {
+            if let Some(lease) = self.lease {
+                fields.insert("lease".to_owned(), crate::duration::format_duration(lease).into());
+            }
+            if self.records_overage {
+                fields.insert("overage".to_owned(), "record".into());
+            }
+            if let Some(durability) = self.durability {
+                fields.insert("durable".to_owned(), durability.name().into());
+            }
+        }
+        json
+    }
+}
+
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut json = serde_json::to_value(&self.spec).map_err(|_| fmt::Error)?;
-        if let (Some(lease), Some(fields)) = (self.lease, json.as_object_mut()) {
-            fields.insert("lease".to_owned(), crate::duration::format_duration(lease).into());
-        }
-        if let (true, Some(fields)) = (self.records_overage, json.as_object_mut()) {
-            fields.insert("overage".to_owned(), "record".into());
-        }
-        f.write_str(&json.to_string())
+        f.write_str(&self.to_value().to_string())
     }
 }
 

@@ -50,6 +50,7 @@ pub(crate) mod core;
 pub(crate) mod encoding;
 #[macro_use]
 pub(crate) mod registry;
+mod durability;
 mod lifetime;
 mod limit;
 
@@ -70,6 +71,7 @@ pub use self::calendar::Period;
 pub use self::concurrency::ConcurrencySpec;
 pub use self::core::WindowSpec;
 pub(crate) use self::core::{Action, Algorithm, Step};
+pub use self::durability::Durability;
 #[cfg(feature = "engine")]
 pub(crate) use self::encoding::{number, Encoded, Loaded};
 #[cfg(feature = "engine")]

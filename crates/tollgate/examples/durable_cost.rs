@@ -1,0 +1,127 @@
+//! What a durable record costs (`cargo run --release -p tollgate --example
+//! durable_cost`): a redis-server and a replica of it are started on free
+//! ports (no persistence), then one task records on a plain limit and on a
+//! durable one (`"durable": "replicated"`) in turns, 50 rounds of 200
+//! records each, and prints the median and p99 latency of each, and of a
+//! bare `PING` round trip, the anchor.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate::{Durability, Limit, Limiter, RedisStore, Subject};
+
+/// A redis-server on a free port, killed (by its pid) when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(extra: &[String]) -> Server {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = std::env::temp_dir().join(format!("tollgate-durable-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--repl-diskless-sync-delay", "0"])
+        .args(extra)
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server (apt-get install redis-server)");
+    let server = Server { child, port, dir };
+    let started = Instant::now();
+    while cli(port, &["PING"]) != "PONG" {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+fn quantiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    (samples[samples.len() / 2], samples[samples.len() * 99 / 100])
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let master = start(&[]);
+    let replica = start(&[
+        "--replicaof".to_owned(),
+        "127.0.0.1".to_owned(),
+        master.port.to_string(),
+    ]);
+    let started = Instant::now();
+    while !cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up") {
+        assert!(started.elapsed() < Duration::from_secs(10), "the replica never synced");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let url = format!("redis://127.0.0.1:{}", master.port);
+    let store = RedisStore::connect(&url).await.unwrap();
+    let window = Limit::fixed_window(1 << 50, Duration::from_secs(86_400)).unwrap();
+    let plain = Limiter::new(store.clone(), window.clone());
+    let durable = Limiter::new(store.clone(), window.durable(Durability::Replicated));
+    let (mut plain_samples, mut durable_samples, mut ping_samples) = (Vec::new(), Vec::new(), Vec::new());
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut ping = client.get_multiplexed_async_connection().await.unwrap();
+    for round in 0..50 {
+        for index in 0..200 {
+            let subject = Subject::new(format!("tenant-{}", (round * 200 + index) % 1_000));
+            let at = Instant::now();
+            plain.record(&subject, 100).await.unwrap();
+            plain_samples.push(at.elapsed());
+            let at = Instant::now();
+            durable.record(&subject, 100).await.unwrap();
+            durable_samples.push(at.elapsed());
+            let at = Instant::now();
+            let _: String = redis::cmd("PING").query_async(&mut ping).await.unwrap();
+            ping_samples.push(at.elapsed());
+        }
+    }
+    let (plain_p50, plain_p99) = quantiles(plain_samples);
+    let (durable_p50, durable_p99) = quantiles(durable_samples);
+    let (ping_p50, ping_p99) = quantiles(ping_samples);
+    println!("| record, 10 000 each, one task | p50 | p99 |");
+    println!("|---|---:|---:|");
+    println!("| plain | {plain_p50:.1?} | {plain_p99:.1?} |");
+    println!("| durable (replicated) | {durable_p50:.1?} | {durable_p99:.1?} |");
+    println!("| PING (a round trip) | {ping_p50:.1?} | {ping_p99:.1?} |");
+    println!(
+        "durable - plain: p50 {:.1?} ({:.2} round trips)",
+        durable_p50.saturating_sub(plain_p50),
+        durable_p50.saturating_sub(plain_p50).as_secs_f64() / ping_p50.as_secs_f64()
+    );
+    drop(replica);
+    drop(master);
+}
