@@ -72,7 +72,7 @@ function concurrency.load(key, _, now)
     ended = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
   end
   if total <= 0 then
-    rcall("DEL", key)
+    rcall("UNLINK", key)
     return nil, false
   end
   if trimmed then
@@ -172,7 +172,7 @@ end
 
 function concurrency.store(key, _, _, change, _, ttl, stale)
   if stale then
-    rcall("DEL", key)
+    rcall("UNLINK", key)
   end
   local lease = change.lease or change.release
   if change.release then

@@ -38,7 +38,7 @@ function sliding_log.load(key, p, now)
     return nil, true
   end
   if -tonumber(head[2]) <= now then
-    rcall("DEL", key)
+    rcall("UNLINK", key)
     return nil, false
   end
   local base = tonumber(head[4])
@@ -232,7 +232,7 @@ function sliding_log.store(key, _, s, change, now, ttl, stale)
   end
   if s == nil then
     if stale then
-      rcall("DEL", key)
+      rcall("UNLINK", key)
     end
     rcall("ZADD", key, expires, EXPIRES, 0, BASE, change.cost, fmt(change.stamp))
   else

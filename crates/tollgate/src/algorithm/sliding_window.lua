@@ -140,7 +140,7 @@ end
 
 function sliding_window.store(key, _, s, change, now, ttl, stale)
   if stale then
-    rcall("DEL", key)
+    rcall("UNLINK", key)
   elseif s and #s.dead > 0 then
     rcall("HDEL", key, unpack(s.dead))
   end

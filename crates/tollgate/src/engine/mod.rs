@@ -42,7 +42,7 @@ pub trait Keyspace: SortedSet {
     fn read(&mut self, key: &[u8]) -> Value;
     /// `SET key value PX expire_ms`.
     fn set(&mut self, key: &[u8], value: &[u8], expire_ms: u64);
-    /// Any other write: `DEL`, `HSET`, `HDEL`, `ZADD`, `ZREM`, `PEXPIRE`.
+    /// Any other write: `UNLINK`, `HSET`, `HDEL`, `ZADD`, `ZREM`, `PEXPIRE`.
     fn command(&mut self, args: &[&[u8]]);
 }
 
@@ -146,7 +146,7 @@ impl Engine {
     ) -> Result<(), CallError> {
         if head.op == OpCode::Reset {
             for key in keys {
-                keyspace.command(&[b"DEL", key]);
+                keyspace.command(&[b"UNLINK", key]);
             }
             push_head(reply, ALLOWED, 0, now);
             return Ok(());
@@ -217,7 +217,7 @@ fn decide_policy(
     for (index, change, ttl) in writes {
         let key = keys[index];
         if ttl == 0 {
-            keyspace.command(&[b"DEL", key]);
+            keyspace.command(&[b"UNLINK", key]);
             continue;
         }
         let mut old = &values[index];
@@ -228,7 +228,7 @@ fn decide_policy(
             if partial[index] {
                 // A set read in part that held no state (lapsed, or
                 // another algorithm's): replaced whole.
-                keyspace.command(&[b"DEL", key]);
+                keyspace.command(&[b"UNLINK", key]);
                 old = &Value::Missing;
             }
             change.into_state()
@@ -276,7 +276,7 @@ fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded
                 Value::Hash(old) => old.as_slice(),
                 Value::Missing => &[],
                 _ => {
-                    keyspace.command(&[b"DEL", key]);
+                    keyspace.command(&[b"UNLINK", key]);
                     &[]
                 }
             };
@@ -309,7 +309,7 @@ fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded
                 Value::Zset(old) => old.as_slice(),
                 Value::Missing => &[],
                 _ => {
-                    keyspace.command(&[b"DEL", key]);
+                    keyspace.command(&[b"UNLINK", key]);
                     &[]
                 }
             };

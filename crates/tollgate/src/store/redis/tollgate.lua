@@ -86,7 +86,7 @@ end
 -- once, and the key goes).
 local function store(key, p, s, change, now, ttl, stale)
   if ttl == 0 then
-    rcall("DEL", key)
+    rcall("UNLINK", key)
   else
     p.algorithm.store(key, p, s, change, now, ttl, stale)
   end
@@ -298,7 +298,7 @@ local function run(keys, args)
       decide_one(keys[first + 1], now, op, cost, max_wait, lease)
     elseif op == RESET then
       for i = 1, n do
-        rcall("DEL", keys[first + i])
+        rcall("UNLINK", keys[first + i])
       end
       answer_head(1, 0, now)
     else
