@@ -114,3 +114,34 @@ async fn a_monthly_budget_on_a_redis_with_an_append_only_file_survives_its_resta
     let after = after.expect("the store answers after Redis restarted");
     assert_eq!(after.statuses[0].limit_remaining, 750_000);
 }
+
+/// A rule whose limit asks for durable records, on a Redis with no replica:
+/// the request is counted, and answered as a store fault (the failure
+/// policy's to decide; here UNAVAILABLE).
+#[tokio::test]
+async fn a_durable_rule_without_a_replica_is_a_store_fault() {
+    let redis = RedisServer::start();
+    let store = RedisStore::builder(redis.url())
+        .timeout(std::time::Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let config = config(
+        "
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit:
+      algorithm: {algorithm: fixed_window, limit: 1000000, calendar: month, overage: record, durable: replicated}
+",
+    );
+    let service = Service::new(config, AnyStore::Redis(store), Options::default());
+    let error = Box::pin(service.should_rate_limit(&tokens("acme", 500)))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), tollgate_server::service::Failure::Unavailable, "{error}");
+    assert!(error.to_string().contains("not replicated"), "{error}");
+    // Counted all the same; a peek never waits.
+    let peek = Box::pin(service.should_rate_limit(&tokens("acme", 0))).await.unwrap();
+    assert_eq!(peek.statuses[0].limit_remaining, 1_000_000 - 500);
+}
