@@ -44,6 +44,24 @@ pub fn wildcard_match(parts: &[String], text: &str) -> bool {
     true
 }
 
+/// envoyproxy/ratelimit's stat key of a rule at exactly these entries (no
+/// domain): `key_value.key2_value2`, `key` alone for an empty value. That
+/// of a limit Envoy sends, and of an override.
+pub fn exact_stat_key<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut key = String::new();
+    for (name, value) in entries {
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(name);
+        if !value.is_empty() {
+            key.push('_');
+            key.push_str(value);
+        }
+    }
+    key
+}
+
 impl Domain {
     /// The rule for a request descriptor's entries, matched as
     /// envoyproxy/ratelimit does (see the module docs).

@@ -61,7 +61,6 @@ mod yaml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -69,7 +68,7 @@ use serde::Serialize;
 use tollgate::{Limit, LimitSpec};
 
 pub use self::load::LoadOptions;
-pub use self::lookup::wildcard_match;
+pub use self::lookup::{exact_stat_key, wildcard_match};
 pub(crate) use self::yaml::rule_from_json;
 pub use crate::unit::Unit;
 
@@ -284,29 +283,29 @@ impl Config {
     /// envoyproxy/ratelimit's debug view (`/rlconfig`): one line per rule,
     /// `<domain>.<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>`.
     pub fn dump(&self) -> String {
-        fn level(out: &mut String, domain: &str, nodes: &Level) {
-            for node in nodes.nodes() {
-                if let Some(rule) = &node.rule {
-                    let requests = rule.requests_per_unit.unwrap_or_else(|| match &rule.limit {
-                        RuleLimit::Limited(limit) => limit.capacity(),
-                        RuleLimit::Unlimited | RuleLimit::Blocked => 0,
-                    });
-                    let _ = writeln!(
-                        out,
-                        "{domain}.{}: unit={} requests_per_unit={requests}, shadow_mode: {}",
-                        rule.path,
-                        rule.unit.map_or("UNKNOWN", Unit::name),
-                        rule.shadow_mode
-                    );
-                }
-                level(out, domain, &node.descriptors);
-            }
-        }
         let mut out = String::new();
-        for (name, domain) in &self.domains {
-            level(&mut out, name, &domain.descriptors);
+        for (domain, rule) in self.rules() {
+            out.push_str(&rule.dump_line(domain));
+            out.push('\n');
         }
         out
+    }
+}
+
+impl Rule {
+    /// The rule's line of `/rlconfig`, as envoyproxy/ratelimit writes it:
+    /// `<domain>.<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>`.
+    pub fn dump_line(&self, domain: &str) -> String {
+        let requests = self.requests_per_unit.unwrap_or_else(|| match &self.limit {
+            RuleLimit::Limited(limit) => limit.capacity(),
+            RuleLimit::Unlimited | RuleLimit::Blocked => 0,
+        });
+        format!(
+            "{domain}.{}: unit={} requests_per_unit={requests}, shadow_mode: {}",
+            self.path,
+            self.unit.map_or("UNKNOWN", Unit::name),
+            self.shadow_mode
+        )
     }
 }
 

@@ -510,16 +510,8 @@ impl Overrides {
         let mut lines: Vec<String> = Vec::new();
         for (domain, overrides) in all.iter() {
             for found in overrides.iter().filter(|found| found.in_force(now)) {
-                let rule = &found.rule;
-                let requests = rule.requests_per_unit.unwrap_or_else(|| match &rule.limit {
-                    crate::config::RuleLimit::Limited(limit) => limit.capacity(),
-                    _ => 0,
-                });
-                let mut line = format!(
-                    "{domain}.{}: unit={} requests_per_unit={requests}, shadow_mode: false, override",
-                    rule.path,
-                    rule.unit.map_or("UNKNOWN", crate::unit::Unit::name),
-                );
+                let mut line = found.rule.dump_line(domain);
+                line.push_str(", override");
                 if let Some(until) = &found.stored.expires_at {
                     let _ = write!(line, " until {until}");
                 }

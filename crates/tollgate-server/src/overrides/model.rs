@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tollgate::duration::parse_duration;
 
-use crate::config::{rule_from_json, Config, Rule, RuleLimit};
+use crate::config::{exact_stat_key, rule_from_json, Config, Rule, RuleLimit};
 
 /// One entry of a descriptor: a key and its exact value.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -219,21 +219,14 @@ fn check_descriptor(descriptor: &[Entry]) -> Result<(), String> {
     Ok(())
 }
 
-/// envoyproxy/ratelimit's stat key of a rule at exactly this descriptor:
-/// `key_value.key2_value2` (`key` alone for an empty value).
+/// envoyproxy/ratelimit's stat key of a rule at exactly this descriptor
+/// (`tenant_acme`): an override's path.
 pub fn stat_key(descriptor: &[Entry]) -> String {
-    let mut key = String::new();
-    for entry in descriptor {
-        if !key.is_empty() {
-            key.push('.');
-        }
-        key.push_str(&entry.key);
-        if !entry.value.is_empty() {
-            key.push('_');
-            key.push_str(&entry.value);
-        }
-    }
-    key
+    exact_stat_key(
+        descriptor
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.value.as_str())),
+    )
 }
 
 fn micros(duration: Duration) -> u64 {

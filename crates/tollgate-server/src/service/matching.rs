@@ -8,7 +8,7 @@ use std::time::Duration;
 use tollgate::{Decision, Limit, Subject};
 
 use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_COST, RULE};
-use crate::config::{Domain, Rule, RuleLimit};
+use crate::config::{exact_stat_key, Domain, Rule, RuleLimit};
 use crate::overrides::DomainOverrides;
 
 /// One descriptor on its way through the service: what it matched, then
@@ -204,7 +204,9 @@ impl Service {
                 name: format!("override.{requests}.{}", unit.name()),
                 window: Some(unit.duration()),
             }));
-            item.stat_key = Cow::Owned(override_stat_key(entries));
+            item.stat_key = Cow::Owned(exact_stat_key(
+                entries.iter().map(|(key, value)| (key.as_str(), value.as_str())),
+            ));
             item.status.rule = Some("override".to_owned());
             item.alternative = self.options.all_alternatives;
             return Ok(item);
@@ -272,23 +274,6 @@ impl Service {
         };
         Ok(item)
     }
-}
-
-/// envoyproxy/ratelimit's stat key of a limit sent by Envoy, without the
-/// domain: `key_value.key2_value2` (`key` alone for an empty value).
-fn override_stat_key(entries: &[(String, String)]) -> String {
-    let mut key = String::new();
-    for (name, value) in entries {
-        if !key.is_empty() {
-            key.push('.');
-        }
-        key.push_str(name);
-        if !value.is_empty() {
-            key.push('_');
-            key.push_str(value);
-        }
-    }
-    key
 }
 
 /// What applies to an RLQS bucket: what an RLS request of one descriptor
