@@ -10,7 +10,9 @@
 //!    sliding log on a key of as many;
 //! 3. the longest call: one decision on a sliding log (a concurrency key)
 //!    whose 1 000 … 100 000 entries (leases) have all left the window
-//!    (ended), so that it trims them all;
+//!    (ended), which replaces the set whole; and the longest of the calls
+//!    that trim a backlog of as many ended entries beside 10 live ones, a
+//!    step of at most 1 000 per call, until it is gone;
 //! 4. `MEMORY USAGE` of one key per algorithm, next to a plain string key of
 //!    a name as long holding a timestamp with a PX expiry.
 //!
@@ -191,6 +193,7 @@ async fn main() {
     cpu_per_decision(&store, &mut raw, decisions).await;
     many_entries(&store, &mut raw).await;
     longest_calls(&store, &mut raw).await;
+    backlog_calls(&store, &mut raw).await;
     memory_per_key(&store, &mut raw).await;
 }
 
@@ -377,7 +380,9 @@ async fn fill(store: &RedisStore, subject: &Subject, policy: &Policy, entries: u
 /// 3. The longest call: one decision on a key whose every entry has left
 ///    the window (or whose every lease has ended), so that it trims them all.
 async fn longest_calls(store: &RedisStore, raw: &mut MultiplexedConnection) {
-    println!("\n## The longest call: one decision that trims every entry of its key (µs, one call)\n");
+    println!(
+        "\n## The longest call: one decision on a key whose every entry has ended, replaced whole (µs, one call)\n"
+    );
     println!("| entries trimmed | sliding_log check | concurrency acquire |");
     println!("|---:|---:|---:|");
     for entries in [1_000u64, 20_000, 100_000] {
@@ -402,6 +407,57 @@ async fn longest_calls(store: &RedisStore, raw: &mut MultiplexedConnection) {
             assert!(outcome.decision.allowed);
             let per_call = library_usec_per_call(raw).await;
             write!(row, " {per_call:.0} |").unwrap();
+        }
+        println!("{row}");
+    }
+}
+
+/// 3b. A backlog: `entries` ended entries (leases) beside 10 live ones.
+///     One decision after another, each timed alone, until the backlog is
+///     trimmed: the longest call and how many calls it took.
+async fn backlog_calls(store: &RedisStore, raw: &mut MultiplexedConnection) {
+    println!("\n## A backlog of ended entries beside 10 live ones, trimmed a step per call (µs, the longest call; calls until gone)\n");
+    println!("| decisions filled | sliding_log: members | longest | calls | concurrency: members | longest | calls |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let window = Duration::from_secs(60);
+    for entries in [1_000u64, 20_000, 100_000] {
+        let mut row = format!("| {entries} |");
+        for (name, limit) in [
+            ("log", Limit::sliding_log(1_000_000_000, window).unwrap()),
+            ("lease", Limit::concurrency(1_000_000_000, window).unwrap()),
+        ] {
+            let policy = Policy::single(limit.clone());
+            let subject = Subject::new("backlog").and(name).and(entries);
+            let key = store.key(&subject, policy.limits().next().unwrap().0);
+            // 65 s ago, with a window (a lease) of 60 s; then ten more 30 s
+            // ago, while those still counted (the first ten names taken
+            // again): now only the ten do (however long the fill took, up
+            // to 30 s).
+            let start = system_micros();
+            fill(store, &subject, &policy, entries, start - 65_000_000).await;
+            fill(store, &subject, &policy, 10, start - 30_000_000).await;
+            // Decisions filled out of order merge into the newest entry of
+            // a log (the clock went back): the members it holds.
+            let members: u64 = redis::cmd("ZCARD").arg(&key).query_async(raw).await.unwrap();
+            let (mut longest, mut calls) = (0.0_f64, 0);
+            loop {
+                reset_stats(raw).await;
+                let op = one_use(limit.is_concurrency(), format!("after-{calls}"));
+                let outcome = store.decide(&subject, &policy, &Request::new(op, 1)).await.unwrap();
+                assert!(outcome.decision.allowed);
+                longest = longest.max(library_usec_per_call(raw).await);
+                calls += 1;
+                let held: u64 = redis::cmd("ZCARD").arg(&key).query_async(raw).await.unwrap();
+                // The live entries, those added, and the log's two members.
+                if held <= 2 * (10 + calls) + 2 {
+                    break;
+                }
+                assert!(
+                    calls < entries / 500 + 10,
+                    "{name}: {held} members left after {calls} calls"
+                );
+            }
+            write!(row, " {members} | {longest:.0} | {calls} |").unwrap();
         }
         println!("{row}");
     }

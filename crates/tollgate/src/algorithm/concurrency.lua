@@ -3,12 +3,16 @@
 -- cannot, under names no lease has (they start with a NUL byte) and with
 -- negative scores (below every lease): "\0n" the units held in total,
 -- "\0c<name>" a lease's units when it holds other than one. So:
---   ended leases are the scores up to now, trimmed a few at a time (in
---     one range when none of them holds other than one unit);
---   the units held are one ZSCORE, a lease's one ZMSCORE;
+--   ended leases are the scores up to now: counted by one ZCOUNT, trimmed at
+--     most TRIM_STEP a call (in one range when no lease holds other than
+--     one unit), the rest counted in "\0n" until a later call trims them;
+--   the units held are one ZSCORE less the ended leases' (their count when
+--     every lease holds one unit), a lease's one ZMSCORE;
 --   retry_after walks the leases soonest to end first, stopping when enough
 --   units are freed (at most `needed` leases, each holds at least one unit).
--- A decision costs O(log n + leases ended + leases walked).
+-- A decision costs O(log n + TRIM_STEP + leases walked); when leases of
+-- other than one unit and more than TRIM_STEP ended leases meet, add the
+-- shortest of three walks (see ended_units).
 
 local concurrency = {}
 
@@ -38,7 +42,73 @@ local function costs_of(key, names, scored)
   return costs, members
 end
 
--- s: { key, total }, or nil when no lease is held.
+-- The units of a page of leases (names).
+local function units_of(key, page)
+  local units = 0
+  if #page > 0 then
+    for _, cost in ipairs((costs_of(key, page, false))) do
+      units = units + cost
+    end
+  end
+  return units
+end
+
+-- The units of the leases scored in (min, max], walked a page at a time.
+local function units_between(key, min_score, max_score)
+  local units, offset = 0, 0
+  while true do
+    local page = rcall("ZRANGEBYSCORE", key, min_score, max_score, "LIMIT", offset, PAGE)
+    units = units + units_of(key, page)
+    if #page < PAGE then
+      return units
+    end
+    offset = offset + PAGE
+  end
+end
+
+-- The units of the `rest` ended leases still in the set (after this call's
+-- trim), exact: `rest` when every lease holds one unit; otherwise by the
+-- shortest of three walks: those leases; the live ones (their units taken
+-- from `total`, what the set holds); or the leases of other than one unit,
+-- whose extra units count when they have ended.
+local function ended_units(key, now, total, rest, costly)
+  if rest == 0 or costly == 0 then
+    return rest
+  end
+  local after_now = "(" .. fmt(now)
+  local live = rcall("ZCOUNT", key, after_now, "+inf")
+  if live <= rest and live <= costly then
+    return total - units_between(key, after_now, "+inf")
+  elseif costly > rest then
+    return units_between(key, "(0", now)
+  end
+  local extra, offset = 0, 0
+  while true do
+    local page = rcall("ZRANGEBYSCORE", key, "-inf", "(0", "WITHSCORES", "LIMIT", offset, PAGE)
+    local names, costs = {}, {}
+    for i = 1, #page, 2 do
+      if page[i] ~= TOTAL then
+        names[#names + 1] = substring(page[i], 3)
+        costs[#costs + 1] = -tonumber(page[i + 1])
+      end
+    end
+    if #names > 0 then
+      local ends = rcall("ZMSCORE", key, unpack(names))
+      for j = 1, #names do
+        if ends[j] and tonumber(ends[j]) <= now then
+          extra = extra + costs[j] - 1
+        end
+      end
+    end
+    if #page < 2 * PAGE then
+      return rest + extra
+    end
+    offset = offset + PAGE
+  end
+end
+
+-- s: { key, total (the units live leases hold), ended (the units of ended
+-- leases left in the set) }, or nil when no lease is live.
 function concurrency.load(key, _, now)
   local total = rpcall("ZSCORE", key, TOTAL)
   if type(total) == "table" then
@@ -48,52 +118,58 @@ function concurrency.load(key, _, now)
     -- None, or another algorithm's set.
     return nil, rcall("EXISTS", key) == 1
   end
+  -- The units of every lease in the set, ended or not.
   total = -tonumber(total)
-  local trimmed = false
-  local ended = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
-  if #ended == PAGE and rcall("ZCOUNT", key, "-inf", "(0") == 1 then
-    -- A page or more ended, and no lease holds other than one unit (the
-    -- total is the only negative score): they go in one range.
-    total = total - rcall("ZREMRANGEBYSCORE", key, "(0", now)
-    trimmed = true
-    ended = {}
+  local ended = rcall("ZCOUNT", key, "(0", now)
+  if ended == 0 then
+    return { key = key, total = total, ended = 0 }
   end
-  while #ended > 0 do
-    local costs, members = costs_of(key, ended, false)
-    for i, id in ipairs(ended) do
+  if ended == rcall("ZCOUNT", key, "(0", "+inf") then
+    -- Every lease has ended: the set goes whole, without blocking.
+    rcall("UNLINK", key)
+    return nil, false
+  end
+  -- The oldest ended leases, at most TRIM_STEP, go now.
+  local costly = rcall("ZCOUNT", key, "-inf", "(0") - 1
+  local trimmed = min(ended, TRIM_STEP)
+  if costly == 0 then
+    -- "\0n" is rank 0, the ended leases the ranks after it.
+    rcall("ZREMRANGEBYRANK", key, 1, trimmed)
+    total = total - trimmed
+  else
+    local page = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, TRIM_STEP)
+    local costs, members = costs_of(key, page, false)
+    for i, id in ipairs(page) do
       total = total - costs[i]
       members[#members + 1] = id
     end
     rcall("ZREM", key, unpack(members))
-    trimmed = true
-    if #ended < PAGE then
-      break
-    end
-    ended = rcall("ZRANGEBYSCORE", key, "(0", now, "LIMIT", 0, PAGE)
+    costly = rcall("ZCOUNT", key, "-inf", "(0") - 1
   end
-  if total <= 0 then
-    rcall("UNLINK", key)
-    return nil, false
-  end
-  if trimmed then
-    rcall("ZADD", key, -total, TOTAL)
-  end
-  return { key = key, total = total }
+  rcall("ZADD", key, -total, TOTAL)
+  local left = ended_units(key, now, total, ended - trimmed, costly)
+  return { key = key, total = total - left, ended = left }
 end
 
--- The units lease `id` holds (0: none), and whether it says so in a "\0c" member.
-local function held_by(s, id)
+-- The units lease `id` holds while live (0: none, or ended), whether it
+-- says so in a "\0c" member, and the units of the lease of that name when
+-- it has ended but is still in the set (an acquire replaces it).
+local function held_by(s, id, now)
   if s == nil or id == nil then
-    return 0, false
+    return 0, false, 0
   end
   local scores = rcall("ZMSCORE", s.key, id, COST .. id)
   if not scores[1] then
-    return 0, false
+    return 0, false, 0
   end
+  local units = 1
   if scores[2] then
-    return -tonumber(scores[2]), true
+    units = -tonumber(scores[2])
   end
-  return 1, false
+  if tonumber(scores[1]) <= now then
+    return 0, scores[2] ~= false, units
+  end
+  return units, scores[2] ~= false, 0
 end
 
 -- When the last lease other than `except` ends (0: none).
@@ -111,12 +187,12 @@ local function latest(s, except)
   return 0
 end
 
--- Leases other than `except` end soonest-first: when `needed` units are free.
+-- Live leases other than `except` end soonest-first: when `needed` units are free.
 local function freed_after(s, now, except, needed)
   local freed, offset = 0, 0
   local size = min(needed + 1, PAGE)
   while true do
-    local page = rcall("ZRANGEBYSCORE", s.key, "(0", "+inf", "WITHSCORES", "LIMIT", offset, size)
+    local page = rcall("ZRANGEBYSCORE", s.key, "(" .. fmt(now), "+inf", "WITHSCORES", "LIMIT", offset, size)
     if #page == 0 then
       return nil
     end
@@ -141,16 +217,16 @@ function concurrency.available(p, s)
 end
 
 function concurrency.decide(p, s, now, action, cost, _, lease)
-  local total = 0
+  local total, ended = 0, 0
   if s then
-    total = s.total
+    total, ended = s.total, s.ended
   end
-  local own, own_cost_member = held_by(s, lease)
+  local own, own_cost_member, replaced = held_by(s, lease, now)
   -- Renewing or releasing a lease first gives back the units it holds.
   local others = total - own
   if action == RELEASE then
     local decision = allow(p.limit, sat_sub(p.limit, others), sat_sub(latest(s, lease), now), 0)
-    return decision, { release = lease, total = others, own = own }
+    return decision, { release = lease, total = others + ended, own = own }
   end
   -- What is held now, as a peek reports it.
   local remaining = sat_sub(p.limit, total)
@@ -167,7 +243,9 @@ function concurrency.decide(p, s, now, action, cost, _, lease)
   end
   local ends = now + p.ttl
   local decision = allow(p.limit, p.limit - others - cost, max(latest(s, lease), ends) - now, 0)
-  return decision, { lease = lease, ends = ends, cost = cost, total = others + cost, cost_member = own_cost_member }
+  -- "\0n" counts the ended leases left in the set, but for one replaced.
+  local held = others + cost + ended - replaced
+  return decision, { lease = lease, ends = ends, cost = cost, total = held, cost_member = own_cost_member }
 end
 
 function concurrency.store(key, _, _, change, _, ttl, stale)

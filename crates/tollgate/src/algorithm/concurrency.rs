@@ -7,8 +7,10 @@
 //!
 //! Leases are kept in order of expiry and by name, with the units they hold
 //! in all, so an acquire, a release or a renewal costs O(log n) in the leases
-//! held, plus the expired leases it drops; a denial's `retry_after` walks the
-//! soonest-to-expire leases only until enough units are freed.
+//! held, plus the expired leases it drops (in Redis at most `TRIM_STEP` a
+//! call: the rest stay, counted as ended, for later calls); a denial's
+//! `retry_after` walks the soonest-to-expire leases only until enough units
+//! are freed.
 //!
 //! **Bound:** at every instant, the leases that have neither been released
 //! nor expired hold at most `limit` units.
@@ -21,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update};
 #[cfg(feature = "engine")]
-use super::core::{in_set_order, Encoded, Loaded, Members, Scores, SortedSet, Value};
+use super::core::{in_set_order, Encoded, Loaded, Members, Scores, SortedSet, Value, TRIM_STEP};
 use crate::decision::Decision;
 use crate::duration::serde_text;
 use crate::error::{Error, Result};
@@ -43,6 +45,10 @@ const TOTAL: &[u8] = b"\0n";
 /// The prefix of the member scored minus a lease's units, when other than one.
 #[cfg(feature = "engine")]
 const COST: &[u8] = b"\0c";
+/// The units of the ended leases a fetch left unread (a figure, scored
+/// minus them; see `encoding::DERIVED`).
+#[cfg(feature = "engine")]
+const ENDED: &[u8] = b"\0=e";
 #[cfg(feature = "engine")]
 use super::encoding::EXACT;
 
@@ -65,6 +71,10 @@ pub struct ConcurrencyState {
     held: u64,
     /// Leases taken so far, to order those that end at the same instant.
     taken: u64,
+    /// Units of leases that have ended but are still in a Redis key, unread
+    /// (a call reads at most `TRIM_STEP` ended leases): what "\0n" counts
+    /// beyond `held`. Zero in the memory store, which holds every lease.
+    ended_left: u64,
 }
 
 /// What an acquire or a release does to the leases: drop those expired at
@@ -287,26 +297,17 @@ impl Algorithm for Concurrency {
         })
     }
 
-    /// The members a decision reads: "\0n"; the leases that have ended;
-    /// the lease named, if live; the two live leases that end last (a
-    /// `reset_after`, the lease named left out); on a denial, the live
-    /// leases soonest to end until enough units are freed. Each lease read
-    /// with its "\0c" member, when it has one. O(log n + leases ended +
-    /// leases walked), as the Lua version reads it.
+    /// The members a decision reads: "\0n"; the oldest leases that have
+    /// ended, at most `TRIM_STEP` (a write trims them), and the units of the
+    /// others, counted (`ENDED`); the lease named, if in the set; the two
+    /// live leases that end last (a `reset_after`, the lease named left
+    /// out); on a denial, the live leases soonest to end until enough units
+    /// are freed. Each lease read with its "\0c" member, when it has one.
+    /// O(log n + `TRIM_STEP` + leases walked) when every lease holds one
+    /// unit (the ended are then counted by `ZCOUNT`), as the Lua version
+    /// reads it; see [`ended_beyond`] otherwise.
     #[cfg(feature = "engine")]
     fn fetch(&self, set: &mut dyn SortedSet, key: &[u8], now: u64, action: Action<'_>, cost: u64) -> Option<Members> {
-        /// Reads the lease `name` scored `ends`, with its units.
-        fn lease(members: &mut Members, name: &[u8], ends: i64, score: &mut dyn FnMut(&[u8]) -> Option<i64>) -> u64 {
-            members.push((name.to_vec(), ends));
-            let member = [COST, name].concat();
-            match score(&member) {
-                Some(units) => {
-                    members.push((member, units));
-                    units.unsigned_abs()
-                }
-                None => 1,
-            }
-        }
         if !set.is_sorted_set(key) {
             return None;
         }
@@ -318,15 +319,54 @@ impl Algorithm for Concurrency {
         members.push((TOTAL.to_vec(), total));
         let mut in_flight = total.unsigned_abs();
         let now_score = i64::try_from(now).unwrap_or(i64::MAX);
-        set.scan(key, Scores::between(0, now_score), false, &mut |name, ends, score| {
-            in_flight = in_flight.saturating_sub(lease(&mut members, name, ends, score));
-            true
-        });
         let id = match action {
             Action::Acquire { lease, .. } => lease,
             Action::Release(lease) | Action::Refund { lease: Some(lease), .. } => Some(lease),
             _ => None,
         };
+        let ended_range = Scores::between(0, now_score);
+        let ended = set.count(key, ended_range);
+        if ended > 0 && ended == set.count(key, Scores::above(0)) {
+            // Every lease has ended: no state (a write replaces the set whole).
+            members.push((ENDED.to_vec(), total));
+            return Some(members);
+        }
+        let mut unread = 0;
+        if ended > 0 {
+            // "\0n" the only negative score: every lease holds one unit.
+            let units_of_one = set.count(key, Scores::below(0)) == 1;
+            let (mut read, mut read_units, mut named_read, mut last_read) = (0, 0, false, None);
+            set.scan(key, ended_range, false, &mut |name, ends, score| {
+                read_units += if units_of_one {
+                    members.push((name.to_vec(), ends));
+                    1
+                } else {
+                    lease(&mut members, name, ends, score)
+                };
+                named_read |= id.is_some_and(|id| id.as_bytes() == name);
+                last_read = Some((ends, name.to_vec()));
+                read += 1;
+                read < TRIM_STEP as u64
+            });
+            unread = if units_of_one {
+                ended - read
+            } else {
+                let held = total.unsigned_abs().saturating_sub(read_units);
+                ended_beyond(set, key, now_score, ended - read, held, last_read.as_ref())
+            };
+            // The lease named, ended and unread: read too (an acquire
+            // replaces it, a release drops it), so its units leave the unread.
+            if let Some(id) = id.filter(|_| !named_read) {
+                let named = set.score(key, id.as_bytes());
+                if let Some(ends) = named.filter(|&ends| ends > 0 && ends <= now_score) {
+                    let units = lease(&mut members, id.as_bytes(), ends, &mut |member| set.score(key, member));
+                    unread = unread.saturating_sub(units);
+                    read_units += units;
+                }
+            }
+            in_flight = in_flight.saturating_sub(read_units + unread);
+        }
+        members.push((ENDED.to_vec(), 0_i64.saturating_sub_unsigned(unread)));
         let mut renewed = 0;
         if let Some(id) = id {
             if let Some(ends) = set.score(key, id.as_bytes()).filter(|&ends| ends > now_score) {
@@ -381,11 +421,16 @@ impl Algorithm for Concurrency {
         let Some(&(_, total)) = members.iter().find(|(member, _)| member == TOTAL) else {
             return Loaded::None;
         };
+        // The units of ended leases left unread: "\0n" counts them.
+        let unread = members
+            .iter()
+            .find(|(member, _)| member == ENDED)
+            .map_or(0, |&(_, units)| units.unsigned_abs());
         let costs: HashMap<&[u8], i64, foldhash::fast::RandomState> = members
             .iter()
             .filter_map(|(member, score)| Some((member.strip_prefix(COST)?, *score)))
             .collect();
-        let mut total = -i128::from(total);
+        let mut total = -i128::from(total) - i128::from(unread);
         let mut state = ConcurrencyState::default();
         let mut live: u64 = 0;
         for (member, score) in members {
@@ -418,6 +463,7 @@ impl Algorithm for Concurrency {
         match u64::try_from(total) {
             Ok(total) if total > 0 && total < EXACT => {
                 state.held = total.max(live);
+                state.ended_left = unread;
                 Loaded::State(Box::new(state))
             }
             _ => Loaded::None,
@@ -431,7 +477,8 @@ impl Algorithm for Concurrency {
     #[cfg(feature = "engine")]
     fn encode(&self, state: &ConcurrencyState, _expires: u64) -> Encoded {
         let mut members = Vec::with_capacity(2 * state.by_expiry.len() + 1);
-        members.push((TOTAL.to_vec(), 0_i64.saturating_sub_unsigned(state.held)));
+        let units = state.held.saturating_add(state.ended_left);
+        members.push((TOTAL.to_vec(), 0_i64.saturating_sub_unsigned(units)));
         for (&(ends, _), (name, cost)) in &state.by_expiry {
             members.push((name.as_bytes().to_vec(), i64::try_from(ends).unwrap_or(i64::MAX)));
             if *cost != 1 {
@@ -439,6 +486,80 @@ impl Algorithm for Concurrency {
             }
         }
         Encoded::Zset(members)
+    }
+}
+
+/// Reads the lease `name` scored `ends` into `members`, with its "\0c"
+/// member when it has one; gives its units.
+#[cfg(feature = "engine")]
+fn lease(members: &mut Members, name: &[u8], ends: i64, score: &mut dyn FnMut(&[u8]) -> Option<i64>) -> u64 {
+    members.push((name.to_vec(), ends));
+    let member = [COST, name].concat();
+    match score(&member) {
+        Some(units) => {
+            members.push((member, units));
+            units.unsigned_abs()
+        }
+        None => 1,
+    }
+}
+
+/// The units of the `rest` ended leases after `last_read` (the last of
+/// those a fetch read), when some lease holds other than one unit: exact,
+/// by the shortest of three walks. Those leases themselves; the live ones,
+/// whose units `held` (what the set holds beyond the leases read) less
+/// theirs leaves; or the leases of other than one unit, whose extra units
+/// count when they ended after `last_read`. O(min of the three): bounded
+/// when any of them is short, linear in the shortest when more than
+/// `TRIM_STEP` ended, live and multi-unit leases all meet.
+#[cfg(feature = "engine")]
+fn ended_beyond(
+    set: &mut dyn SortedSet,
+    key: &[u8],
+    now_score: i64,
+    rest: u64,
+    held: u64,
+    last_read: Option<&(i64, Vec<u8>)>,
+) -> u64 {
+    if rest == 0 {
+        return 0;
+    }
+    let after_read = |ends: i64, name: &[u8]| last_read.is_none_or(|(at, last)| (ends, name) > (*at, last.as_slice()));
+    let units_of = |score: &mut dyn FnMut(&[u8]) -> Option<i64>, name: &[u8]| {
+        score(&[COST, name].concat()).map_or(1, i64::unsigned_abs)
+    };
+    let live = set.count(key, Scores::above(now_score));
+    let costly = set.count(key, Scores::below(0)).saturating_sub(1);
+    let mut sum = 0;
+    if live <= rest && live <= costly {
+        set.scan(key, Scores::above(now_score), false, &mut |name, _, score| {
+            sum += units_of(score, name);
+            true
+        });
+        held.saturating_sub(sum)
+    } else if costly <= rest {
+        set.scan(key, Scores::below(0), false, &mut |member, cost, score| {
+            if let Some(name) = member.strip_prefix(COST) {
+                if score(name).is_some_and(|ends| ends > 0 && ends <= now_score && after_read(ends, name)) {
+                    sum += cost.unsigned_abs().saturating_sub(1);
+                }
+            }
+            true
+        });
+        rest + sum
+    } else {
+        // From the last read on (those of its instant but not after it skipped).
+        let from = last_read.map_or(Scores::between(0, now_score), |&(at, _)| Scores {
+            from: Some((at, true)),
+            to: Some((now_score, true)),
+        });
+        set.scan(key, from, false, &mut |name, ends, score| {
+            if after_read(ends, name) {
+                sum += units_of(score, name);
+            }
+            true
+        });
+        sum
     }
 }
 

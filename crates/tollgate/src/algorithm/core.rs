@@ -17,6 +17,13 @@ use crate::decision::Decision;
 use crate::duration::{serde_text, MAX_MICROS};
 use crate::error::{Error, Result};
 
+/// The most ended entries (a sliding log's entries, a concurrency
+/// limiter's leases) one call trims from a key: the others stay, known to
+/// have ended, for later calls, so a call's work inside Redis is bounded
+/// whatever the backlog. The Lua library's `TRIM_STEP` (prelude.lua) is the
+/// same number (store/redis/mod.rs's tests hold them equal).
+pub(crate) const TRIM_STEP: usize = 500;
+
 /// What an algorithm returns: its decision, and the change to its state when
 /// it changed (for most algorithms, the whole new state).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -55,6 +55,10 @@ pub trait SortedSet {
     /// member of the set on asking.
     fn scan(&mut self, key: &[u8], scores: Scores, reverse: bool, visit: &mut Visit<'_>);
 
+    /// How many members of the sorted set at `key` have scores in `scores`
+    /// (`ZCOUNT`: O(log n)).
+    fn count(&mut self, key: &[u8], scores: Scores) -> u64;
+
     /// Appends to `members` the first `most` (at least one) members of the
     /// sorted set at `key` in `scores`, in the order of [`SortedSet::scan`].
     fn read_into(&mut self, key: &[u8], scores: Scores, reverse: bool, most: usize, members: &mut Members) {
@@ -120,6 +124,11 @@ impl Scores {
 
 /// Members of a sorted set and their scores.
 pub type Members = Vec<(Vec<u8>, i64)>;
+
+/// The prefix of a member a fetch adds to those it read: a figure it
+/// computed for the load, never stored (a write leaves it alone). No
+/// algorithm stores a member starting with it.
+pub(crate) const DERIVED: &[u8] = b"\0=";
 
 /// `members` in the set's order (by score, then by bytes), each once: what
 /// a load reads, however the members were gathered.

@@ -73,7 +73,7 @@ pub use self::core::WindowSpec;
 pub(crate) use self::core::{Action, Algorithm, Step};
 pub use self::durability::Durability;
 #[cfg(feature = "engine")]
-pub(crate) use self::encoding::{number, Encoded, Loaded};
+pub(crate) use self::encoding::{number, Encoded, Loaded, DERIVED};
 #[cfg(feature = "engine")]
 pub use self::encoding::{Members, Scores, SortedSet, Value, Visit};
 pub use self::fixed_window::FixedWindowSpec;

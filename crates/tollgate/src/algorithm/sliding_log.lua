@@ -6,10 +6,12 @@
 --   the live units are newest total − base;
 --   the entry at which `needed` units have left is the first whose total is
 --   at least base + needed, one ZRANGEBYSCORE;
---   entries that left the window are found from the front, a few at a time,
---   and trimmed when the log is next written (as its Rust version drops them),
---   never on a read: a redefined limit may count them again.
--- A decision costs O(log n + entries trimmed). Totals stay below 2^53 for
+--   the last entry that left the window is found from the front when few
+--   have, else by a bisection over ranks (O(log² n)); an admission trims the
+--   oldest of them, at most TRIM_STEP (as its Rust version drops them; the
+--   rest stay, known to have left, for later admissions), never a read: a
+--   redefined limit may count them again.
+-- A decision costs O(log² n + TRIM_STEP). Totals stay below 2^53 for
 -- as long as fewer than 2^53 units are admitted to one key without a pause
 -- of one window (at a million units a second, 285 years).
 
@@ -17,14 +19,31 @@ local sliding_log = {}
 
 local BASE = "\0b"
 local EXPIRES = "\0x"
--- Entries read per round when trimming.
+-- Entries read at a time: the head of the log, and a page of a refund's walk.
 local TRIM_BATCH = 32
 
 function sliding_log.params(n)
   return { limit = n[2], window = n[3] }
 end
 
--- s: { key, base, last_at, last_total, last_member }, or nil for an empty log.
+-- The rank of the last entry that has left the window, between rank `lo`
+-- (one that has left) and rank `hi` (one that has not): a bisection, each
+-- step one ZRANGE of one member.
+local function last_gone(key, p, now, lo, hi)
+  while hi - lo > 1 do
+    local mid = idiv(lo + hi, 2)
+    if tonumber(rcall("ZRANGE", key, mid, mid)[1]) + p.window <= now then
+      lo = mid
+    else
+      hi = mid
+    end
+  end
+  return lo
+end
+
+-- s: { key, base (the total through the last entry that left), trimmed
+-- (the entries an admission trims), trim_base ("\0b" once they are
+-- trimmed), last_at, last_total, last_member }, or nil for an empty log.
 function sliding_log.load(key, p, now)
   local head = rpcall("ZRANGE", key, 0, TRIM_BATCH + 1, "WITHSCORES")
   if head.err then
@@ -41,39 +60,36 @@ function sliding_log.load(key, p, now)
     rcall("UNLINK", key)
     return nil, false
   end
-  local base = tonumber(head[4])
-  -- Entries out of the window (at + window <= now) leave, oldest first.
-  local whole = #head < 2 * (TRIM_BATCH + 2)
   local last = { head[#head - 1], head[#head] }
-  local page, trimmed, i = head, 0, 5
-  while true do
-    if i > #page then
-      if whole then
-        break
-      end
-      page = rcall("ZRANGE", key, trimmed + 2, trimmed + TRIM_BATCH + 1, "WITHSCORES")
-      whole, i = #page < 2 * TRIM_BATCH, 1
-      if #page == 0 then
-        break
-      end
-    end
-    if tonumber(page[i]) + p.window > now then
-      break
-    end
-    base = tonumber(page[i + 1])
-    trimmed, i = trimmed + 1, i + 2
-  end
   if #head >= 2 * (TRIM_BATCH + 2) then
     last = rcall("ZRANGE", key, -1, -1, "WITHSCORES")
   end
-  if last[1] == BASE or last[1] == EXPIRES or (trimmed > 0 and tonumber(last[2]) == base) then
-    -- Every entry left: the log says nothing (a write starts it afresh).
+  if last[1] == BASE or tonumber(last[1]) + p.window <= now then
+    -- No entry, or every entry left: the log says nothing (a write
+    -- replaces the set whole).
     return nil, true
+  end
+  -- The entries that left the window are ranks 2 .. gone (gone = 1: none).
+  local gone, base, i = 1, tonumber(head[4]), 5
+  while i <= #head and tonumber(head[i]) + p.window <= now do
+    gone, base, i = gone + 1, tonumber(head[i + 1]), i + 2
+  end
+  if i > #head then
+    -- Every entry read left and the newest did not: the last that left, by
+    -- bisection up to the newest.
+    gone = last_gone(key, p, now, gone, rcall("ZCARD", key) - 1)
+    base = tonumber(rcall("ZRANGE", key, gone, gone, "WITHSCORES")[2])
+  end
+  local trimmed = min(gone - 1, TRIM_STEP)
+  local trim_base = base
+  if trimmed < gone - 1 then
+    trim_base = tonumber(rcall("ZRANGE", key, trimmed + 1, trimmed + 1, "WITHSCORES")[2])
   end
   return {
     key = key,
     base = base,
     trimmed = trimmed,
+    trim_base = trim_base,
     last_at = tonumber(last[1]),
     last_total = tonumber(last[2]),
     last_member = last[1],
@@ -166,9 +182,10 @@ end
 -- while it counts, and every later total drops by them (an admission made
 -- after the clock went back, stamped at the newest entry's instant, finds
 -- none and gets nothing back). Walks back from the newest entry, so it
--- costs O(log n + entries newer than `at`). Reports as a peek after.
+-- costs O(log n + entries newer than `at`). Reports as a peek after; so does
+-- a refund of units that have left.
 function sliding_log.refund(p, s, now, at, cost)
-  if s == nil or cost == 0 then
+  if s == nil or cost == 0 or at + p.window <= now then
     return sliding_log.decide(p, s, now, RELEASE, 0)
   end
   -- Entries stamped at or after `at`, newest first; the total before them
@@ -196,7 +213,7 @@ function sliding_log.refund(p, s, now, at, cost)
     offset = offset + TRIM_BATCH
   end
   local own = newer[#newer]
-  if own == nil or before == nil or own[2] ~= at or own[2] + p.window <= now then
+  if own == nil or before == nil or own[2] ~= at then
     return sliding_log.decide(p, s, now, RELEASE, 0)
   end
   local units = own[3] - before
@@ -243,7 +260,7 @@ function sliding_log.store(key, _, s, change, now, ttl, stale)
     if change.stamp ~= s.last_at then
       member = fmt(change.stamp)
     end
-    rcall("ZADD", key, expires, EXPIRES, s.base, BASE, s.last_total + change.cost, member)
+    rcall("ZADD", key, expires, EXPIRES, s.trim_base, BASE, s.last_total + change.cost, member)
   end
   rcall("PEXPIRE", key, expire_ms(ttl))
 end

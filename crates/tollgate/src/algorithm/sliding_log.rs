@@ -4,9 +4,10 @@
 //! holds at most `limit` entries. Exact, at O(limit) memory. Each entry keeps
 //! the running sum of the units admitted through it, so the live total, the
 //! entries that have left the window and `retry_after` are all found by
-//! binary search, and an admission drops the entries that have left and
-//! appends one: a decision costs O(log n) in the entries held, plus the
-//! entries it drops.
+//! binary search, and an admission drops the oldest entries that have left
+//! (at most `TRIM_STEP` of them; the rest stay, known to have left, for
+//! later admissions) and appends one: a decision costs O(log n) in the
+//! entries held, plus the entries it drops.
 //!
 //! When the clock goes back (`now` before the newest entry), an admission is
 //! stamped at the newest entry's instant rather than slotted in among older
@@ -19,7 +20,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec};
+use super::core::{at_least_one, edit, positive, Action, Algorithm, Edit, Step, Update, WindowSpec, TRIM_STEP};
 #[cfg(feature = "engine")]
 use super::core::{in_set_order, Encoded, Loaded, Members, Scores, SortedSet, Value};
 #[cfg(feature = "engine")]
@@ -205,15 +206,31 @@ impl SlidingLog {
     /// The instant `cost` units logged at `now` are stamped at, and the
     /// change that logs them. Kept in order of time: when the clock went
     /// back, at the newest instant.
+    ///
+    /// The oldest entries that have left the window go with it, at most
+    /// `TRIM_STEP` of them (the rest stay, known to have left, for later
+    /// admissions), or all of them when every entry has left (a store then
+    /// replaces the set whole): as the Lua library and the module trim, so
+    /// that every engine holds the same entries, which a limit redefined
+    /// with a longer window may count again.
     fn admission(live: Option<&Live<'_>>, now: u64, cost: u64) -> (u64, LogChange) {
         let newest = live.and_then(|live| live.state.entries.back());
         let at = newest.map_or(now, |&(newest, _)| newest.max(now));
-        let change = LogChange::Admit {
-            expired: live.map_or(0, |live| live.expired),
+        let expired = live.map_or(0, |live| {
+            if live.expired == live.state.entries.len() {
+                live.expired
+            } else {
+                live.expired.min(TRIM_STEP)
+            }
+        });
+        (
             at,
-            units: cost,
-        };
-        (at, change)
+            LogChange::Admit {
+                expired,
+                at,
+                units: cost,
+            },
+        )
     }
 
     /// Logs `cost` units that were already spent, whether or not they fit
@@ -271,6 +288,37 @@ impl SlidingLog {
         };
         let decision = Decision::allow(self.limit, self.limit.saturating_sub(total), reset_after, 0);
         Step::changed(decision, LogChange::Refund { index, units: removed })
+    }
+}
+
+impl SlidingLog {
+    /// The last entry that has left the window at `now`: at or after `gone`
+    /// (which has left), found by bisection over the totals up to `live`
+    /// (the newest's, which has not). Totals and instants rise together, so
+    /// the first entry scored `mid` or more tells which side of `mid` the
+    /// last that left is on. O(log(live − gone)) reads of one member: at
+    /// most 64.
+    #[cfg(feature = "engine")]
+    fn last_gone(
+        &self,
+        set: &mut dyn SortedSet,
+        key: &[u8],
+        now: u64,
+        mut gone: (Vec<u8>, i64),
+        live: i64,
+    ) -> (Vec<u8>, i64) {
+        // `gone` has left; the first entry scored `high` or more has not.
+        let mut high = live;
+        while high.saturating_sub(gone.1) > 1 {
+            let mid = gone.1 + (high - gone.1) / 2;
+            let mut probe = Members::new();
+            set.read_into(key, Scores::from(mid), false, 1, &mut probe);
+            match probe.pop() {
+                Some(entry) if number(&entry.0).is_some_and(|at| at.saturating_add(self.window) <= now) => gone = entry,
+                _ => high = mid,
+            }
+        }
+        gone
     }
 }
 
@@ -332,44 +380,69 @@ impl Algorithm for SlidingLog {
         WindowSpec::from_params(params)
     }
 
-    /// The members a decision reads: "\0x" and "\0b"; from the front, the
-    /// entries that have left the window and the first live one; the newest;
-    /// the entries a denial's `retry_after` lands on; for a refund, the
-    /// entry refunded, the one before it and every later one (whose totals
-    /// drop). O(log n + entries that left + entries refunded through), as
-    /// the Lua version reads it.
+    /// The members a decision reads: "\0x" and "\0b"; the newest entry;
+    /// from the front, the entries that have left the window, at most
+    /// `TRIM_STEP + 1` (the first `TRIM_STEP` are what an admission trims),
+    /// and the first live one, or, past those, the last entry that has left,
+    /// found by bisection; the entries a denial's `retry_after` lands on; for
+    /// a refund, the entry refunded, the one before it and every later one
+    /// (whose totals drop). O(log² n + `TRIM_STEP` + entries refunded
+    /// through), as the Lua version reads it.
     #[cfg(feature = "engine")]
     fn fetch(&self, set: &mut dyn SortedSet, key: &[u8], now: u64, action: Action<'_>, cost: u64) -> Option<Members> {
         if !set.is_sorted_set(key) {
             return None;
         }
+        let gone = |member: &[u8]| number(member).is_some_and(|at| at.saturating_add(self.window) <= now);
         let mut members = Members::with_capacity(8);
+        // "\0x" (the read stops there when it has passed) and "\0b".
         set.scan(key, Scores::ALL, false, &mut |member, score, _| {
             members.push((member.to_vec(), score));
-            match members.len() {
-                1 => member == EXPIRES,
-                2 => member == BASE,
-                _ => number(member).is_some_and(|at| at.saturating_add(self.window) <= now),
-            }
+            members.len() == 1 && member == EXPIRES && -i128::from(score) > i128::from(now)
         });
-        let head = members.len();
-        if head < 3 || members[0].0 != EXPIRES || members[1].0 != BASE {
-            // No entry, or another algorithm's set: no state.
+        if members.len() < 2 || members[0].0 != EXPIRES || members[1].0 != BASE {
+            // "\0x" has passed, or another algorithm's set: no state.
             return Some(members);
         }
-        // The newest (read again when the walk above reached it).
+        // The newest: once it has left the window, every entry has (no
+        // state; a write replaces the set whole).
         set.read_into(key, Scores::ALL, true, 1, &mut members);
+        let newest = members[members.len() - 1].clone();
+        if newest.0 == BASE || gone(&newest.0) {
+            return Some(members);
+        }
+        // From the front: the entries that have left, at most TRIM_STEP + 1,
+        // and the first live one.
+        let mut last_gone = members[1].clone();
+        let mut walked = 0;
+        set.scan(key, Scores::above(members[1].1), false, &mut |member, score, _| {
+            members.push((member.to_vec(), score));
+            if !gone(member) {
+                return false;
+            }
+            last_gone = (member.to_vec(), score);
+            walked += 1;
+            walked <= TRIM_STEP
+        });
+        if walked > TRIM_STEP {
+            // More have left than one admission trims: the last of them.
+            last_gone = self.last_gone(set, key, now, last_gone, newest.1);
+            members.push(last_gone.clone());
+        }
         // The live units: the newest total less the last that left.
-        let base = members[head - 2].1;
-        let total = members[members.len() - 1].1.wrapping_sub(base).cast_unsigned();
+        let base = last_gone.1;
+        let total = newest.1.wrapping_sub(base).cast_unsigned();
         for needed in self.retry_targets(total, action.check_cost(cost)) {
             let reaching = Scores::from(base.wrapping_add_unsigned(needed));
             set.read_into(key, reaching, false, 1, &mut members);
         }
         if let Action::Refund { at, .. } = action {
-            if let Some(own) = set.score(key, &text(at)) {
-                set.read_into(key, Scores::from(own), false, usize::MAX, &mut members);
-                set.read_into(key, Scores::below(own), true, 1, &mut members);
+            // A refund of units that have left gives nothing back (a peek).
+            if at.saturating_add(self.window) > now {
+                if let Some(own) = set.score(key, &text(at)) {
+                    set.read_into(key, Scores::from(own), false, usize::MAX, &mut members);
+                    set.read_into(key, Scores::below(own), true, 1, &mut members);
+                }
             }
         }
         Some(in_set_order(members))
@@ -377,10 +450,13 @@ impl Algorithm for SlidingLog {
 
     /// A sorted set: "\0x" scored minus the instant the log says nothing
     /// more, "\0b" scored with the base, then one member per instant (µs as
-    /// text) scored with the running total. As the Lua reads it, the entries
-    /// that have left the window leave the state, the base becoming their
-    /// total (the next write trims them); a log whose "\0x" has passed, with
-    /// no live entry, or a set or key of another kind is none. Scores are
+    /// text) scored with the running total. The entries read that have left
+    /// the window stay in the state, as the memory store holds them until an
+    /// admission trims at most `TRIM_STEP` of them (those not read lie
+    /// between them and the last that left, which is read: the totals are
+    /// running sums, so the state decides as the whole log does); a log whose
+    /// "\0x" has passed, whose newest entry has left, or a set or key of
+    /// another kind is none. Scores are
     /// the totals as they are, read as `u64` two's complement, so that a log
     /// begun by either engine keeps its numbers (only differences count). A
     /// log out of order (instants or totals not rising, which no engine
@@ -396,19 +472,15 @@ impl Algorithm for SlidingLog {
         if expiry != EXPIRES || base != BASE || -i128::from(*until) <= i128::from(now) {
             return Loaded::None;
         }
-        let mut base = base_total.cast_unsigned();
-        let mut entries = VecDeque::new();
+        let base = base_total.cast_unsigned();
+        let mut entries = VecDeque::with_capacity(logged.len());
         let mut newest = None;
         for (member, total) in logged {
             let Some(at) = number(member).filter(|&at| at < EXACT && newest < Some(at)) else {
                 return Loaded::None;
             };
             newest = Some(at);
-            if entries.is_empty() && at + self.window <= now {
-                base = total.cast_unsigned();
-            } else {
-                entries.push_back((at, total.cast_unsigned()));
-            }
+            entries.push_back((at, total.cast_unsigned()));
         }
         // Units through each live entry: rising from the base, none empty.
         let mut through = 0;
@@ -419,15 +491,16 @@ impl Algorithm for SlidingLog {
             }
             through = next;
         }
-        if entries.is_empty() {
-            return Loaded::None;
+        // Every entry has left (or there is none): none, as the Lua reads it.
+        match newest {
+            Some(at) if at + self.window > now => Loaded::State(Box::new(SlidingLogState { entries, base })),
+            _ => Loaded::None,
         }
-        Loaded::State(Box::new(SlidingLogState { entries, base }))
     }
 
-    /// "\0x" scored minus `expires`, "\0b" the base, and every entry: what
-    /// the Lua `store` leaves once it has trimmed what left the window (or,
-    /// after a refund, what it leaves untrimmed, which it reads the same).
+    /// "\0x" scored minus `expires`, "\0b" the base, and every entry held:
+    /// what the Lua `store` leaves once it has trimmed what the admission
+    /// drops.
     #[cfg(feature = "engine")]
     fn encode(&self, state: &SlidingLogState, expires: u64) -> Encoded {
         let mut members = Vec::with_capacity(state.entries.len() + 2);
@@ -571,9 +644,11 @@ mod tests {
         let later = check(&log, &mut state, now + retry_after, 20_000);
         assert!(later.allowed);
         assert_eq!(later.remaining, 0);
-        // 8_332 entries left the window, one was added.
-        assert_eq!(state.entries.len() as u64, LIVE - 8_332 + 1);
-        // Sliding on: each admission drops one entry and adds one.
+        // 8_332 entries left the window: an admission trims TRIM_STEP of
+        // them (the rest stay, known to have left) and adds one.
+        assert_eq!(state.entries.len() as u64, LIVE - TRIM_STEP as u64 + 1);
+        // Sliding on: each admission trims what it may and adds one; the
+        // backlog is gone well before the 1 000th.
         for i in 0..1_000 {
             let at = now + retry_after + 2 + 2 * i;
             let freed = weight(8_332 + i);
@@ -679,8 +754,8 @@ mod engine_tests {
     #[test]
     fn a_set_as_the_lua_leaves_it_reads_as_the_lua_reads_it() {
         let now = T0 + 600;
-        // The entry at T0 - 500 left at T0 + 500: the Lua trims it on its
-        // next write; the base becomes its total.
+        // The entry at T0 - 500 left at T0 + 500: it stays, known to have
+        // left, until an admission trims it; the base becomes its total.
         let value = Value::Zset(vec![
             (b"\0x".to_vec(), -(T0 + 1_300).cast_signed()),
             (b"\0b".to_vec(), 5),
@@ -689,8 +764,8 @@ mod engine_tests {
             (text(T0 + 300), 12),
         ]);
         let loaded = read(&value, now).unwrap();
-        assert_eq!(loaded.base, 7);
-        assert_eq!(loaded.entries, [(T0 + 100, 9), (T0 + 300, 12)]);
+        assert_eq!(loaded.base, 5);
+        assert_eq!(loaded.entries, [(T0 - 500, 7), (T0 + 100, 9), (T0 + 300, 12)]);
         assert_eq!(limit().available(Some(&loaded), now), 5);
         // An admission's write: the trimmed entry gone, the base its total.
         let mut state = Some(loaded);
@@ -710,7 +785,7 @@ mod engine_tests {
         let mut lapsed = members.clone();
         lapsed[0].1 = -now.cast_signed();
         assert_eq!(read(&Value::Zset(lapsed), now), None);
-        assert_eq!(read(&value, T0 + 1_300 - 1).map(|state| state.entries.len()), Some(1));
+        assert_eq!(read(&value, T0 + 1_300 - 1).map(|state| state.entries.len()), Some(3));
         let gone = Value::Zset(members[..3].to_vec());
         assert_eq!(read(&gone, now), None);
         // Another algorithm's value: none.

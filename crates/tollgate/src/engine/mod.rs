@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{Encoded, Loaded, State};
+use crate::algorithm::{Encoded, Loaded, State, DERIVED};
 pub use crate::algorithm::{Members, Scores, SortedSet, Value, Visit};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
@@ -314,9 +314,10 @@ fn write(keyspace: &mut impl Keyspace, key: &[u8], old: &Value, encoded: Encoded
                 }
             };
             let new: Index<i64> = members.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+            // A figure the fetch computed is no member of the set.
             let gone: Vec<&[u8]> = old
                 .iter()
-                .filter(|(member, _)| !new.contains_key(member.as_slice()))
+                .filter(|(member, _)| !new.contains_key(member.as_slice()) && !member.starts_with(DERIVED))
                 .map(|(member, _)| member.as_slice())
                 .collect();
             if !gone.is_empty() {

@@ -920,6 +920,15 @@ mod tests {
     }
 
     #[test]
+    fn the_library_trims_as_many_ended_entries_a_call_as_the_engine() {
+        let step = crate::algorithm::core::TRIM_STEP;
+        assert!(
+            LIBRARY.contains(&format!("\nlocal TRIM_STEP = {step}\n")),
+            "TRIM_STEP {step}"
+        );
+    }
+
+    #[test]
     fn lanes_are_hash_slots_on_a_cluster_and_one_lane_elsewhere() {
         let spanning = ["t:{}:first", "t:{}:second"];
         assert_ne!(Slot::for_key(spanning[0]), Slot::for_key(spanning[1]));
