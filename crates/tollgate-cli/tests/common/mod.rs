@@ -11,6 +11,7 @@ pub mod redis_cluster;
 pub mod python_venv;
 
 pub mod envoy;
+pub mod tcp_proxy;
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::Path;

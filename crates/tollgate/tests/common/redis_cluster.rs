@@ -231,13 +231,22 @@ impl SentinelSet {
     /// Starts the set and returns once the replica is in sync and every
     /// Sentinel knows the replica and the other two Sentinels.
     pub fn start(name: &str) -> Self {
-        let master = RedisServer::start();
-        let replica = RedisServer::start_with(&["--replicaof".into(), "127.0.0.1".into(), master.port().to_string()]);
+        Self::start_fronted(name, &[], |port| port)
+    }
+
+    /// The same, the master started with `master_args`, and the replica and
+    /// the Sentinels reaching it at the port `front` returns for the
+    /// master's own (a proxy's in front of it, say): then the Sentinels
+    /// name that port as the master's until a failover.
+    pub fn start_fronted(name: &str, master_args: &[String], front: impl FnOnce(u16) -> u16) -> Self {
+        let master = RedisServer::start_with(master_args);
+        let master_port = front(master.port());
+        let replica = RedisServer::start_with(&["--replicaof".into(), "127.0.0.1".into(), master_port.to_string()]);
         wait_until("the replica in sync", || {
             replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
         });
         let sentinels: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_sentinel(name, master.port(), 2, NODE_TIMEOUT_MS))
+            .map(|_| RedisServer::start_sentinel(name, master_port, 2, NODE_TIMEOUT_MS))
             .collect();
         let set = Self {
             master,
