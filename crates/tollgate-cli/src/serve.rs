@@ -345,7 +345,7 @@ async fn store(
         None => AnyStore::Memory(MemoryStore::new()),
         Some(url) => match StoreUrl::parse(url)? {
             StoreUrl::Redis(url) => AnyStore::Resilient(
-                redis_store(&url, prefix, tls, on_error)
+                redis_store(&url, prefix, tls, on_error, timeout)
                     .await?
                     .on_error(on_error)
                     .timeout(timeout)
@@ -396,9 +396,13 @@ async fn redis_store(
     prefix: &str,
     tls: &RedisTls,
     on_error: OnStoreError,
+    timeout: Duration,
 ) -> anyhow::Result<tollgate::ResilientStoreBuilder<tollgate::RedisStore>> {
     let url = &with_redis_tls(url, tls);
-    let builder = || redis_tls_files(redis_builder(url, prefix), tls);
+    // The store's own timeout is the deadline too: a durable record bounds
+    // its wait inside it, and so answers "not durable" before the deadline
+    // answers "no answer" (a fault of the store's).
+    let builder = || redis_tls_files(redis_builder(url, prefix).timeout(timeout), tls);
     match connect_redis_with(builder()?, url).await {
         Ok(store) => {
             tracing::info!(engine = %store.engine(), "redis: connected");

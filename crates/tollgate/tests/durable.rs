@@ -7,7 +7,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis_server::RedisServer;
-use tollgate::{Durability, ErrorKind, Limit, Limiter, RedisStore, Subject};
+use tollgate::{
+    Durability, ErrorKind, Limit, Limiter, OnStoreError, Op, Path, Policy, RedisStore, Request, ResilientStore, Store,
+    Subject,
+};
 
 /// A replica of `master`, once its link is up (polled, with a deadline).
 fn replica_of(master: &RedisServer) -> RedisServer {
@@ -99,6 +102,52 @@ async fn a_replicated_record_answers_once_a_replica_has_it() {
     // A peek never waits, a plain limit never waits.
     let plain = Limiter::new(store, Limit::fixed_window(10, Duration::from_secs(60)).unwrap());
     assert!(plain.check(&Subject::new("bob")).await.unwrap().allowed);
+}
+
+/// A record counted but not made durable is answered by each failure
+/// policy, and is no fault of the store's: the breaker stays closed, so
+/// limits that ask for no durability are decided by the store throughout.
+#[tokio::test]
+async fn a_record_not_made_durable_takes_the_failure_policy_not_the_breaker() {
+    let master = RedisServer::start();
+    let redis = limiter(&master, Durability::Replicated).await;
+    let (durable, inner) = (redis.policy().clone(), redis.store().clone());
+    let plain = Policy::single(Limit::fixed_window(100, Duration::from_secs(60)).unwrap());
+    let record = Request::new(Op::Record, 10);
+    let mut counted = 0;
+    for on_error in [
+        OnStoreError::Error,
+        OnStoreError::Open,
+        OnStoreError::Closed,
+        OnStoreError::Local,
+    ] {
+        // The deadline is the store's timeout, as serve sets them: the wait
+        // ends inside it, "not durable".
+        let store = ResilientStore::builder(inner.clone())
+            .on_error(on_error)
+            .timeout(Duration::from_millis(300))
+            .build();
+        let bob = Subject::new(format!("bob-{on_error:?}"));
+        for round in 0..10 {
+            let answer = store.decide(&Subject::new("acme"), &durable, &record).await;
+            counted += 10;
+            match on_error {
+                OnStoreError::Error => assert_eq!(answer.unwrap_err().kind(), ErrorKind::NotDurable),
+                OnStoreError::Open => assert!(answer.unwrap().decision.allowed),
+                OnStoreError::Closed => assert!(!answer.unwrap().decision.allowed),
+                OnStoreError::Local => assert_eq!(answer.unwrap().path, Path::Local),
+                other => panic!("no case for {other:?}"),
+            }
+            let outcome = store.decide(&bob, &plain, &Request::new(Op::Check, 1)).await.unwrap();
+            assert_eq!(outcome.path, Path::Store, "{on_error:?}, round {round}");
+            assert_eq!(outcome.decision.remaining, 99 - round);
+        }
+        assert_eq!(store.stats().breaker_opened, 0, "{on_error:?}");
+        assert!(!store.stats().breaker_open, "{on_error:?}");
+    }
+    // Each record was counted on the master all the same.
+    let left = redis.peek(&Subject::new("acme")).await.unwrap().remaining;
+    assert_eq!(left, 1_000_000 - counted);
 }
 
 #[tokio::test]

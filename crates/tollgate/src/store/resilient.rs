@@ -400,7 +400,10 @@ impl<S: Store> ResilientStore<S> {
                     tracing::info!("store answers again: the circuit breaker is closed");
                 }
             }
-            Err(error) if error.is_invalid() => {}
+            // A record counted but not made durable: the store answered (its
+            // replicas did not), so the breaker, which spares it for every
+            // limit, neither opens nor closes; the failure policy answers.
+            Err(error) if error.is_invalid() || error.kind() == ErrorKind::NotDurable => {}
             Err(_) => {
                 if let Some(backoff) = inner.breaker.failed() {
                     tracing::warn!(

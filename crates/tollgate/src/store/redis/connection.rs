@@ -465,6 +465,8 @@ pub(super) struct Followed {
 /// The connection to the master as last found.
 struct Master {
     connection: ConnectionManager,
+    /// Its client, for connections of their own (durable records).
+    client: redis::Client,
     /// Its address, as redis-rs writes it.
     address: String,
     /// Bumped at each switch to another master.
@@ -486,11 +488,12 @@ impl Followed {
     ) -> redis::RedisResult<Self> {
         let client = sentinels.async_get_client().await?;
         let address = client.get_connection_info().addr().to_string();
-        let connection = ConnectionManager::new_with_config(client, config.clone()).await?;
+        let connection = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
         Ok(Self {
             sentinels: tokio::sync::Mutex::new(sentinels),
             master: RwLock::new(Master {
                 connection,
+                client,
                 address,
                 generation: 0,
             }),
@@ -504,6 +507,26 @@ impl Followed {
     fn current(&self) -> (ConnectionManager, u64) {
         let master = self.master.read();
         (master.connection.clone(), master.generation)
+    }
+
+    /// The client of the current master (for a connection of its own), and
+    /// its generation; asks the Sentinels first while the master is suspect,
+    /// as a call on the shared connection does.
+    pub(super) async fn master(&self) -> (redis::Client, u64) {
+        if self.suspect.load(Ordering::Relaxed) {
+            // A fault here is the call's to report, on the master found.
+            let _ = self.follow(self.current().1).await;
+        }
+        let master = self.master.read();
+        (master.client.clone(), master.generation)
+    }
+
+    /// Tells of `error` on a connection of its own to the master: after a
+    /// fault that may mean a failover, the next call asks the Sentinels.
+    pub(super) fn failed(&self, error: &redis::RedisError) {
+        if master_may_have_moved(error) {
+            self.suspect.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Runs `command` on the master; after a fault that may mean a
@@ -551,8 +574,8 @@ impl Followed {
             }
             // The library came with the replica's copy of the data; if not,
             // the first call finds it missing and loads it.
-            let connection = ConnectionManager::new_with_config(client, self.config.clone()).await?;
-            redis::RedisResult::Ok(Some((connection, address)))
+            let connection = ConnectionManager::new_with_config(client.clone(), self.config.clone()).await?;
+            redis::RedisResult::Ok(Some((connection, client, address)))
         };
         let found = tokio::time::timeout(self.patience, look_up).await.map_err(|_| {
             redis::RedisError::from(std::io::Error::new(
@@ -560,11 +583,12 @@ impl Followed {
                 "no answer from the Sentinels or the master they name",
             ))
         })??;
-        let Some((connection, address)) = found else {
+        let Some((connection, client, address)) = found else {
             return Ok(false);
         };
         let mut master = self.master.write();
         master.connection = connection;
+        master.client = client;
         master.address = address;
         master.generation += 1;
         Ok(true)

@@ -1,11 +1,13 @@
 //! Durable records: a decision of a limit asking for it runs on a
-//! connection of its own, followed there by `WAIT 1` (a replica has it) or
+//! connection of its own (one server, or the master Sentinels name),
+//! followed there by `WAIT 1` (a replica has it) or
 //! `WAITAOF 1 0` (the append-only file has it), bounded by the store's
 //! timeout; not acknowledged in time, it is [`ErrorKind::NotDurable`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::connection;
+use super::connection::{self, Connection, Followed};
 use super::{fill, store_error, Client, Encoded, RedisStore};
 use crate::algorithm::Durability;
 use crate::error::{Error, ErrorKind, Result};
@@ -15,11 +17,60 @@ use crate::policy::{Op, Request};
 /// `WAIT` after a record blocks the connection it is sent on, so it must
 /// not be the one every other decision shares, nor one another durable
 /// record waits on. Idle ones are kept for the next, up to
-/// [`DEDICATED_IDLE`].
+/// [`DEDICATED_IDLE`], each with the generation of the master it reaches
+/// (behind Sentinels, a failover makes them stale).
 pub(super) struct Dedicated {
-    pub(super) client: redis::Client,
-    pub(super) config: redis::AsyncConnectionConfig,
-    pub(super) idle: parking_lot::Mutex<Vec<redis::aio::MultiplexedConnection>>,
+    /// One server's client; behind Sentinels, none (the master found last's).
+    client: Option<redis::Client>,
+    config: redis::AsyncConnectionConfig,
+    idle: parking_lot::Mutex<Vec<(u64, redis::aio::MultiplexedConnection)>>,
+}
+
+impl Dedicated {
+    pub(super) fn new(client: Option<redis::Client>, connect_timeout: Duration, timeout: Duration) -> Self {
+        Self {
+            client,
+            config: redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(timeout)),
+            idle: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A connection to the server (behind Sentinels, the master found
+    /// last), idle or new, and the generation of the master it reaches.
+    async fn connection(
+        &self,
+        followed: Option<&Arc<Followed>>,
+    ) -> redis::RedisResult<(redis::aio::MultiplexedConnection, u64)> {
+        let (client, generation) = match (&self.client, followed) {
+            (Some(client), _) => (client.clone(), 0),
+            (None, Some(followed)) => followed.master().await,
+            (None, None) => {
+                let lost = std::io::Error::other("no server for a connection of its own");
+                return Err(redis::RedisError::from(lost));
+            }
+        };
+        let idle = {
+            let mut idle = self.idle.lock();
+            idle.retain(|(of, _)| *of == generation);
+            idle.pop()
+        };
+        let connection = match idle {
+            Some((_, connection)) => connection,
+            None => client.get_multiplexed_async_connection_with_config(&self.config).await?,
+        };
+        Ok((connection, generation))
+    }
+
+    /// Keeps `connection` for the next record, after a clean round (one
+    /// that failed is dropped).
+    fn keep(&self, connection: redis::aio::MultiplexedConnection, generation: u64) {
+        let mut idle = self.idle.lock();
+        if idle.len() < DEDICATED_IDLE {
+            idle.push((generation, connection));
+        }
+    }
 }
 
 /// Idle connections of durable records kept open.
@@ -45,9 +96,10 @@ pub(super) fn counts(request: &Request) -> bool {
 }
 
 impl Client {
-    /// Runs one decision on a connection of its own (one server; else the
-    /// shared one), then `WAIT 1` or `WAITAOF 1 0` there: the reply, and
-    /// whether what it wrote was acknowledged in time.
+    /// Runs one decision on a connection of its own (one server, or the
+    /// master behind Sentinels; on a Cluster the shared one), then `WAIT 1`
+    /// or `WAITAOF 1 0` there: the reply, and whether what it wrote was
+    /// acknowledged in time.
     async fn call_durable(
         &self,
         decision: &Encoded,
@@ -85,25 +137,25 @@ impl Client {
                     .is_ok_and(|counts| counts.first().is_some_and(|&local| local >= 1)),
             }
         };
+        let followed = match &self.connection {
+            Connection::Sentinel(followed) => Some(followed),
+            _ => None,
+        };
         if let Some(dedicated) = &self.dedicated {
-            let idle = dedicated.idle.lock().pop();
             let counted = async {
-                let mut connection = match idle {
-                    Some(connection) => connection,
-                    None => {
-                        dedicated
-                            .client
-                            .get_multiplexed_async_connection_with_config(&dedicated.config)
-                            .await?
-                    }
-                };
+                let (mut connection, generation) = dedicated.connection(followed).await?;
                 let reply = connection::run_on(&mut connection, &command, &engine).await?;
-                redis::RedisResult::Ok((connection, reply))
+                redis::RedisResult::Ok((connection, generation, reply))
             };
-            let (mut connection, reply) = tokio::time::timeout(left(), counted)
+            let (mut connection, generation, reply) = tokio::time::timeout(left(), counted)
                 .await
                 .map_err(|_| timed_out())?
-                .map_err(store_error)?;
+                .map_err(|error| {
+                    if let Some(followed) = followed {
+                        followed.failed(&error);
+                    }
+                    store_error(error)
+                })?;
             let remaining = left();
             let waited = tokio::time::timeout(
                 remaining * 9 / 10,
@@ -114,11 +166,7 @@ impl Client {
                 Err(_) => return Ok((reply, false)),
                 Ok(waited) => waited.map_err(|error| wait_error(error, durability))?,
             };
-            // Kept only after a clean round: a connection that failed is dropped.
-            let mut idle = dedicated.idle.lock();
-            if idle.len() < DEDICATED_IDLE {
-                idle.push(connection);
-            }
+            dedicated.keep(connection, generation);
             return Ok((reply, acknowledged(waited)));
         }
         let reply = tokio::time::timeout(left(), self.call(&[decision]))
@@ -147,7 +195,8 @@ impl RedisStore {
     pub(super) async fn run_durable(&self, decision: &Encoded, durability: Durability) -> Result<Vec<i64>> {
         let timeout = self.inner.timeout;
         let started = std::time::Instant::now();
-        let (reply, durable) = self.inner.client.call_durable(decision, durability, timeout).await?;
+        // Boxed: a rare path, kept out of the layout of every decision's future.
+        let (reply, durable) = Box::pin(self.inner.client.call_durable(decision, durability, timeout)).await?;
         if !durable {
             return Err(Error::new(
                 ErrorKind::NotDurable,

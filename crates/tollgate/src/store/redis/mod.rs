@@ -353,13 +353,7 @@ impl RedisStoreBuilder {
                     None => redis::Client::open(url.as_str()),
                 }
                 .map_err(invalid)?;
-                let dedicated = Arc::new(Dedicated {
-                    client: client.clone(),
-                    config: redis::AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(self.connect_timeout))
-                        .set_response_timeout(Some(self.timeout)),
-                    idle: parking_lot::Mutex::new(Vec::new()),
-                });
+                let dedicated = Arc::new(Dedicated::new(Some(client.clone()), self.connect_timeout, self.timeout));
                 let connection = ConnectionManager::new_with_config(client, config)
                     .await
                     .map_err(store_error)?;
@@ -396,7 +390,10 @@ impl RedisStoreBuilder {
                 let followed = Followed::connect(sentinels, config, self.connect_timeout)
                     .await
                     .map_err(store_error)?;
-                Ok((Connection::Sentinel(Arc::new(followed)), None))
+                // Durable records wait on connections of their own to the
+                // master found last.
+                let dedicated = Arc::new(Dedicated::new(None, self.connect_timeout, self.timeout));
+                Ok((Connection::Sentinel(Arc::new(followed)), Some(dedicated)))
             }
         }
     }
