@@ -18,20 +18,14 @@
 //!   Sentinels and the replica included, drops what the master sends on the
 //!   replication connection) while the clients go on.
 //!
-//! And two layouts: one serve for both rules, or a serve per rule. Behind
-//! Sentinels a durable record waits for its replica on the connection that
-//! every decision of its serve shares, so once the link is cut the plain
-//! rule's calls on that serve wait too, time out, and open its circuit
-//! breaker: within about 0.1 s of the cut they are answered 503, and so
-//! hardly any is lost. On a serve of its own the plain rule is answered
-//! throughout, and loses what was acknowledged after the cut.
+//! A durable record waits for its replica on a connection of its own, so
+//! the plain rule's calls on the same serve are answered throughout, the
+//! cut included. A durable rule loses nothing in either mode; a plain rule
+//! loses what the master acknowledged and had not sent to the replica (the
+//! test checks it does after a cut: the measurement sees a loss).
 //!
-//! A durable rule loses nothing in any of them; a plain rule loses what the
-//! master acknowledged and had not sent to the replica (the test checks it
-//! does, cut and on a serve of its own: the measurement sees a loss).
-//!
-//! `cargo test` runs each mode in each layout once, with 3 s of load (about
-//! 30 s in all); the measurement is
+//! `cargo test` runs each mode once, with 3 s of load (about 15 s in all);
+//! the measurement is
 //! `TOLLGATE_FAILOVER_RUNS=5 TOLLGATE_FAILOVER_SECS=10 cargo test -p
 //! tollgate-cli --test failover_budget -- --nocapture`. Either prints a
 //! Markdown table of the figures on stderr.
@@ -92,27 +86,6 @@ impl Mode {
     }
 }
 
-/// Which serve process each rule's clients call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
-    /// One serve for both rules: behind Sentinels a durable record waits
-    /// (`WAIT`) on the connection every decision shares, so a replica that
-    /// stops acknowledging holds up the plain rule's calls too.
-    OneServe,
-    /// A serve per rule (both on the same Redis): the plain rule's calls
-    /// never wait behind a durable record.
-    ServePerRule,
-}
-
-impl Layout {
-    fn name(self) -> &'static str {
-        match self {
-            Self::OneServe => "one",
-            Self::ServePerRule => "per rule",
-        }
-    }
-}
-
 /// One rule's figures in one run, in tokens.
 struct Row {
     rule: &'static str,
@@ -141,15 +114,13 @@ impl Row {
 struct Run {
     number: u64,
     mode: Mode,
-    layout: Layout,
     rows: Vec<Row>,
     /// Replication bytes the master had and the replica lacked at the kill.
     lag: u64,
     /// From the kill to the Sentinels naming the replica.
     promoted: Duration,
-    /// How each serve answered after the kill (in the order of `RULES`
-    /// with a serve per rule).
-    serving: Vec<Serving>,
+    /// How the serve answered after the kill.
+    serving: Serving,
 }
 
 #[test]
@@ -159,14 +130,12 @@ fn a_failover_loses_no_acknowledged_durable_token() {
     let began = Instant::now();
     let mut done = Vec::new();
     for number in 1..=runs {
-        for layout in [Layout::OneServe, Layout::ServePerRule] {
-            for mode in [Mode::Killed, Mode::CutThenKilled] {
-                done.push(run(number, mode, layout, load));
-            }
+        for mode in [Mode::Killed, Mode::CutThenKilled] {
+            done.push(run(number, mode, load));
         }
     }
     eprintln!(
-        "\n{runs} run(s) of each mode and layout, {load:?} of load each, in {:.0?}:\n\n{}",
+        "\n{runs} run(s) of each mode, {load:?} of load each, in {:.0?}:\n\n{}",
         began.elapsed(),
         table(&done)
     );
@@ -176,10 +145,10 @@ fn a_failover_loses_no_acknowledged_durable_token() {
             .iter()
             .find(|row| row.rule == "durable")
             .expect("the durable row");
-        let what = format!("run {} ({}, {} serve)", run.number, run.mode.name(), run.layout.name());
+        let what = format!("run {} ({})", run.number, run.mode.name());
         assert!(durable.acknowledged > 0, "{what}: no durable call answered");
         assert_eq!(durable.lost(), 0, "{what}: acknowledged durable tokens lost");
-        if (run.mode, run.layout) == (Mode::CutThenKilled, Layout::ServePerRule) {
+        if run.mode == Mode::CutThenKilled {
             let plain = run.rows.iter().find(|row| row.rule == "plain").expect("the plain row");
             assert!(plain.lost() > 0, "{what}: the plain rule lost nothing after the cut");
         }
@@ -197,8 +166,8 @@ fn setting(name: &str, default: u64) -> u64 {
     })
 }
 
-/// Failover `number` in `mode` and `layout`, under `load` of load.
-fn run(number: u64, mode: Mode, layout: Layout, load: Duration) -> Run {
+/// Failover `number` in `mode`, under `load` of load.
+fn run(number: u64, mode: Mode, load: Duration) -> Run {
     let mut proxy = None;
     let mut set = SentinelSet::start_fronted(
         "failover",
@@ -215,20 +184,14 @@ fn run(number: u64, mode: Mode, layout: Layout, load: Duration) -> Run {
     let dir = tempfile::tempdir().expect("temporary directory");
     let config = dir.path().join("llm.yaml");
     std::fs::write(&config, CONFIG).expect("write the configuration");
-    let serves: Vec<Serve> = (0..match layout {
-        Layout::OneServe => 1,
-        Layout::ServePerRule => RULES.len(),
-    })
-        .map(|_| Serve::start_with(&config, &["--redis", &set.url()]))
-        .collect();
-    let http: Vec<&str> = serves.iter().map(|serve| serve.http.as_str()).collect();
+    let serve = Serve::start_with(&config, &["--redis", &set.url()]);
+    let http = serve.http.as_str();
 
     let started = Instant::now();
     let clients: Vec<(&str, Child)> = RULES
         .iter()
-        .enumerate()
-        .flat_map(|(index, &rule)| (0..CLIENTS_PER_RULE).map(move |_| (index, rule)))
-        .map(|(index, rule)| (rule, client(http[index % http.len()], rule, load)))
+        .flat_map(|&rule| (0..CLIENTS_PER_RULE).map(move |_| rule))
+        .map(|rule| (rule, client(http, rule, load)))
         .collect();
     let kill_at = started + load / 2;
     if mode == Mode::CutThenKilled {
@@ -241,7 +204,7 @@ fn run(number: u64, mode: Mode, layout: Layout, load: Duration) -> Run {
     let lag = offset(&set.master.cli(&["INFO", "replication"])).saturating_sub(received);
     set.master.stop();
     let killed = Instant::now();
-    let (promoted, serving) = failover(&set, &http, killed, started + load);
+    let (promoted, serving) = failover(&set, http, killed, started + load);
 
     let mut rows: Vec<Row> = RULES
         .iter()
@@ -268,7 +231,6 @@ fn run(number: u64, mode: Mode, layout: Layout, load: Duration) -> Run {
     Run {
         number,
         mode,
-        layout,
         rows,
         lag,
         promoted,
@@ -322,7 +284,7 @@ fn answered(child: Child) -> (u64, u64) {
     ((field("ok") + field("warmup_requests")) * TOKENS, field("errors"))
 }
 
-/// How one serve answered after the kill: calls of the plain rule (on a
+/// How the serve answered after the kill: calls of the plain rule (on a
 /// subject of their own) sent by the test every 20 ms.
 #[derive(Debug, Clone, Copy, Default)]
 struct Serving {
@@ -334,11 +296,11 @@ struct Serving {
     answered: u32,
 }
 
-/// Waits for the Sentinels to name the replica and for every serve (at
+/// Waits for the Sentinels to name the replica and for the serve (at
 /// `http`) to answer from it, and goes on asking until `load_ends`;
-/// returns the time from `killed` to the promotion, and how each serve
+/// returns the time from `killed` to the promotion, and how the serve
 /// answered.
-fn failover(set: &SentinelSet, http: &[&str], killed: Instant, load_ends: Instant) -> (Duration, Vec<Serving>) {
+fn failover(set: &SentinelSet, http: &str, killed: Instant, load_ends: Instant) -> (Duration, Serving) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -355,17 +317,14 @@ fn failover(set: &SentinelSet, http: &[&str], killed: Instant, load_ends: Instan
         matches!(status, Ok(200))
     };
     let mut promoted = None;
-    let mut serving = vec![Serving::default(); http.len()];
+    let mut serving = Serving::default();
     loop {
         if promoted.is_none() && set.master_port() == Some(set.replica.port()) {
             promoted = Some(killed.elapsed());
         }
         let loaded = promoted.is_some() && Instant::now() < load_ends;
-        for (serve, serving) in http.iter().zip(&mut serving) {
-            if serving.first.is_some() && !loaded {
-                continue;
-            }
-            let answered = answers(serve);
+        if serving.first.is_none() || loaded {
+            let answered = answers(http);
             if answered && serving.first.is_none() {
                 serving.first = Some(killed.elapsed());
             }
@@ -375,13 +334,13 @@ fn failover(set: &SentinelSet, http: &[&str], killed: Instant, load_ends: Instan
             }
         }
         if let Some(promoted) = promoted {
-            if !loaded && serving.iter().all(|serving| serving.first.is_some()) {
+            if !loaded && serving.first.is_some() {
                 return (promoted, serving);
             }
         }
         assert!(
             killed.elapsed() < FAILOVER_DEADLINE,
-            "no failover within {FAILOVER_DEADLINE:?} of the kill (promoted: {promoted:?}, serves: {serving:?})"
+            "no failover within {FAILOVER_DEADLINE:?} of the kill (promoted: {promoted:?}, serve: {serving:?})"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -418,8 +377,8 @@ fn sleep_until(at: Instant) {
 /// The figures as a Markdown table, then one line per run on the failover.
 fn table(runs: &[Run]) -> String {
     let mut out = String::from(
-        "| run | mode | serve | rule | acknowledged | held | lost | lost % | held, not acknowledged | failed calls |\n\
-         |---:|---|---|---|---:|---:|---:|---:|---:|---:|\n",
+        "| run | mode | rule | acknowledged | held | lost | lost % | held, not acknowledged | failed calls |\n\
+         |---:|---|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for run in runs {
         for row in &run.rows {
@@ -430,10 +389,9 @@ fn table(runs: &[Run]) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {percent:.2} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {percent:.2} | {} | {} |",
                 run.number,
                 run.mode.name(),
-                run.layout.name(),
                 row.rule,
                 row.acknowledged,
                 row.held,
@@ -445,27 +403,18 @@ fn table(runs: &[Run]) -> String {
     }
     out.push('\n');
     for run in runs {
-        let answering: Vec<String> = (run.serving.iter().zip(RULES))
-            .map(|(serving, rule)| {
-                let whose = match run.layout {
-                    Layout::OneServe => String::new(),
-                    Layout::ServePerRule => format!("{rule}'s "),
-                };
-                let first = serving.first.unwrap_or_default();
-                let (answered, asked) = (serving.answered, serving.asked);
-                format!("{whose}{first:.2?} ({answered} of {asked} calls under load after the promotion)")
-            })
-            .collect();
+        let serving = run.serving;
+        let first = serving.first.unwrap_or_default();
         let _ = writeln!(
             out,
-            "run {} ({}, {} serve): replica behind by {} bytes at the kill; promoted after {:.2?}; \
-             serve answering after {}",
+            "run {} ({}): replica behind by {} bytes at the kill; promoted after {:.2?}; serve answering after \
+             {first:.2?} ({} of {} calls under load after the promotion)",
             run.number,
             run.mode.name(),
-            run.layout.name(),
             run.lag,
             run.promoted,
-            answering.join(", ")
+            serving.answered,
+            serving.asked,
         );
     }
     out
