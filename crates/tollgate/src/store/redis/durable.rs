@@ -58,7 +58,11 @@ impl Dedicated {
         };
         let connection = match idle {
             Some((_, connection)) => connection,
-            None => client.get_multiplexed_async_connection_with_config(&self.config).await?,
+            None => {
+                client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?
+            }
         };
         Ok((connection, generation))
     }
