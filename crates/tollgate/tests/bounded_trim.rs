@@ -6,7 +6,10 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use proptest::prelude::*;
 
 use tollgate::{Limit, MemoryStore, Op, Policy, RedisStore, Request, Store, Subject, Timestamp};
 
@@ -72,10 +75,28 @@ async fn replay<S: Store>(
     answers
 }
 
+/// Runs `trace` as [`answers_agree`] does, and checks that the backlog
+/// went in steps.
+fn agree(server: &RedisServer, engines: &[&str], policies: &[Policy], trace: &Trace, most_removed: usize, label: &str) {
+    let most = answers_agree(server, engines, policies, trace, most_removed, label);
+    // The backlog was trimmed in steps, not left whole.
+    assert!(
+        most >= STEP / 2,
+        "{label} on {engines:?}: at most {most} removed by one call"
+    );
+}
+
 /// Runs `trace` on memory and on `server` by `engines` in turn, and checks
 /// that every answer agrees and that no call removed more than
-/// `most_removed` members of the key.
-fn agree(server: &RedisServer, engines: &[&str], policies: &[Policy], trace: &Trace, most_removed: usize, label: &str) {
+/// `most_removed` members of the key; gives the most one call removed.
+fn answers_agree(
+    server: &RedisServer,
+    engines: &[&str],
+    policies: &[Policy],
+    trace: &Trace,
+    most_removed: usize,
+    label: &str,
+) -> usize {
     let runtime = common::runtime();
     let prefix = format!("trim-{label}-{}", engines.join("-"));
     let stores: Vec<RedisStore> = engines
@@ -114,11 +135,7 @@ fn agree(server: &RedisServer, engines: &[&str], policies: &[Policy], trace: &Tr
         most = most.max(removed);
         before = *size;
     }
-    // The backlog was trimmed in steps, not left whole.
-    assert!(
-        most >= STEP / 2,
-        "{label} on {engines:?}: at most {most} removed by one call"
-    );
+    most
 }
 
 /// 2 500 one-unit entries a µs apart, 5 more at 500 ms; at 1 s + 2.6 ms
@@ -232,5 +249,83 @@ fn a_backlog_beyond_one_step_is_trimmed_in_steps_and_decided_exactly() {
             most + 30,
             "few",
         );
+    }
+}
+
+/// A random backlog: `ended` entries (leases) of one unit or of 1 to 3 a µs
+/// apart, `live` more at 500 ms, then calls at 1 s + 2.6 ms on, some under
+/// a limit redefined with a window (a lease) of 3 s.
+fn a_random_backlog(leases: bool, mixed: bool, ended: u64, live: u64, calls: &[(u8, u64, u64, u8, u64)]) -> Trace {
+    let cost = |i: u64| if mixed { 1 + i % 3 } else { 1 };
+    let fill = |i: u64, name: String| {
+        if leases {
+            Call::Acquire(name, cost(i))
+        } else {
+            Call::Check(cost(i))
+        }
+    };
+    let mut trace: Trace = (0..ended).map(|i| (i, 0, fill(i, format!("l{i}")))).collect();
+    trace.extend((0..live).map(|i| (500 * MS + i, 0, fill(i, format!("live{i}")))));
+    let name = |b: u64| match b % 3 {
+        0 => format!("l{}", b % ended),
+        1 => format!("live{}", b % live.max(1)),
+        _ => format!("new{b}"),
+    };
+    let mut now = SECOND + 2_600;
+    for &(kind, a, b, policy, dt) in calls {
+        now += dt;
+        let at = if b % 2 == 0 {
+            b % ended
+        } else {
+            500 * MS + b % live.max(1)
+        };
+        let call = match (kind, leases) {
+            (0, _) => Call::Check(a % 12_000),
+            (1, _) => Call::Check(0),
+            (2, false) => Call::Record(a % 300),
+            (3, false) => Call::Refund(at, 1 + a % 4),
+            (_, false) => Call::Check(1 + a % 3),
+            (2 | 3, true) => Call::Acquire(name(b), 1 + a % 4),
+            (_, true) => Call::Release(name(b)),
+        };
+        trace.push((now, usize::from(policy % 2), call));
+    }
+    trace
+}
+
+static CASES: AtomicUsize = AtomicUsize::new(0);
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    /// Random backlogs beyond a step, with random calls after them (some
+    /// under a redefined limit): every answer is the memory store's, on the
+    /// module, on Lua and on both in turn.
+    #[test]
+    fn random_backlogs_are_decided_exactly(
+        leases in any::<bool>(),
+        mixed in any::<bool>(),
+        ended in 600u64..1_400,
+        live in 0u64..700,
+        calls in prop::collection::vec((0u8..6, 0u64..20_000, 0u64..3_000, 0u8..2, 0u64..2_000), 10..40),
+    ) {
+        let server = RedisServer::start_with_module(&[]);
+        let second = Duration::from_secs(1);
+        let policies: Vec<Policy> = [second, 3 * second]
+            .into_iter()
+            .map(|window| {
+                let limit = if leases {
+                    Limit::concurrency(10_000, window)
+                } else {
+                    Limit::sliding_log(10_000, window)
+                };
+                Policy::new([("backlog", limit.unwrap())]).unwrap()
+            })
+            .collect();
+        let trace = a_random_backlog(leases, mixed, ended, live, &calls);
+        let case = CASES.fetch_add(1, Ordering::Relaxed);
+        for engines in [&["module"][..], &["lua"], &["module", "lua"]] {
+            answers_agree(&server, engines, &policies, &trace, 2 * STEP + 2, &format!("random{case}"));
+        }
     }
 }
