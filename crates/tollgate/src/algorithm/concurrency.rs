@@ -298,14 +298,14 @@ impl Algorithm for Concurrency {
     }
 
     /// The members a decision reads: "\0n"; the oldest leases that have
-    /// ended, at most `TRIM_STEP` (a write trims them), and the units of the
-    /// others, counted (`ENDED`); the lease named, if in the set; the two
-    /// live leases that end last (a `reset_after`, the lease named left
-    /// out); on a denial, the live leases soonest to end until enough units
-    /// are freed. Each lease read with its "\0c" member, when it has one.
-    /// O(log n + `TRIM_STEP` + leases walked) when every lease holds one
-    /// unit (the ended are then counted by `ZCOUNT`), as the Lua version
-    /// reads it; see [`ended_beyond`] otherwise.
+    /// ended, at most `TRIM_STEP` (a write trims them), and past those the
+    /// units of the others, counted (`ENDED`); the lease named, if in the
+    /// set; the two live leases that end last (a `reset_after`, the lease
+    /// named left out); on a denial, the live leases soonest to end until
+    /// enough units are freed. Each lease read with its "\0c" member, when
+    /// it has one. O(log n + `TRIM_STEP` + leases walked) when every lease
+    /// holds one unit (the ended are then counted by `ZCOUNT`), as the Lua
+    /// version reads it; see [`ended_beyond`] otherwise.
     #[cfg(feature = "engine")]
     fn fetch(&self, set: &mut dyn SortedSet, key: &[u8], now: u64, action: Action<'_>, cost: u64) -> Option<Members> {
         if !set.is_sorted_set(key) {
@@ -317,46 +317,38 @@ impl Algorithm for Concurrency {
             return Some(members);
         };
         members.push((TOTAL.to_vec(), total));
-        let mut in_flight = total.unsigned_abs();
         let now_score = i64::try_from(now).unwrap_or(i64::MAX);
         let id = match action {
             Action::Acquire { lease, .. } => lease,
             Action::Release(lease) | Action::Refund { lease: Some(lease), .. } => Some(lease),
             _ => None,
         };
+        // The oldest leases that have ended, at most TRIM_STEP (a write
+        // trims them).
         let ended_range = Scores::between(0, now_score);
-        let ended = set.count(key, ended_range);
-        if ended > 0 && ended == set.count(key, Scores::above(0)) {
-            // Every lease has ended: no state (a write replaces the set whole).
-            members.push((ENDED.to_vec(), total));
-            return Some(members);
-        }
+        let (mut read, mut read_units, mut named_read, mut last_read) = (0, 0, false, None);
+        set.scan(key, ended_range, false, &mut |name, ends, score| {
+            read_units += lease(&mut members, name, ends, score);
+            named_read |= id.is_some_and(|id| id.as_bytes() == name);
+            last_read = Some((ends, name.to_vec()));
+            read += 1;
+            read < TRIM_STEP as u64
+        });
         let mut unread = 0;
-        if ended > 0 {
-            // "\0n" the only negative score: every lease holds one unit.
-            let units_of_one = set.count(key, Scores::below(0)) == 1;
-            let (mut read, mut read_units, mut named_read, mut last_read) = (0, 0, false, None);
-            set.scan(key, ended_range, false, &mut |name, ends, score| {
-                read_units += if units_of_one {
-                    members.push((name.to_vec(), ends));
-                    1
-                } else {
-                    lease(&mut members, name, ends, score)
-                };
-                named_read |= id.is_some_and(|id| id.as_bytes() == name);
-                last_read = Some((ends, name.to_vec()));
-                read += 1;
-                read < TRIM_STEP as u64
-            });
-            unread = if units_of_one {
-                ended - read
+        if read == TRIM_STEP as u64 {
+            // Perhaps more have ended than one call trims: the others are
+            // counted, not read ("\0n" the only negative score: every lease
+            // holds one unit, and the count is their units).
+            let rest = set.count(key, ended_range) - read;
+            unread = if set.count(key, Scores::below(0)) == 1 {
+                rest
             } else {
                 let held = total.unsigned_abs().saturating_sub(read_units);
-                ended_beyond(set, key, now_score, ended - read, held, last_read.as_ref())
+                ended_beyond(set, key, now_score, rest, held, last_read.as_ref())
             };
             // The lease named, ended and unread: read too (an acquire
             // replaces it, a release drops it), so its units leave the unread.
-            if let Some(id) = id.filter(|_| !named_read) {
+            if let Some(id) = id.filter(|_| !named_read && unread > 0) {
                 let named = set.score(key, id.as_bytes());
                 if let Some(ends) = named.filter(|&ends| ends > 0 && ends <= now_score) {
                     let units = lease(&mut members, id.as_bytes(), ends, &mut |member| set.score(key, member));
@@ -364,9 +356,11 @@ impl Algorithm for Concurrency {
                     read_units += units;
                 }
             }
-            in_flight = in_flight.saturating_sub(read_units + unread);
+            if unread > 0 {
+                members.push((ENDED.to_vec(), 0_i64.saturating_sub_unsigned(unread)));
+            }
         }
-        members.push((ENDED.to_vec(), 0_i64.saturating_sub_unsigned(unread)));
+        let in_flight = total.unsigned_abs().saturating_sub(read_units + unread);
         let mut renewed = 0;
         if let Some(id) = id {
             if let Some(ends) = set.score(key, id.as_bytes()).filter(|&ends| ends > now_score) {

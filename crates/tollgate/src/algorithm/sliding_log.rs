@@ -395,43 +395,44 @@ impl Algorithm for SlidingLog {
         }
         let gone = |member: &[u8]| number(member).is_some_and(|at| at.saturating_add(self.window) <= now);
         let mut members = Members::with_capacity(8);
-        // "\0x" (the read stops there when it has passed) and "\0b".
+        // "\0x" (the read stops there when it has passed), "\0b", then from
+        // the front the entries that have left, at most TRIM_STEP + 1, and
+        // the first live one.
+        let mut walked = 0;
         set.scan(key, Scores::ALL, false, &mut |member, score, _| {
             members.push((member.to_vec(), score));
-            members.len() == 1 && member == EXPIRES && -i128::from(score) > i128::from(now)
+            match members.len() {
+                1 => member == EXPIRES && -i128::from(score) > i128::from(now),
+                2 => member == BASE,
+                _ if gone(member) => {
+                    walked += 1;
+                    walked <= TRIM_STEP
+                }
+                _ => false,
+            }
         });
-        if members.len() < 2 || members[0].0 != EXPIRES || members[1].0 != BASE {
-            // "\0x" has passed, or another algorithm's set: no state.
+        if members.len() < 3 || members[0].0 != EXPIRES || members[1].0 != BASE {
+            // No entry, "\0x" has passed, or another algorithm's set: no state.
             return Some(members);
         }
         // The newest: once it has left the window, every entry has (no
         // state; a write replaces the set whole).
         set.read_into(key, Scores::ALL, true, 1, &mut members);
-        let newest = members[members.len() - 1].clone();
-        if newest.0 == BASE || gone(&newest.0) {
+        let (newest, newest_total) = &members[members.len() - 1];
+        let newest_total = *newest_total;
+        if gone(newest) {
             return Some(members);
         }
-        // From the front: the entries that have left, at most TRIM_STEP + 1,
-        // and the first live one.
-        let mut last_gone = members[1].clone();
-        let mut walked = 0;
-        set.scan(key, Scores::above(members[1].1), false, &mut |member, score, _| {
-            members.push((member.to_vec(), score));
-            if !gone(member) {
-                return false;
-            }
-            last_gone = (member.to_vec(), score);
-            walked += 1;
-            walked <= TRIM_STEP
-        });
+        // The last that left ("\0b" when none has): the last read, or past
+        // more than one admission trims, found by bisection.
+        let mut base = members[1 + walked].1;
         if walked > TRIM_STEP {
-            // More have left than one admission trims: the last of them.
-            last_gone = self.last_gone(set, key, now, last_gone, newest.1);
-            members.push(last_gone.clone());
+            let last_gone = self.last_gone(set, key, now, members[1 + walked].clone(), newest_total);
+            base = last_gone.1;
+            members.push(last_gone);
         }
         // The live units: the newest total less the last that left.
-        let base = last_gone.1;
-        let total = newest.1.wrapping_sub(base).cast_unsigned();
+        let total = newest_total.wrapping_sub(base).cast_unsigned();
         for needed in self.retry_targets(total, action.check_cost(cost)) {
             let reaching = Scores::from(base.wrapping_add_unsigned(needed));
             set.read_into(key, reaching, false, 1, &mut members);
