@@ -55,7 +55,9 @@ async fn limiter(master: &RedisServer, durability: Durability) -> Limiter<RedisS
         .connect()
         .await
         .unwrap();
-    let limit = Limit::fixed_window(1_000_000, Duration::from_secs(3600))
+    // A day's window: a boundary (midnight UTC) passing during a test of a
+    // few seconds is far less likely than an hour's.
+    let limit = Limit::fixed_window(1_000_000, Duration::from_secs(86_400))
         .unwrap()
         .durable(durability);
     Limiter::new(store, limit)
@@ -112,7 +114,8 @@ async fn a_record_not_made_durable_takes_the_failure_policy_not_the_breaker() {
     let master = RedisServer::start();
     let redis = limiter(&master, Durability::Replicated).await;
     let (durable, inner) = (redis.policy().clone(), redis.store().clone());
-    let plain = Policy::single(Limit::fixed_window(100, Duration::from_secs(60)).unwrap());
+    // A sliding log: no window boundary can pass during the test and refill it.
+    let plain = Policy::single(Limit::sliding_log(100, Duration::from_secs(3_600)).unwrap());
     let record = Request::new(Op::Record, 10);
     let mut counted = 0;
     for on_error in [
