@@ -60,6 +60,11 @@ impl RedisCluster {
         Self::start_full(None, |_| Vec::new())
     }
 
+    /// 3 masters and no replica (a `WAIT` on them lasts its whole timeout).
+    pub fn start_masters() -> Self {
+        Self::start_nodes(None, 0, |_| Vec::new())
+    }
+
     /// The same, giving node `index` the extra arguments `node_args(index)`
     /// (a module on some nodes only, say). `redis-cli --cluster create`
     /// makes the first three nodes masters (all run on one host, so it
@@ -77,12 +82,17 @@ impl RedisCluster {
     }
 
     fn start_full(ca: Option<TestCa>, node_args: impl Fn(usize) -> Vec<String>) -> Self {
+        Self::start_nodes(ca, 1, node_args)
+    }
+
+    /// 3 masters with `replicas` replicas each.
+    fn start_nodes(ca: Option<TestCa>, replicas: usize, node_args: impl Fn(usize) -> Vec<String>) -> Self {
         let tls_args: Vec<String> = ca.as_ref().map_or_else(Vec::new, |ca| {
             let mut args = ca.server_args();
             args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
             args
         });
-        let nodes: Vec<RedisServer> = (0..6)
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|index| {
                 let mut args: Vec<String> = vec![
                     "--cluster-enabled".into(),
@@ -103,7 +113,8 @@ impl RedisCluster {
         let addresses: Vec<String> = nodes.iter().map(|node| format!("127.0.0.1:{}", node.port())).collect();
         let mut args = vec!["create"];
         args.extend(addresses.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        let replicas = replicas.to_string();
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         cluster_cli(ca.is_some(), &args);
         let cluster = Self { nodes, ca };
         cluster.wait_until_ok();

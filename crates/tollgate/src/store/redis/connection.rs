@@ -283,9 +283,6 @@ impl redis::FromRedisValue for Packed {
     }
 }
 
-/// Runs the engine's call on `connection`; when the server lost the Lua
-/// library, loads it again and repeats the call (a lost module is the
-/// caller's to handle: the engine changes).
 /// [`run`] on one connection of the caller's (a durable record's own).
 pub(super) async fn run_on<C: ConnectionLike + Send>(
     connection: &mut C,
@@ -295,6 +292,24 @@ pub(super) async fn run_on<C: ConnectionLike + Send>(
     run(connection, command, engine).await
 }
 
+/// The engine's call after `ASKING`, on the Cluster node an `ASK`
+/// redirection named (a slot being migrated to it).
+pub(super) async fn run_asking<C: ConnectionLike + Send>(
+    connection: &mut C,
+    command: &redis::Cmd,
+) -> redis::RedisResult<Vec<i64>> {
+    let (reply,): (Packed,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .add_command(command.clone())
+        .query_async(connection)
+        .await?;
+    Ok(reply.0)
+}
+
+/// Runs the engine's call on `connection`; when the server lost the Lua
+/// library, loads it again and repeats the call (a lost module is the
+/// caller's to handle: the engine changes).
 async fn run<C: ConnectionLike + Send>(
     connection: &mut C,
     command: &redis::Cmd,
@@ -384,26 +399,6 @@ impl Connection {
             Self::Single(connection) => command.query_async(&mut connection.clone()).await,
             Self::Cluster(connection) => command.query_async(&mut connection.clone()).await,
             Self::Sentinel(followed) => command.query_async(&mut followed.current().0).await,
-        }
-    }
-
-    /// Runs `command` on the connection a call on `first_key` went to (on a
-    /// Cluster, the master of its slot): a `WAIT` after a write.
-    pub(super) async fn query_near<T: redis::FromRedisValue>(
-        &self,
-        command: &redis::Cmd,
-        first_key: &str,
-    ) -> redis::RedisResult<T> {
-        match self {
-            Self::Cluster(connection) => {
-                let slot = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
-                    first_key,
-                    SlotAddr::Master,
-                )));
-                let reply = connection.clone().route_command(command.clone(), slot).await?;
-                redis::FromRedisValue::from_redis_value(reply.extract_error()?).map_err(Into::into)
-            }
-            _ => self.query(command).await,
         }
     }
 

@@ -78,7 +78,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::connection::{Connection, Engine, Followed};
 pub use self::connection::{EngineChoice, EngineKind};
-use self::durable::{counts, Dedicated};
+use self::durable::{counts, ClusterNodes, Dedicated, Reach};
 pub use self::persistence::Persistence;
 pub use self::table::{SharedTable, TableChange, TableChanges};
 use self::url::Target;
@@ -161,8 +161,8 @@ struct Inner {
 #[derive(Clone)]
 struct Client {
     connection: Connection,
-    /// One server: the connection of durable records.
-    dedicated: Option<Arc<Dedicated>>,
+    /// Connections of their own for durable records.
+    dedicated: Arc<Dedicated>,
     /// The engine deciding now; changed when the server loses the module,
     /// and picked again after a fault on the connection.
     engine: Arc<RwLock<Arc<Engine>>>,
@@ -323,8 +323,13 @@ impl RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
+    /// Connections of their own for durable records, to `reach`.
+    fn dedicated(&self, reach: Reach) -> Arc<Dedicated> {
+        Arc::new(Dedicated::new(reach, self.connect_timeout, self.timeout))
+    }
+
     /// Opens the connection the URL names.
-    async fn open(&self, url: &str) -> Result<(Connection, Option<Arc<Dedicated>>)> {
+    async fn open(&self, url: &str) -> Result<(Connection, Arc<Dedicated>)> {
         let tls = || {
             let client_tls = self
                 .client_certificate
@@ -353,13 +358,14 @@ impl RedisStoreBuilder {
                     None => redis::Client::open(url.as_str()),
                 }
                 .map_err(invalid)?;
-                let dedicated = Arc::new(Dedicated::new(Some(client.clone()), self.connect_timeout, self.timeout));
+                let dedicated = self.dedicated(Reach::Server(client.clone()));
                 let connection = ConnectionManager::new_with_config(client, config)
                     .await
                     .map_err(store_error)?;
-                Ok((Connection::Single(connection), Some(dedicated)))
+                Ok((Connection::Single(connection), dedicated))
             }
             Target::Cluster(nodes) => {
+                let seed = nodes.first().cloned().unwrap_or_default();
                 let mut builder = ClusterClientBuilder::new(nodes)
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.timeout);
@@ -368,7 +374,10 @@ impl RedisStoreBuilder {
                 }
                 let client = builder.build().map_err(invalid)?;
                 let connection = client.get_async_connection().await.map_err(store_error)?;
-                Ok((Connection::Cluster(connection), None))
+                // Durable records wait on connections of their own to the
+                // master of their slot.
+                let dedicated = self.dedicated(Reach::Cluster(ClusterNodes::new(connection.clone(), seed, tls())));
+                Ok((Connection::Cluster(connection), dedicated))
             }
             Target::Sentinel(target) => {
                 if self.root_certificate.is_some() || self.client_certificate.is_some() {
@@ -392,8 +401,9 @@ impl RedisStoreBuilder {
                     .map_err(store_error)?;
                 // Durable records wait on connections of their own to the
                 // master found last.
-                let dedicated = Arc::new(Dedicated::new(None, self.connect_timeout, self.timeout));
-                Ok((Connection::Sentinel(Arc::new(followed)), Some(dedicated)))
+                let followed = Arc::new(followed);
+                let dedicated = self.dedicated(Reach::Sentinel(Arc::clone(&followed)));
+                Ok((Connection::Sentinel(followed), dedicated))
             }
         }
     }
