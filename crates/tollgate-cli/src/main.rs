@@ -12,12 +12,14 @@
 // `redis://[user:password@]host` and `<random hex>` there are not links or HTML.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
+mod api;
 mod bench;
 mod overrides;
 mod serve;
 mod simulate;
 mod state;
 mod store;
+mod usage;
 
 use std::fmt;
 use std::process::ExitCode;
@@ -55,6 +57,9 @@ enum Command {
     /// A running server's limits for one descriptor, changed while it runs
     /// (`/v1/overrides`): set, list, delete.
     Override(overrides::Args),
+    /// Where a running server's limits stand below a descriptor prefix
+    /// (`/v1/usage`), as a table; consumes nothing.
+    Usage(usage::Args),
 }
 
 /// An argument the command cannot work with (exit code 2).
@@ -109,6 +114,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => state::inspect(&args).map(|()| true),
         Command::Reset(args) => state::reset(&args).map(|()| true),
         Command::Override(args) => overrides::run(&args).map(|()| true),
+        Command::Usage(args) => usage::run(&args).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -2,12 +2,10 @@
 //! (`/v1/overrides`), with the admin token from `--token-file` or
 //! `TOLLGATE_ADMIN_TOKEN`.
 
-use std::path::PathBuf;
-
-use anyhow::Context as _;
 use clap::{Args as ClapArgs, Subcommand};
 use serde_json::{json, Value};
 
+use crate::api::{descriptor, parse_entry, Target};
 use crate::serve::ADMIN_TOKEN_ENV;
 use crate::UsageError;
 
@@ -16,17 +14,6 @@ use crate::UsageError;
 pub struct Args {
     #[command(subcommand)]
     command: Command,
-}
-
-/// Where the server is, and the token that opens its overrides API.
-#[derive(Debug, ClapArgs)]
-struct Target {
-    /// The server's HTTP address.
-    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
-    server: String,
-    /// A file holding the admin token (else `TOLLGATE_ADMIN_TOKEN`).
-    #[arg(long, value_name = "PATH")]
-    token_file: Option<PathBuf>,
 }
 
 /// The server, and the descriptor an override is for.
@@ -84,45 +71,6 @@ enum Command {
         #[command(flatten)]
         which: Which,
     },
-}
-
-fn parse_entry(text: &str) -> Result<(String, String), String> {
-    let (key, value) = text
-        .split_once('=')
-        .ok_or_else(|| format!("\"{text}\": an entry is key=value"))?;
-    if key.is_empty() {
-        return Err(format!("\"{text}\": the key must not be empty"));
-    }
-    Ok((key.to_owned(), value.to_owned()))
-}
-
-fn descriptor(entries: &[(String, String)]) -> Value {
-    entries
-        .iter()
-        .map(|(key, value)| json!({ "key": key, "value": value }))
-        .collect()
-}
-
-impl Target {
-    fn token(&self) -> anyhow::Result<String> {
-        let token = match &self.token_file {
-            Some(path) => std::fs::read_to_string(path)
-                .with_context(|| format!("--token-file: cannot read {}", path.display()))?,
-            None => std::env::var(ADMIN_TOKEN_ENV).unwrap_or_default(),
-        };
-        let token = token.trim().to_owned();
-        if token.is_empty() {
-            return Err(UsageError(format!(
-                "an admin token is required: --token-file, or {ADMIN_TOKEN_ENV}"
-            ))
-            .into());
-        }
-        Ok(token)
-    }
-
-    fn url(&self) -> String {
-        format!("{}/v1/overrides", self.server.trim_end_matches('/'))
-    }
 }
 
 /// Runs the subcommand; prints the server's answer (JSON).
@@ -192,37 +140,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             (reqwest::Method::DELETE, target, Some(body), None)
         }
     };
-    let token = target.token()?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (status, answer) = runtime.block_on(async {
-        let mut url = reqwest::Url::parse(&target.url()).map_err(|error| UsageError(format!("--server: {error}")))?;
-        if let Some(domain) = query {
-            url.query_pairs_mut().append_pair("domain", &domain);
-        }
-        let mut request = reqwest::Client::new().request(method, url).bearer_auth(token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {}", target.server))?;
-        let status = response.status();
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
-        anyhow::Ok((status, answer))
-    })?;
-    if !status.is_success() {
-        let message = answer
-            .get("error")
-            .and_then(Value::as_str)
-            .map_or_else(|| status.to_string(), str::to_owned);
-        let error = anyhow::anyhow!("{message} ({status})");
-        return Err(if status.as_u16() == 400 {
-            UsageError(error.to_string()).into()
-        } else {
-            error
-        });
-    }
+    let query: Vec<(&str, String)> = query.into_iter().map(|domain| ("domain", domain)).collect();
+    let answer = target.call(method, "/v1/overrides", &query, body.as_ref(), &[ADMIN_TOKEN_ENV])?;
     println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(())
 }

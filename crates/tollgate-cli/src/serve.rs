@@ -124,6 +124,11 @@ pub struct Args {
     /// `TOLLGATE_ADMIN_TOKEN`); without a token the API is off.
     #[arg(long, value_name = "PATH")]
     admin_token_file: Option<PathBuf>,
+    /// Opens what reads (`/v1/usage`, the override list) to requests
+    /// carrying the token in this file (or in `TOLLGATE_READ_TOKEN`); it
+    /// changes nothing.
+    #[arg(long, value_name = "PATH")]
+    read_token_file: Option<PathBuf>,
     /// Only validate the configuration, then exit (0 when it is valid).
     #[arg(long)]
     check_config: bool,
@@ -266,8 +271,11 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
             }
         };
         server = server.rlqs(rlqs);
-        if let Some(token) = admin_token(args.admin_token_file.as_deref())? {
+        if let Some(token) = token(args.admin_token_file.as_deref(), "--admin-token-file", ADMIN_TOKEN_ENV)? {
             server = server.admin_token(token);
+        }
+        if let Some(token) = token(args.read_token_file.as_deref(), "--read-token-file", READ_TOKEN_ENV)? {
+            server = server.read_token(token);
         }
         if args.publish_xds {
             server = server.publish_xds();
@@ -316,18 +324,22 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
 /// The environment variable holding the admin token.
 pub const ADMIN_TOKEN_ENV: &str = "TOLLGATE_ADMIN_TOKEN";
 
-/// The admin token: `--admin-token-file`'s, else `TOLLGATE_ADMIN_TOKEN`'s.
-fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<AdminToken>> {
+/// The environment variable holding the read-only token.
+pub const READ_TOKEN_ENV: &str = "TOLLGATE_READ_TOKEN";
+
+/// A token: the one in `file` (the option `flag`), else in the environment
+/// variable `env`.
+fn token(file: Option<&std::path::Path>, flag: &str, env: &str) -> anyhow::Result<Option<AdminToken>> {
     let text = match file {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--admin-token-file: cannot read {}", path.display()))?;
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("{flag}: cannot read {}", path.display()))?;
             if text.trim().is_empty() {
-                return Err(UsageError(format!("--admin-token-file: {} is empty", path.display())).into());
+                return Err(UsageError(format!("{flag}: {} is empty", path.display())).into());
             }
             text
         }
-        None => std::env::var(ADMIN_TOKEN_ENV).unwrap_or_default(),
+        None => std::env::var(env).unwrap_or_default(),
     };
     Ok(AdminToken::new(&text))
 }

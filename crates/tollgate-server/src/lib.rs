@@ -68,7 +68,7 @@ pub struct Server {
     wait_for_xds: bool,
     grpc_tls: Option<Arc<tls::Acceptor>>,
     publish_xds: bool,
-    admin_token: Option<http::AdminToken>,
+    access: http::Access,
 }
 
 impl Server {
@@ -95,15 +95,24 @@ impl Server {
             wait_for_xds: false,
             grpc_tls: None,
             publish_xds: false,
-            admin_token: None,
+            access: http::Access::default(),
         }
     }
 
-    /// Opens `/v1/overrides` to requests carrying `token`
-    /// (`Authorization: Bearer`); without one the API is off.
+    /// Opens the routes behind a token (`/v1/overrides`, `/v1/usage`)
+    /// to requests carrying `token` (`Authorization: Bearer`); without a
+    /// token they are off.
     #[must_use]
     pub fn admin_token(mut self, token: http::AdminToken) -> Self {
-        self.admin_token = Some(token);
+        self.access.admin = Some(token);
+        self
+    }
+
+    /// Opens the routes that read (`/v1/usage`, the override list) to
+    /// requests carrying `token` as well; it changes nothing.
+    #[must_use]
+    pub fn read_token(mut self, token: http::AdminToken) -> Self {
+        self.access.read = Some(token);
         self
     }
 
@@ -279,7 +288,7 @@ impl Server {
             let router = http::debug_router(Arc::clone(&self.service), Arc::clone(&self.quotas));
             axum::serve(no_delay(listener), router).with_graceful_shutdown(wait(stopped.clone()))
         });
-        let router = http::router(Arc::clone(&self.service), Arc::clone(&self.quotas), self.admin_token);
+        let router = http::router(Arc::clone(&self.service), Arc::clone(&self.quotas), self.access);
         let http_server = axum::serve(no_delay(http), router).with_graceful_shutdown(wait(stopped.clone()));
         // Accepted sockets answer at once (TCP_NODELAY): with Nagle's
         // algorithm, a small answer waits for the client's delayed ACK, up to

@@ -157,6 +157,73 @@ impl Domain {
     }
 }
 
+/// Entries leading to a rule: each key, with its value where it is fixed.
+pub type RulePath = Vec<(String, Option<String>)>;
+
+/// The descriptors below a prefix that a rule applies to
+/// ([`Domain::below`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Below {
+    /// Descriptors the configuration names whole: the prefix, and the
+    /// prefix followed by entries of fixed values.
+    pub exact: Vec<Vec<(String, String)>>,
+    /// Rules deeper down whose descriptors vary (a key of any value, or a
+    /// wildcard): their path, and the prefix's entries followed by the keys
+    /// (with the value where it is fixed) that lead to them.
+    pub varying: Vec<(String, RulePath)>,
+}
+
+impl Domain {
+    /// Every rule that applies below `prefix` (entries, outermost first):
+    /// the prefix's own (as [`Domain::lookup`] matches it), then each rule
+    /// deeper in the tree under the node the prefix reaches, depth first
+    /// in file order. An empty prefix is the whole domain.
+    pub fn below(&self, prefix: &[(String, String)]) -> Below {
+        let mut below = Below::default();
+        let mut level = &self.descriptors;
+        let mut composite = String::new();
+        for (depth, (key, value)) in prefix.iter().enumerate() {
+            composite.clear();
+            composite.push_str(key);
+            composite.push('_');
+            composite.push_str(value);
+            let Some((node, _)) = level.find(&composite, key) else {
+                return below;
+            };
+            if depth == prefix.len() - 1 && node.rule.is_some() {
+                below.exact.push(prefix.to_vec());
+            }
+            level = &node.descriptors;
+        }
+        let mut path: RulePath = prefix
+            .iter()
+            .map(|(key, value)| (key.clone(), Some(value.clone())))
+            .collect();
+        walk_below(level, &mut path, &mut below);
+        below
+    }
+}
+
+fn walk_below(level: &Level, path: &mut RulePath, below: &mut Below) {
+    for node in &level.nodes {
+        let fixed = node.value.as_ref().filter(|value| !value.contains('*'));
+        path.push((node.key.clone(), fixed.cloned()));
+        if let Some(rule) = &node.rule {
+            if path.iter().all(|(_, value)| value.is_some()) {
+                below.exact.push(
+                    path.iter()
+                        .map(|(key, value)| (key.clone(), value.clone().unwrap_or_default()))
+                        .collect(),
+                );
+            } else {
+                below.varying.push((rule.path.clone(), path.clone()));
+            }
+        }
+        walk_below(&node.descriptors, path, below);
+        path.pop();
+    }
+}
+
 impl Domain {
     /// The depth of the deepest rule: how many entries a descriptor with a
     /// rule of its own can have.

@@ -68,7 +68,7 @@ use serde::Serialize;
 use tollgate::{Limit, LimitSpec};
 
 pub use self::load::LoadOptions;
-pub use self::lookup::{exact_stat_key, wildcard_match};
+pub use self::lookup::{exact_stat_key, wildcard_match, Below};
 pub(crate) use self::yaml::rule_from_json;
 pub use crate::unit::Unit;
 

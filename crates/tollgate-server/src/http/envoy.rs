@@ -23,7 +23,7 @@ use crate::unit::Unit;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct JsonRequest {
+pub(super) struct JsonRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<JsonDescriptor>,
@@ -79,7 +79,7 @@ fn proto_u64_option<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result
 }
 
 impl JsonRequest {
-    fn into_check(self) -> Result<CheckRequest, ServiceError> {
+    pub(super) fn into_check(self) -> Result<CheckRequest, ServiceError> {
         let descriptors = self
             .descriptors
             .into_iter()

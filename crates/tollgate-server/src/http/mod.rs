@@ -16,16 +16,21 @@
 //! - `GET /rlconfig`: envoyproxy/ratelimit's debug view of the loaded
 //!   configuration, as text, with the overrides in force;
 //! - `PUT`, `GET`, `DELETE /v1/overrides`: limits set per descriptor while
-//!   running, behind an admin token (the `overrides` module).
+//!   running, behind an admin token (the `overrides` module);
+//! - `POST /v1/usage`: the body of `/json`, answered with where each
+//!   descriptor stands, consuming nothing (the `usage` module), behind the
+//!   admin or the read-only token (the `access` module).
 //!
 //! Every route parses its body into the service's one request type and
 //! calls [`Service::should_rate_limit`]. Bodies are capped at [`MAX_BODY`]
 //! (413 above it); every malformed request is a 400 with `{"error": "…"}`,
 //! and the server keeps serving.
 
+mod access;
 mod check;
 mod envoy;
 mod overrides;
+mod usage;
 
 use std::sync::Arc;
 
@@ -43,7 +48,7 @@ use axum::Router;
 
 use serde_json::json;
 
-pub use self::overrides::AdminToken;
+pub use self::access::{Access, AdminToken};
 use crate::quota::Quotas;
 use crate::service::{Failure, Service, ServiceError};
 
@@ -70,18 +75,19 @@ impl FromRef<Served> for Arc<Quotas> {
     }
 }
 
-/// The routes, over `service` (and `quotas`, for `/rlconfig`);
-/// `/v1/overrides` opens to `admin` alone (off without it).
-pub fn router(service: Arc<Service>, quotas: Arc<Quotas>, admin: Option<AdminToken>) -> Router {
+/// The routes, over `service` (and `quotas`, for `/rlconfig`); the routes
+/// behind a token open as `access` says (off without one).
+pub fn router(service: Arc<Service>, quotas: Arc<Quotas>, access: Access) -> Router {
     let admin = overrides::Admin {
         service: Arc::clone(&service),
-        token: admin,
+        access,
     };
     let overrides = Router::new()
         .route(
             "/v1/overrides",
             put(overrides::put).get(overrides::list).delete(overrides::delete),
         )
+        .route("/v1/usage", post(usage::post).get(usage::get))
         .with_state(admin);
     Router::new()
         .route("/json", post(envoy::envoy_json))

@@ -8,83 +8,35 @@
 //! - `DELETE` takes `{"domain": …, "descriptor": […]}` and answers
 //!   `{"deleted": …}`, or 404 when the descriptor had no override.
 //!
-//! Every request must carry `Authorization: Bearer <token>`; without the
-//! token, or with another, it is refused with 401. The token is compared
-//! through SHA-256 digests in constant time, so neither its bytes nor its
-//! length can be guessed from timings. Without a token configured the API is
-//! off (404).
+//! Every request must carry the admin token (`Authorization: Bearer
+//! <token>`, see [`Access`]); a `GET` may carry the read-only token
+//! instead.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
-use subtle::ConstantTimeEq as _;
 
+use super::access::Access;
 use super::{error, read_json, service_error};
 use crate::overrides::{Entry, OverrideRequest, Stored};
 use crate::service::Service;
-
-/// The token that opens `/v1/overrides`, kept as its digest.
-#[derive(Clone)]
-pub struct AdminToken {
-    digest: [u8; 32],
-}
-
-impl AdminToken {
-    /// The token `text` (surrounding white space dropped, as a file's
-    /// trailing newline); `None` when it is empty.
-    pub fn new(text: &str) -> Option<Self> {
-        let text = text.trim();
-        (!text.is_empty()).then(|| Self {
-            digest: Sha256::digest(text.as_bytes()).into(),
-        })
-    }
-
-    /// True when `headers` carry the token as `Authorization: Bearer`.
-    fn admits(&self, headers: &HeaderMap) -> bool {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .unwrap_or("");
-        let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
-        bool::from(digest.ct_eq(&self.digest))
-    }
-}
 
 /// What the override routes answer from.
 #[derive(Clone)]
 pub(super) struct Admin {
     pub(super) service: Arc<Service>,
-    pub(super) token: Option<AdminToken>,
+    pub(super) access: Access,
 }
 
 impl Admin {
-    /// The refusal of a request the token does not open, if it is one.
+    /// The refusal of a request the admin token does not open, if it is one.
     fn refuse(&self, headers: &HeaderMap) -> Option<Response> {
-        match &self.token {
-            None => Some(error(
-                StatusCode::NOT_FOUND,
-                "the overrides API is off: start serve with an admin token \
-                 (--admin-token-file, or TOLLGATE_ADMIN_TOKEN)",
-            )),
-            Some(token) if !token.admits(headers) => {
-                let mut response = error(
-                    StatusCode::UNAUTHORIZED,
-                    "an admin token is required: Authorization: Bearer <token>",
-                );
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-                Some(response)
-            }
-            Some(_) => None,
-        }
+        self.access.refuse_change(headers, "the overrides API")
     }
 }
 
@@ -116,7 +68,7 @@ pub(super) struct ListQuery {
 }
 
 pub(super) async fn list(State(admin): State<Admin>, headers: HeaderMap, Query(query): Query<ListQuery>) -> Response {
-    if let Some(refused) = admin.refuse(&headers) {
+    if let Some(refused) = admin.access.refuse_read(&headers, "the overrides API") {
         return refused;
     }
     match admin.service.list_overrides(query.domain.as_deref()) {

@@ -26,6 +26,8 @@ pub(super) struct Item<'a> {
     pub(super) alternative: bool,
     /// In shadow mode.
     pub(super) shadow: bool,
+    /// An override set while running applies, not the file's rule.
+    pub(super) overridden: bool,
     /// Its rule's metadata, for the dynamic metadata.
     pub(super) metadata: Option<&'a serde_json::Value>,
     /// The store's decision on its limit, once made.
@@ -186,6 +188,7 @@ impl Service {
             stat_key: Cow::Borrowed(""),
             alternative: false,
             shadow: false,
+            overridden: false,
             metadata: None,
             decision: None,
             status: DescriptorStatus::unmatched(),
@@ -220,6 +223,7 @@ impl Service {
                     let parts = entries.iter().flat_map(|(key, value)| [key.as_str(), value.as_str()]);
                     let subject = Subject::from_parts(std::iter::once(domain_name).chain(parts));
                     let rule = &found.rule;
+                    item.overridden = true;
                     (rule, subject, RULE.to_owned(), Cow::Borrowed(rule.path.as_str()))
                 } else {
                     let Some(found) = domain.and_then(|domain| domain.lookup(entries)) else {

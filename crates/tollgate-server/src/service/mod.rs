@@ -53,6 +53,7 @@ mod matching;
 mod options;
 mod overriding;
 mod request;
+mod usage;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,6 +71,7 @@ pub use self::lasting::{Lasting, PERSISTENCE_CHECK};
 pub(crate) use self::matching::{BucketMatch, Limited, Matched};
 pub use self::options::{HeaderNames, Options};
 pub use self::request::{CheckRequest, CheckResponse, Code, CurrentLimit, Descriptor, DescriptorStatus, Target};
+pub use self::usage::{Usage, UsageEntry, UsagePage, Varying, VaryingEntry, MAX_PAGE};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::overrides::Overrides;
