@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tollgate::{AnyStore, MemoryStore, OnStoreError, ResilientStore};
 use tollgate_server::http::AdminToken;
 use tollgate_server::quota::{Blanket, QuotaSettings};
+use tollgate_server::service::{HeaderNames, REFUSALS_SAMPLED_OF};
 use tollgate_server::settings::{RedisTls, Settings};
 use tollgate_server::xds::XdsSettings;
 use tollgate_server::{Config, LoadOptions, Options, Server};
@@ -119,6 +120,14 @@ pub struct Args {
     /// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
     #[arg(long)]
     response_headers: bool,
+    /// With --response-headers, also name the rule that refused a request
+    /// in this header (`x-ratelimit-policy`, say; or `LIMIT_POLICY_HEADER`).
+    #[arg(long, value_name = "NAME")]
+    policy_header: Option<String>,
+    /// Log one line for this share (0 to 1) of refused descriptors: the
+    /// domain, the descriptor, the rule, its limit and when to retry.
+    #[arg(long, value_name = "RATE", value_parser = refusal_rate)]
+    log_refusals: Option<u32>,
     /// Opens the overrides API (`/v1/overrides`) to requests carrying the
     /// token in this file as `Authorization: Bearer` (or the token in
     /// `TOLLGATE_ADMIN_TOKEN`); without a token the API is off.
@@ -324,6 +333,19 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
 /// The environment variable holding the admin token.
 pub const ADMIN_TOKEN_ENV: &str = "TOLLGATE_ADMIN_TOKEN";
 
+/// `--log-refusals`: a share from 0 to 1, in millionths.
+fn refusal_rate(text: &str) -> Result<u32, String> {
+    let rate: f64 = text
+        .parse()
+        .ok()
+        .filter(|rate: &f64| (0.0..=1.0).contains(rate))
+        .ok_or_else(|| format!("\"{text}\": a share from 0 to 1 (0.01: one refusal in a hundred)"))?;
+    let scale = f64::from(REFUSALS_SAMPLED_OF);
+    // In range by the filter above.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok((rate * scale).round() as u32)
+}
+
 /// The environment variable holding the read-only token.
 pub const READ_TOKEN_ENV: &str = "TOLLGATE_READ_TOKEN";
 
@@ -385,7 +407,13 @@ fn options(args: &Args, settings: &Settings) -> Options {
         shadow_mode: args.shadow_mode || settings.shadow_mode,
         all_alternatives: settings.all_alternatives,
         response_headers: args.response_headers || settings.response_headers,
-        header_names: settings.header_names.clone(),
+        header_names: HeaderNames {
+            policy: args
+                .policy_header
+                .clone()
+                .or_else(|| settings.header_names.policy.clone()),
+            ..settings.header_names.clone()
+        },
         near_limit_ratio: settings.near_limit_ratio.unwrap_or(0.8),
         healthy_with_config_only: settings.healthy_with_config_only,
         dynamic_metadata: settings.dynamic_metadata,
@@ -396,6 +424,7 @@ fn options(args: &Args, settings: &Settings) -> Options {
             .unwrap_or(tollgate_server::service::DEFAULT_MAX_DESCRIPTORS),
         health_checks_store: args.health_check_store || settings.health_checks_store,
         stop_increment_when_over: settings.stop_increment_when_over,
+        log_refusals: args.log_refusals.unwrap_or(0),
     }
 }
 

@@ -20,6 +20,7 @@
 //! | `QUOTA_MODE` | every rule an alternative ([`Options::all_alternatives`](crate::Options::all_alternatives)) |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | their names (`RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`) |
+//! | `LIMIT_POLICY_HEADER` (Tollgate's) | the header naming the rule that refused (off unless named) |
 //! | `NEAR_LIMIT_RATIO` (0.8) | what the `near_limit` metrics count |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | unhealthy until a domain is loaded |
 //! | `RESPONSE_DYNAMIC_METADATA` | answer with dynamic metadata: the request, and the `metadata` of the rules it passed |
@@ -219,6 +220,7 @@ impl Settings {
             limit: env.text("LIMIT_LIMIT_HEADER").unwrap_or(defaults.limit),
             remaining: env.text("LIMIT_REMAINING_HEADER").unwrap_or(defaults.remaining),
             reset: env.text("LIMIT_RESET_HEADER").unwrap_or(defaults.reset),
+            policy: env.text("LIMIT_POLICY_HEADER"),
         };
         if let Some(ratio) = env.text("NEAR_LIMIT_RATIO") {
             let parsed: f32 = ratio

@@ -1099,6 +1099,7 @@ async fn response_headers() {
             limit: "A-Ratelimit-Limit".to_owned(),
             remaining: "A-Ratelimit-Remaining".to_owned(),
             reset: "A-Ratelimit-Reset".to_owned(),
+            ..HeaderNames::default()
         },
         ..enabled
     };

@@ -109,6 +109,7 @@ fn blocked() -> Decision {
 pub(super) fn dynamic_metadata(
     request: &CheckRequest,
     items: &[Item<'_>],
+    overall: Code,
 ) -> serde_json::Map<String, serde_json::Value> {
     use serde_json::{json, Map, Value};
     let descriptors: Vec<Value> = request
@@ -148,6 +149,14 @@ pub(super) fn dynamic_metadata(
     }
     if !passed.is_empty() {
         fields.insert("metadata".to_owned(), Value::Object(passed));
+    }
+    // Tollgate's: the rule that refused (the most restrictive of those over).
+    let statuses: Vec<&DescriptorStatus> = items.iter().map(|item| &item.status).collect();
+    let refusing = Restrictiveness::most(statuses.iter().map(|status| restrictiveness(status)))
+        .and_then(|index| refused_by(statuses[index]))
+        .filter(|_| overall == Code::OverLimit);
+    if let Some(rule) = refusing {
+        fields.insert("refusedBy".to_owned(), Value::String(rule.to_owned()));
     }
     fields
 }
@@ -247,14 +256,32 @@ pub fn envoy_headers(statuses: &[DescriptorStatus], names: &HeaderNames) -> Vec<
         return Vec::new();
     };
     let limit = status.current_limit.as_ref().map_or(0, |limit| limit.requests_per_unit);
-    vec![
+    let mut headers = vec![
         (names.limit.clone(), limit.to_string()),
         (names.remaining.clone(), status.limit_remaining.to_string()),
         (
             names.reset.clone(),
             seconds(status.duration_until_reset.unwrap_or_default()).to_string(),
         ),
-    ]
+    ];
+    if let (Some(policy), Some(rule)) = (&names.policy, refused_by(status)) {
+        headers.push((policy.clone(), rule.to_owned()));
+    }
+    headers
+}
+
+/// The rule a refused descriptor's `status` names: its `name`, else its
+/// path in the configuration; none when it was not refused.
+pub(super) fn refused_by(status: &DescriptorStatus) -> Option<&str> {
+    if status.code != Code::OverLimit {
+        return None;
+    }
+    status
+        .current_limit
+        .as_ref()
+        .map(|limit| limit.name.as_str())
+        .filter(|name| !name.is_empty())
+        .or(status.rule.as_deref())
 }
 
 /// The IETF draft's `RateLimit-Policy` (every limit that applied) and
@@ -277,4 +304,36 @@ pub fn rate_limit_headers(statuses: &[DescriptorStatus], overall: Code) -> Vec<(
         })
         .collect();
     rate_limit_headers_of(&limits, overall == Code::OverLimit)
+}
+
+impl Service {
+    /// Logs a line for a sample ([`Options::log_refusals`](super::Options::log_refusals))
+    /// of the refused descriptors of `request`: which rule refused whom.
+    pub(super) fn log_refusals(&self, request: &CheckRequest, items: &[Item<'_>]) {
+        for (descriptor, item) in request.descriptors.iter().zip(items) {
+            let Some(rule) = refused_by(&item.status) else {
+                continue;
+            };
+            if fastrand::u32(..super::options::REFUSALS_SAMPLED_OF) >= self.options.log_refusals {
+                continue;
+            }
+            let entries: Vec<String> = descriptor
+                .entry_list()
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            let decision = item.status.decision.as_ref();
+            tracing::info!(
+                domain = %request.domain,
+                descriptor = %entries.join(","),
+                rule,
+                limit = decision.map_or(0, |decision| decision.limit),
+                hits = item.cost,
+                retry_after_ms = decision
+                    .and_then(|decision| decision.retry_after)
+                    .map_or(-1, |retry| i64::try_from(retry.as_millis()).unwrap_or(i64::MAX)),
+                "refused"
+            );
+        }
+    }
 }

@@ -69,7 +69,7 @@ pub(crate) use self::deciding::Charge;
 pub use self::error::{Failure, ServiceError};
 pub use self::lasting::{Lasting, PERSISTENCE_CHECK};
 pub(crate) use self::matching::{BucketMatch, Limited, Matched};
-pub use self::options::{HeaderNames, Options};
+pub use self::options::{HeaderNames, Options, REFUSALS_SAMPLED_OF};
 pub use self::request::{CheckRequest, CheckResponse, Code, CurrentLimit, Descriptor, DescriptorStatus, Target};
 pub use self::usage::{Usage, UsageEntry, UsagePage, Varying, VaryingEntry, MAX_PAGE};
 use crate::config::Config;
@@ -333,7 +333,13 @@ impl Service {
             self.metrics.global_shadow_mode();
         }
         self.metrics.latency(&request.domain, started.elapsed());
-        let dynamic_metadata = self.options.dynamic_metadata.then(|| dynamic_metadata(request, &items));
+        let dynamic_metadata = self
+            .options
+            .dynamic_metadata
+            .then(|| dynamic_metadata(request, &items, overall));
+        if self.options.log_refusals > 0 {
+            self.log_refusals(request, &items);
+        }
         let statuses: Vec<DescriptorStatus> = items.into_iter().map(|item| item.status).collect();
         let headers = if self.options.response_headers {
             envoy_headers(&statuses, &self.options.header_names)

@@ -38,7 +38,15 @@ pub struct Options {
     /// records its overage adds them (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`,
     /// whose default upstream is false).
     pub stop_increment_when_over: bool,
+    /// Log a line for this share of the refused descriptors (domain,
+    /// descriptor, rule, limit, retry), out of [`REFUSALS_SAMPLED_OF`];
+    /// none by default (`--log-refusals`).
+    pub log_refusals: u32,
 }
+
+/// What [`Options::log_refusals`] counts in: every refusal is logged at
+/// this figure.
+pub const REFUSALS_SAMPLED_OF: u32 = 1_000_000;
 
 impl Default for Options {
     fn default() -> Self {
@@ -53,6 +61,7 @@ impl Default for Options {
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             health_checks_store: false,
             stop_increment_when_over: true,
+            log_refusals: 0,
         }
     }
 }
@@ -68,6 +77,10 @@ pub struct HeaderNames {
     pub remaining: String,
     /// Seconds until the limit resets.
     pub reset: String,
+    /// The name of the rule that refused, on a refused request's answer
+    /// (Tollgate's, off unless named: `LIMIT_POLICY_HEADER`,
+    /// `--policy-header`, say `x-ratelimit-policy`).
+    pub policy: Option<String>,
 }
 
 impl Default for HeaderNames {
@@ -76,6 +89,7 @@ impl Default for HeaderNames {
             limit: "RateLimit-Limit".to_owned(),
             remaining: "RateLimit-Remaining".to_owned(),
             reset: "RateLimit-Reset".to_owned(),
+            policy: None,
         }
     }
 }
