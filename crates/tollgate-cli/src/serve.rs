@@ -425,6 +425,12 @@ fn options(args: &Args, settings: &Settings) -> Options {
         health_checks_store: args.health_check_store || settings.health_checks_store,
         stop_increment_when_over: settings.stop_increment_when_over,
         log_refusals: args.log_refusals.unwrap_or(0),
+        // Kept only where a token opens /v1/top.
+        track_top: args.admin_token_file.is_some()
+            || args.read_token_file.is_some()
+            || [ADMIN_TOKEN_ENV, READ_TOKEN_ENV]
+                .iter()
+                .any(|env| std::env::var(env).is_ok_and(|token| !token.trim().is_empty())),
     }
 }
 

@@ -35,6 +35,7 @@ pub mod rlqs;
 pub mod service;
 pub mod settings;
 pub mod tls;
+pub mod top;
 pub mod unit;
 pub mod xds;
 
@@ -265,13 +266,8 @@ impl Server {
         // A replica that restarts enforces the overrides in the store from
         // its first answer.
         self.service.load_overrides(Duration::from_secs(2)).await;
-        let service = Arc::clone(&self.service);
-        let checking = stopped.clone();
-        tokio::spawn(async move { service.follow_persistence(checking).await });
+        spawn_followers(&self.service, &stopped);
         tokio::spawn(Arc::clone(&self.quotas).run(stopped.clone()));
-        let service = Arc::clone(&self.service);
-        let following = stopped.clone();
-        tokio::spawn(async move { service.follow_overrides(following).await });
         let (health, health_service) = tonic_health::server::health_reporter();
         tokio::spawn(follow_health(health, self.service.health()));
         if self.service.options().health_checks_store {
@@ -391,6 +387,17 @@ const HEALTH_NAMES: [&str; 4] = [
 ];
 
 /// Keeps the gRPC health statuses in step with the service's health.
+/// The service's loops that follow the store until `stopped`: what it
+/// keeps across a restart, the overrides, and the heaviest descriptors
+/// published for the other replicas.
+fn spawn_followers(service: &Arc<Service>, stopped: &watch::Receiver<bool>) {
+    let (checking, following, publishing) = (Arc::clone(service), Arc::clone(service), Arc::clone(service));
+    let stops = (stopped.clone(), stopped.clone(), stopped.clone());
+    tokio::spawn(async move { checking.follow_persistence(stops.0).await });
+    tokio::spawn(async move { following.follow_overrides(stops.1).await });
+    tokio::spawn(async move { publishing.publish_top(stops.2).await });
+}
+
 async fn follow_health(reporter: tonic_health::server::HealthReporter, mut healthy: watch::Receiver<bool>) {
     loop {
         let status = if *healthy.borrow_and_update() {

@@ -19,7 +19,10 @@
 //!   running, behind an admin token (the `overrides` module);
 //! - `POST /v1/usage`: the body of `/json`, answered with where each
 //!   descriptor stands, consuming nothing (the `usage` module), behind the
-//!   admin or the read-only token (the `access` module).
+//!   admin or the read-only token (the `access` module);
+//! - `GET /v1/top?domain=D[&rule=R][&k=N]`: each rule's heaviest
+//!   descriptors over the last minute, by hits and by refusals (the `top`
+//!   module), behind the same tokens.
 //!
 //! Every route parses its body into the service's one request type and
 //! calls [`Service::should_rate_limit`]. Bodies are capped at [`MAX_BODY`]
@@ -30,6 +33,7 @@ mod access;
 mod check;
 mod envoy;
 mod overrides;
+mod top;
 mod usage;
 
 use std::sync::Arc;
@@ -88,6 +92,7 @@ pub fn router(service: Arc<Service>, quotas: Arc<Quotas>, access: Access) -> Rou
             put(overrides::put).get(overrides::list).delete(overrides::delete),
         )
         .route("/v1/usage", post(usage::post).get(usage::get))
+        .route("/v1/top", get(top::get))
         .with_state(admin);
     Router::new()
         .route("/json", post(envoy::envoy_json))

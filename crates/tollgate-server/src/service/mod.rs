@@ -53,6 +53,7 @@ mod matching;
 mod options;
 mod overriding;
 mod request;
+mod top;
 mod usage;
 
 use std::sync::Arc;
@@ -110,6 +111,8 @@ pub struct Service {
     overrides: Overrides,
     /// What the store was last found to keep across a restart.
     lasting: std::sync::Mutex<Option<Lasting>>,
+    /// Each rule's heaviest descriptors (with [`Options::track_top`]).
+    top: crate::top::Top,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -143,6 +146,7 @@ impl Service {
             healthy: watch::channel(!health.no_config).0,
             health: std::sync::Mutex::new(health),
             estimates: estimates::Estimates::default(),
+            top: crate::top::Top::default(),
         }
     }
 
@@ -339,6 +343,9 @@ impl Service {
             .then(|| dynamic_metadata(request, &items, overall));
         if self.options.log_refusals > 0 {
             self.log_refusals(request, &items);
+        }
+        if self.options.track_top {
+            self.track_top(&request.domain, &items, now);
         }
         let statuses: Vec<DescriptorStatus> = items.into_iter().map(|item| item.status).collect();
         let headers = if self.options.response_headers {

@@ -42,6 +42,9 @@ pub struct Options {
     /// descriptor, rule, limit, retry), out of [`REFUSALS_SAMPLED_OF`];
     /// none by default (`--log-refusals`).
     pub log_refusals: u32,
+    /// Keep each rule's heaviest descriptors (`/v1/top`): on when a token
+    /// opens the API that reads them.
+    pub track_top: bool,
 }
 
 /// What [`Options::log_refusals`] counts in: every refusal is logged at
@@ -62,6 +65,7 @@ impl Default for Options {
             health_checks_store: false,
             stop_increment_when_over: true,
             log_refusals: 0,
+            track_top: false,
         }
     }
 }
