@@ -4,11 +4,12 @@
 
 mod common;
 
+/// Windows of a day: none ends while a test runs.
 const CONFIG: &str = "
 domain: api
 descriptors:
   - key: tenant
-    rate_limit: {name: per-tenant, unit: minute, requests_per_unit: 2}
+    rate_limit: {name: per-tenant, unit: day, requests_per_unit: 2}
     descriptors:
       - key: path
         value: /search
@@ -77,7 +78,7 @@ fn usage_prints_every_limit_below_a_prefix_as_a_table() {
             .collect::<Vec<_>>()
     };
     // DESCRIPTOR, RULE, LIMIT, USED, REMAINING, RESETS AT.
-    assert_eq!(row("tenant=acme ")[1..5], ["tenant", "2/MINUTE", "1", "1"], "{table}");
+    assert_eq!(row("tenant=acme ")[1..5], ["tenant", "2/DAY", "1", "1"], "{table}");
     assert_eq!(
         row("tenant=acme, path=/search")[2..6],
         ["tenant.path_/search", "50/HOUR", "0", "50"],

@@ -10,7 +10,7 @@ mod redis_server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config, on_port_0, NOON};
+use common::{call as client_call, config, on_port_0, NOON};
 use redis_server::RedisServer;
 use serde_json::{json, Value};
 use tollgate::{AnyStore, ManualClock, MemoryStore, RedisStore, Timestamp};
@@ -286,19 +286,6 @@ async fn replicas_on_one_redis_share_overrides() {
 // --- Through HTTP. -------------------------------------------------------------
 
 const TOKEN: &str = "s3cret-admin-token";
-
-async fn client_call(method: reqwest::Method, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
 
 fn acme_body() -> Value {
     json!({

@@ -25,7 +25,7 @@ descriptors:
     descriptors:
       - key: path
         value: /tiny
-        rate_limit: {unit: hour, requests_per_unit: 2}
+        rate_limit: {unit: day, requests_per_unit: 2}
 ";
 
 const TENANTS: usize = 100_000;

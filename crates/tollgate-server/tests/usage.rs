@@ -7,7 +7,7 @@ mod common;
 #[allow(dead_code)]
 mod redis_server;
 
-use common::{config, on_port_0, OnPort0};
+use common::{call, config, on_port_0, OnPort0};
 use redis_server::RedisServer;
 use serde_json::{json, Value};
 use tollgate::{AnyStore, MemoryStore, RedisStore};
@@ -17,14 +17,15 @@ use tollgate_server::{Options, Server};
 const ADMIN: &str = "usage-admin-token";
 const READER: &str = "usage-read-token";
 
-/// A tenant's requests a minute, a calendar month's token budget in a time
-/// zone (counted as reported), any model's hourly requests, a shadow rule
-/// and an unlimited one.
+/// A tenant's requests a day, a calendar month's token budget in a time
+/// zone (counted as reported), any model's daily requests, a shadow rule
+/// and an unlimited one. Windows of a day at least: the store's key count
+/// must not change while a test runs (a shorter window's key would expire).
 const CONFIG: &str = "
 domain: llm
 descriptors:
   - key: tenant
-    rate_limit: {unit: minute, requests_per_unit: 100}
+    rate_limit: {unit: day, requests_per_unit: 100}
     descriptors:
       - key: model
         value: gpt-4
@@ -34,28 +35,15 @@ descriptors:
           requests_per_unit: 5000000
           algorithm: {algorithm: fixed_window, limit: 5000000, calendar: month, time_zone: Europe/Paris, overage: record}
       - key: model
-        rate_limit: {unit: hour, requests_per_unit: 1000}
+        rate_limit: {unit: day, requests_per_unit: 1000}
       - key: tool
         value: search
         shadow_mode: true
-        rate_limit: {unit: second, requests_per_unit: 5}
+        rate_limit: {unit: day, requests_per_unit: 5}
       - key: tool
         value: echo
         rate_limit: {unlimited: true}
 ";
-
-async fn call(method: reqwest::Method, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
 
 fn entries(pairs: &[(&str, &str)]) -> Value {
     pairs
@@ -110,7 +98,7 @@ async fn agrees_and_writes_nothing(server: &OnPort0, keys: impl Fn() -> usize) {
     envoy(server, &[(ACME_SEARCH, 9)]).await;
     // An override for beta: 2 a minute, used once.
     let body =
-        json!({"domain": "llm", "descriptor": entries(BETA), "rate_limit": {"unit": "minute", "requests_per_unit": 2}});
+        json!({"domain": "llm", "descriptor": entries(BETA), "rate_limit": {"unit": "day", "requests_per_unit": 2}});
     let (status, answer) = call(
         reqwest::Method::PUT,
         &format!("{}/v1/overrides", server.http),
@@ -160,7 +148,7 @@ async fn agrees_and_writes_nothing(server: &OnPort0, keys: impl Fn() -> usize) {
     assert_eq!(row(0)["rule"], "tenant");
     assert_eq!(row(0)["used"], 7);
     assert_eq!(row(0)["remaining"], 93);
-    assert_eq!(row(0)["unit"], "MINUTE");
+    assert_eq!(row(0)["unit"], "DAY");
     // The month's budget: what was reported, reset at the month's end in Paris.
     assert_eq!(row(1)["name"], "gpt4-budget");
     assert_eq!(row(1)["used"], 31_200);
@@ -305,7 +293,7 @@ async fn who_may_read_usage() {
     let (status, _) = call(reqwest::Method::GET, &overrides, Some(READER), None).await;
     assert_eq!(status, 200);
     let change =
-        json!({"domain": "llm", "descriptor": entries(BETA), "rate_limit": {"unit": "minute", "requests_per_unit": 2}});
+        json!({"domain": "llm", "descriptor": entries(BETA), "rate_limit": {"unit": "day", "requests_per_unit": 2}});
     let (status, answer) = call(reqwest::Method::PUT, &overrides, Some(READER), Some(change)).await;
     assert_eq!(status, 403, "{answer}");
     // Bad input: a 400 naming what is wrong, and the server goes on.

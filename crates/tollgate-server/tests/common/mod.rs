@@ -73,3 +73,23 @@ impl OnPort0 {
         self.task.await.unwrap().unwrap();
     }
 }
+
+/// `method url` with an optional bearer `token` and JSON `body`: the status
+/// and the JSON answered (null when none).
+pub async fn call(
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(serde_json::Value::Null))
+}

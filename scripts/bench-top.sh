@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# What keeping the heaviest descriptors (/v1/top) costs a decision: two
+# `tollgate serve` on the memory store (its cheapest decisions, where a
+# cost shows most), one without a token (the sketches off) and one with a
+# read-only token (the sketches on), loaded in turn, ROUNDS times, by
+# `tollgate bench --target grpc://…` with CONNECTIONS connections over KEYS
+# distinct descriptor values (100 000: most descriptors are new to a sketch,
+# its costliest path). Prints per round each server's decisions/s and CPU
+# per decision, then the medians and the median of the per-round ratios
+# (on / off). Target: at most 3 % more CPU per decision, 3 % fewer
+# decisions/s.
+#
+# Usage: scripts/bench-top.sh
+# Environment: DURATION (default 5s), ROUNDS (5), CONNECTIONS (64), KEYS
+# (100000). Everything it starts is stopped by pid when it exits.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source-path=SCRIPTDIR source=lib/bench.sh
+source scripts/lib/bench.sh
+
+no_arguments "$@"
+DURATION=${DURATION:-5s}
+ROUNDS=${ROUNDS:-5}
+CONNECTIONS=${CONNECTIONS:-64}
+KEYS=${KEYS:-100000}
+
+bench_init
+build_release
+
+cat >"$BENCH_TMP/config.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: client
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+
+start_serve "$BENCH_TMP/config.yaml" env -u TOLLGATE_READ_TOKEN -u TOLLGATE_ADMIN_TOKEN
+off_pid=$SERVE_PID off_grpc=$SERVE_GRPC
+mv "$BENCH_TMP/serve.log" "$BENCH_TMP/serve-off.log"
+start_serve "$BENCH_TMP/config.yaml" env TOLLGATE_READ_TOKEN=bench-reader
+on_pid=$SERVE_PID on_grpc=$SERVE_GRPC
+
+# run NAME PID GRPC: one load; prints "decisions/s cpu-µs-per-decision".
+run() {
+  local name=$1 pid=$2 grpc=$3 before after rate seconds
+  before=$(pid_cpu "$pid")
+  "$TOLLGATE" bench --target "grpc://$grpc" --domain bench --descriptor client=c --keys "$KEYS" \
+    --connections "$CONNECTIONS" --duration "$DURATION" --json --quiet >"$BENCH_TMP/$name.json" 2>"$BENCH_TMP/$name.err" ||
+    die "tollgate bench ($name) failed: $(cat "$BENCH_TMP/$name.err")"
+  after=$(pid_cpu "$pid")
+  rate=$(json_field decisions_per_s "$BENCH_TMP/$name.json")
+  seconds=$(json_field elapsed_s "$BENCH_TMP/$name.json")
+  awk -v r="$rate" -v s="$seconds" -v a="$before" -v b="$after" \
+    'BEGIN { printf "%d %.2f\n", r, (b - a) * 1e6 / (r * s) }'
+}
+
+median() {
+  sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+echo "| round | off: decisions/s | off: CPU µs/decision | on: decisions/s | on: CPU µs/decision | on/off rate | on/off CPU |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
+: >"$BENCH_TMP/rows"
+for round in $(seq "$ROUNDS"); do
+  note "round $round of $ROUNDS"
+  read -r off_rate off_cpu < <(run "off-$round" "$off_pid" "$off_grpc")
+  read -r on_rate on_cpu < <(run "on-$round" "$on_pid" "$on_grpc")
+  awk -v r="$round" -v a="$off_rate" -v b="$off_cpu" -v c="$on_rate" -v d="$on_cpu" \
+    'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
+done
+rate_ratio=$(awk -F'|' '{ print $7 }' "$BENCH_TMP/rows" | median)
+cpu_ratio=$(awk -F'|' '{ print $8 }' "$BENCH_TMP/rows" | median)
+echo
+echo "median of the per-round ratios (on / off): decisions/s $rate_ratio, CPU per decision $cpu_ratio"
+machine
