@@ -22,7 +22,9 @@
 //!   admin or the read-only token (the `access` module);
 //! - `GET /v1/top?domain=D[&rule=R][&k=N]`: each rule's heaviest
 //!   descriptors over the last minute, by hits and by refusals (the `top`
-//!   module), behind the same tokens.
+//!   module), behind the same tokens;
+//! - `GET /console`: the console (the `console` module), on the APIs above,
+//!   and `GET /v1/overview`, the service at a glance.
 //!
 //! Every route parses its body into the service's one request type and
 //! calls [`Service::should_rate_limit`]. Bodies are capped at [`MAX_BODY`]
@@ -31,6 +33,7 @@
 
 mod access;
 mod check;
+mod console;
 mod envoy;
 mod overrides;
 mod top;
@@ -93,6 +96,10 @@ pub fn router(service: Arc<Service>, quotas: Arc<Quotas>, access: Access) -> Rou
         )
         .route("/v1/usage", post(usage::post).get(usage::get))
         .route("/v1/top", get(top::get))
+        .route("/v1/overview", get(console::overview))
+        .route("/console", get(console::index))
+        .route("/console/console.js", get(console::script))
+        .route("/console/console.css", get(console::style))
         .with_state(admin);
     Router::new()
         .route("/json", post(envoy::envoy_json))

@@ -94,6 +94,7 @@ impl RuleWindow {
             summary
                 .refusals
                 .push((bucket.refusals.heaviest(), bucket.refusals.floor()));
+            summary.buckets.push(bucket.number * BUCKET_SECS);
         }
         summary
     }
@@ -107,6 +108,9 @@ pub struct Summary {
     pub hits: Vec<(Vec<Counted>, u64)>,
     /// By refusals.
     pub refusals: Vec<(Vec<Counted>, u64)>,
+    /// When each bucket began (seconds since the epoch).
+    #[serde(default)]
+    pub buckets: Vec<u64>,
 }
 
 /// What a replica publishes: when, and its summaries by rule.
@@ -131,6 +135,10 @@ pub struct RuleTop {
     pub refusals: Vec<Heavy>,
     /// The most refusals a descriptor not listed can have had.
     pub refusals_unlisted: u64,
+    /// Hits and refusals of every descriptor, per ten seconds, oldest
+    /// first: `(start, hits, refusals)` (a sketch's counts add up to
+    /// exactly what it was given).
+    pub series: Vec<(u64, u64, u64)>,
 }
 
 /// Rules' windows by domain, then rule path.
@@ -219,6 +227,7 @@ impl Top {
 /// rule's `k` heaviest, for `rule` alone when given.
 pub fn merge(published: &[Published], rule: Option<&str>, k: usize, now_secs: u64) -> Vec<RuleTop> {
     let mut by_rule: HashMap<&str, (Merged, Merged)> = HashMap::new();
+    let mut series: HashMap<&str, std::collections::BTreeMap<u64, (u64, u64)>> = HashMap::new();
     for replica in published {
         if now_secs.saturating_sub(replica.at) > STALE_AFTER_SECS {
             continue;
@@ -234,6 +243,13 @@ pub fn merge(published: &[Published], rule: Option<&str>, k: usize, now_secs: u6
             for (counters, floor) in &summary.refusals {
                 refusals.add(counters, *floor);
             }
+            let sum = |counters: &[Counted]| counters.iter().map(|counted| counted.count).sum::<u64>();
+            let rule_series = series.entry(path).or_default();
+            for (at, start) in summary.buckets.iter().enumerate() {
+                let totals = rule_series.entry(*start).or_default();
+                totals.0 += summary.hits.get(at).map_or(0, |(counters, _)| sum(counters));
+                totals.1 += summary.refusals.get(at).map_or(0, |(counters, _)| sum(counters));
+            }
         }
     }
     let mut tops: Vec<RuleTop> = by_rule
@@ -247,6 +263,15 @@ pub fn merge(published: &[Published], rule: Option<&str>, k: usize, now_secs: u6
                 hits_unlisted,
                 refusals,
                 refusals_unlisted,
+                series: series
+                    .get(path)
+                    .map(|buckets| {
+                        buckets
+                            .iter()
+                            .map(|(start, (hits, refused))| (*start, *hits, *refused))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             }
         })
         .collect();
@@ -318,6 +343,10 @@ mod tests {
         assert_eq!(merged[0].hits[0].count, 60);
         assert_eq!(merged[0].hits[1].count, 3);
         assert_eq!(merged[0].refusals[0].count, 30);
+        // Ten seconds a bucket, every hit counted once.
+        let hits: Vec<u64> = merged[0].series.iter().map(|&(_, hits, _)| hits).collect();
+        assert_eq!(hits, [10, 10, 10, 10, 10, 13]);
+        assert_eq!(merged[0].series[0].0, 1_010);
         // A summary gone stale is left out.
         assert!(merge(&[top.local("d", 1_069)], None, 10, 1_100).is_empty());
     }

@@ -1,0 +1,63 @@
+//! What the console's overview shows: where the configuration comes from,
+//! the store and its health, the overrides in force, the replicas seen.
+
+use serde::Serialize;
+use tollgate::AnyStore;
+
+use super::Service;
+
+/// The service at a glance (`GET /v1/overview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    /// Where the configuration comes from (`file …`, `xds …`).
+    pub config_source: String,
+    /// How many times the configuration was replaced since start.
+    pub config_changes: u64,
+    /// Every domain, with its rules' count.
+    pub domains: Vec<(String, usize)>,
+    /// `memory`, `redis`, or `redis (with a failure policy)`.
+    pub store: &'static str,
+    /// The engine deciding in Redis (`module`, `lua`).
+    pub engine: Option<String>,
+    /// Healthy, as `/healthz` says.
+    pub healthy: bool,
+    /// The circuit breaker in front of Redis is open (Redis is skipped).
+    pub breaker_open: Option<bool>,
+    /// What the store keeps across a restart, and the rules that would
+    /// lose their state (`/rlconfig`'s `# store:` line).
+    pub persistence: Option<String>,
+    /// Overrides in force.
+    pub overrides: usize,
+}
+
+impl Service {
+    /// The service at a glance.
+    pub fn overview(&self) -> Overview {
+        let config = self.config();
+        let (store, breaker_open) = match self.store() {
+            AnyStore::Redis(_) => ("redis", None),
+            AnyStore::Resilient(resilient) => ("redis (with a failure policy)", Some(resilient.stats().breaker_open)),
+            _ => ("memory", None),
+        };
+        Overview {
+            config_source: self.config_source().to_string(),
+            config_changes: *self.config_changes.borrow(),
+            domains: config
+                .domains
+                .keys()
+                .map(|name| {
+                    let rules = config.rules().iter().filter(|(domain, _)| domain == name).count();
+                    (name.clone(), rules)
+                })
+                .collect(),
+            store,
+            engine: self.engine().map(|engine| engine.name().to_owned()),
+            healthy: *self.health().borrow(),
+            breaker_open,
+            persistence: self
+                .lasting()
+                .map(|lasting| lasting.describe().trim_start_matches("# store: ").trim().to_owned()),
+            overrides: self.overrides().all().values().map(|domain| domain.len()).sum(),
+        }
+    }
+}
