@@ -224,6 +224,7 @@ async fn the_console_in_a_real_browser() {
     let overview = text(&client, "#overview").await;
     assert!(overview.contains("llm (2 rules)"), "{overview}");
     assert!(overview.contains("admin"), "{overview}");
+    assert!(overview.contains("Decisions, last 10 s"), "{overview}");
     screenshot(&client, "overview").await;
 
     // Rules: the traffic in the chart's figures.

@@ -75,5 +75,10 @@ pub(super) async fn overview(State(admin): State<Admin>, headers: HeaderMap) -> 
     };
     let mut overview = json!(admin.service.overview());
     overview["access"] = json!(access);
+    // Replicas that published their summaries lately (with the sketches on).
+    overview["replicas"] = match admin.service.replicas_seen().await {
+        Ok(seen) => json!(seen),
+        Err(_) => serde_json::Value::Null,
+    };
     axum::Json(overview).into_response()
 }

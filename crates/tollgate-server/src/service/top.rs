@@ -79,6 +79,30 @@ impl Service {
         Ok(tops)
     }
 
+    /// The replicas that published summaries of any domain lately, this one
+    /// included (on the memory store, this one).
+    ///
+    /// # Errors
+    ///
+    /// A store fault.
+    pub async fn replicas_seen(&self) -> Result<usize, ServiceError> {
+        let now_secs = unix_now() / 1_000_000;
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(self.top.replica().to_owned());
+        for domain in self.config().domains.keys() {
+            let Some(table) = self.top_table(domain) else { break };
+            let (_, fields) = table.load().await.map_err(ServiceError::from)?;
+            for (replica, value) in fields {
+                let fresh = serde_json::from_str::<Published>(&value)
+                    .is_ok_and(|theirs| now_secs.saturating_sub(theirs.at) <= crate::top::STALE_AFTER_SECS);
+                if fresh {
+                    seen.insert(replica);
+                }
+            }
+        }
+        Ok(seen.len())
+    }
+
     /// Publishes this replica's summaries of every domain to the store now
     /// (on Redis; nothing elsewhere).
     ///

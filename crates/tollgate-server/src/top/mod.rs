@@ -41,7 +41,7 @@ const BUCKETS: u64 = 6;
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
 
 /// A replica's summary older than this is left out (the replica stopped).
-const STALE_AFTER_SECS: u64 = 20;
+pub const STALE_AFTER_SECS: u64 = 20;
 
 /// One bucket: its number (seconds since the epoch / [`BUCKET_SECS`]) and
 /// its sketches.

@@ -131,10 +131,29 @@ async function renderOverview() {
     ["Circuit breaker", body.breaker_open === null ? "-" : body.breaker_open ? "open (Redis skipped)" : "closed"],
     ["Persistence", body.persistence || "-"],
     ["Overrides in force", body.overrides],
+    ["Replicas seen", body.replicas === null ? "-" : body.replicas],
+    ["Decisions, last 10 s", await rates()],
     ["Signed in as", body.access === "admin" ? "admin" : "read-only"],
   ];
   $("overview").replaceChildren(...facts.flatMap(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
   fillDomains();
+}
+
+// Decisions and refusals per second over the last complete ten seconds,
+// every rule of every domain, every replica (from /v1/top's series).
+async function rates() {
+  let hits = 0;
+  let refused = 0;
+  const complete = Math.floor(Date.now() / 10000) * 10 - 10;
+  for (const domain of state.domains) {
+    const { body } = await api(`/v1/top?domain=${encodeURIComponent(domain)}&k=1`);
+    for (const rule of (body && body.rules) || []) {
+      for (const point of rule.series) {
+        if (point[0] === complete) { hits += point[1]; refused += point[2]; }
+      }
+    }
+  }
+  return `${(hits / 10).toFixed(1)}/s, refused ${(refused / 10).toFixed(1)}/s`;
 }
 
 function fillDomains() {
