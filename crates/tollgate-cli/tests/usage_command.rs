@@ -151,3 +151,50 @@ fn a_refusal_names_its_rule_in_a_header_and_a_sampled_log_line() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("a share from 0 to 1"));
 }
+
+#[test]
+fn configurations_applied_and_refused_are_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, token) = (dir.path().join("api.yaml"), dir.path().join("read.token"));
+    std::fs::write(&config, CONFIG).unwrap();
+    std::fs::write(&token, "a-reader\n").unwrap();
+    let serve = common::Serve::start_with(&config, &["--read-token-file", token.to_str().unwrap()]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let events = || {
+        runtime.block_on(async {
+            reqwest::Client::new()
+                .get(format!("http://{}/v1/events", serve.http))
+                .bearer_auth("a-reader")
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        })
+    };
+    let until = |what: &str, found: &dyn Fn(&serde_json::Value) -> bool| {
+        let started = std::time::Instant::now();
+        loop {
+            let answer = events();
+            if found(&answer) {
+                return answer;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(15),
+                "no {what}: {answer}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    std::fs::write(&config, CONFIG.replace("unit: hour", "unit: fortnight")).unwrap();
+    let answer = until("refusal", &|answer| answer["events"][0]["kind"] == "config_refused");
+    let text = answer["events"][0]["text"].as_str().unwrap();
+    assert!(text.contains("api.yaml:") && text.contains("fortnight"), "{text}");
+    std::fs::write(&config, CONFIG).unwrap();
+    let answer = until("application", &|answer| answer["events"][0]["kind"] == "config");
+    assert!(answer["events"][0]["id"].as_u64().unwrap() > answer["events"][1]["id"].as_u64().unwrap());
+}

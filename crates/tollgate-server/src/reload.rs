@@ -96,11 +96,13 @@ pub(crate) fn watch_config(
                     service.replace_config(config);
                     service.metrics().config_loaded(true);
                     tracing::info!(path = %path.display(), generation, "configuration reloaded");
+                    service.config_applied(&format!("file {}", path.display()));
                     let _ = reloads.send(Reload::Loaded(generation));
                 }
                 Err(error) => {
                     service.metrics().config_loaded(false);
                     tracing::error!(%error, "configuration refused; the previous one stays in force");
+                    service.config_refused(&error.to_string());
                     let _ = reloads.send(Reload::Failed(error.to_string()));
                 }
             }

@@ -270,6 +270,7 @@ impl Xds {
                 drop(in_background(move || drop(previous)));
                 self.service.metrics().config_loaded(true);
                 tracing::info!(%version, domains, "xds: configuration applied");
+                self.service.config_applied(&format!("xds version {version}"));
                 self.update(|status| {
                     status.version = Some(version.clone());
                     status.responses += 1;
@@ -280,6 +281,8 @@ impl Xds {
             Err(message) => {
                 self.service.metrics().config_loaded(false);
                 tracing::error!(%version, error = %message, "xds: configuration refused; the previous one stays in force");
+                self.service
+                    .config_refused(&format!("xds version {version}: {message}"));
                 self.update(|status| {
                     status.responses += 1;
                     status.last_error = Some(message.clone());

@@ -251,13 +251,13 @@ async fn the_console_in_a_real_browser() {
     tenant_page(&client, &a).await;
     overrides_page(&client, &b).await;
 
-    // Events: what this console saw.
+    // Events: replica a's own, the override set and deleted through it.
     page(&client, "events").await;
-    let events = text(&client, "#events").await;
-    assert!(
-        events.contains("override set") && events.contains("override deleted"),
-        "{events}"
-    );
+    until("the override's events", || async {
+        let events = text(&client, "#events").await;
+        events.contains("override set: llm") && events.contains("override deleted: llm")
+    })
+    .await;
     screenshot(&client, "events").await;
 
     phone_width(&client).await;

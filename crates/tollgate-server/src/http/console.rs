@@ -62,6 +62,30 @@ pub(super) async fn style(State(admin): State<Admin>) -> Response {
     file(&admin, "text/css; charset=utf-8", STYLE)
 }
 
+#[derive(serde::Deserialize)]
+pub(super) struct EventsQuery {
+    #[serde(default)]
+    after: u64,
+}
+
+/// `GET /v1/events[?after=ID]`: the last events (configurations applied and
+/// refused, overrides changed) after `ID`, newest first.
+pub(super) async fn events(
+    State(admin): State<Admin>,
+    headers: HeaderMap,
+    query: Result<axum::extract::Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    if let Some(refused) = admin.access.refuse_read(&headers, "the events") {
+        return refused;
+    }
+    match query {
+        Ok(axum::extract::Query(query)) => {
+            axum::Json(json!({ "events": admin.service.events_after(query.after) })).into_response()
+        }
+        Err(rejection) => error(StatusCode::BAD_REQUEST, rejection.body_text()),
+    }
+}
+
 /// `GET /v1/overview`: the service at a glance, and what the token opens
 /// (`"access": "admin" | "read"`).
 pub(super) async fn overview(State(admin): State<Admin>, headers: HeaderMap) -> Response {

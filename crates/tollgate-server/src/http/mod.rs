@@ -24,7 +24,8 @@
 //!   descriptors over the last minute, by hits and by refusals (the `top`
 //!   module), behind the same tokens;
 //! - `GET /console`: the console (the `console` module), on the APIs above,
-//!   and `GET /v1/overview`, the service at a glance.
+//!   `GET /v1/overview`, the service at a glance, and `GET /v1/events`, what
+//!   happened to it lately.
 //!
 //! Every route parses its body into the service's one request type and
 //! calls [`Service::should_rate_limit`]. Bodies are capped at [`MAX_BODY`]
@@ -97,6 +98,7 @@ pub fn router(service: Arc<Service>, quotas: Arc<Quotas>, access: Access) -> Rou
         .route("/v1/usage", post(usage::post).get(usage::get))
         .route("/v1/top", get(top::get))
         .route("/v1/overview", get(console::overview))
+        .route("/v1/events", get(console::events))
         .route("/console", get(console::index))
         .route("/console/console.js", get(console::script))
         .route("/console/console.css", get(console::style))

@@ -48,6 +48,7 @@ mod answer;
 mod deciding;
 mod error;
 pub mod estimates;
+mod events;
 mod lasting;
 mod matching;
 mod options;
@@ -69,6 +70,7 @@ pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, secon
 use self::deciding::set_decisions;
 pub(crate) use self::deciding::Charge;
 pub use self::error::{Failure, ServiceError};
+pub use self::events::Event;
 pub use self::lasting::{Lasting, PERSISTENCE_CHECK};
 pub(crate) use self::matching::{BucketMatch, Limited, Matched};
 pub use self::options::{HeaderNames, Options, REFUSALS_SAMPLED_OF};
@@ -115,6 +117,8 @@ pub struct Service {
     lasting: std::sync::Mutex<Option<Lasting>>,
     /// Each rule's heaviest descriptors (with [`Options::track_top`]).
     top: crate::top::Top,
+    /// The last events (configurations, overrides).
+    events: events::Events,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -149,6 +153,7 @@ impl Service {
             health: std::sync::Mutex::new(health),
             estimates: estimates::Estimates::default(),
             top: crate::top::Top::default(),
+            events: events::Events::default(),
         }
     }
 

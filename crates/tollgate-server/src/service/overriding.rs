@@ -140,6 +140,25 @@ impl Service {
             "override {how}"
         );
         self.metrics.override_change(&changed.domain, how);
+        let until = if until.is_empty() {
+            String::new()
+        } else {
+            format!(" until {until}")
+        };
+        let reason = if reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({reason})")
+        };
+        let done = match how {
+            "set" => "set",
+            "delete" => "deleted",
+            _ => "expired",
+        };
+        self.override_event(format!(
+            "override {done}: {} {descriptor}: {before} → {after}{until}{reason}",
+            changed.domain
+        ));
         self.count_overrides();
     }
 

@@ -6,7 +6,7 @@
 
 const TOKEN = "tollgate-token";
 const POLL_MS = 2000;
-const state = { page: "overview", access: null, domains: [], timer: null, seenChanges: null, events: [] };
+const state = { page: "overview", access: null, domains: [], timer: null, events: [], lastEvent: 0 };
 
 const $ = (id) => document.getElementById(id);
 
@@ -106,21 +106,11 @@ function spark(series) {
   return svg;
 }
 
-function note(text) {
-  state.events.unshift({ at: new Date().toISOString(), text });
-  state.events = state.events.slice(0, 200);
-  if (state.page === "events") renderEvents();
-}
-
 // --- Pages. ---------------------------------------------------------------
 
 async function renderOverview() {
   const { body } = await api("/v1/overview");
   if (!body) return;
-  if (state.seenChanges !== null && body.config_changes !== state.seenChanges) {
-    note(`configuration changed (${body.config_source})`);
-  }
-  state.seenChanges = body.config_changes;
   state.domains = body.domains.map((pair) => pair[0]);
   const facts = [
     ["Configuration", body.config_source || "(none)"],
@@ -275,8 +265,7 @@ async function renderOverrides() {
     remove.disabled = state.access !== "admin";
     remove.addEventListener("click", async () => {
       const { status, body: answer } = await api("/v1/overrides", { method: "DELETE", body: { domain: stored.domain, descriptor: stored.descriptor } });
-      if (status === 200) note(`override deleted: ${stored.domain} ${descriptor}`);
-      else $("override-error").textContent = (answer && answer.error) || `error ${status}`;
+      if (status !== 200) $("override-error").textContent = (answer && answer.error) || `error ${status}`;
       renderOverrides();
     });
     return [stored.domain, descriptor, JSON.stringify(stored.rate_limit || stored.algorithm || {}), stored.expires_at || "-", stored.reason || "-", remove];
@@ -285,8 +274,17 @@ async function renderOverrides() {
   $("override-form").hidden = state.access !== "admin";
 }
 
-function renderEvents() {
-  $("events").replaceChildren(...state.events.map((event) => el("li", {}, el("time", { datetime: event.at }, event.at), " ", event.text)));
+async function renderEvents() {
+  const { body } = await api(`/v1/events?after=${state.lastEvent}`);
+  const fresh = (body && body.events) || [];
+  if (fresh.length) {
+    state.lastEvent = fresh[0].id;
+    state.events = fresh.concat(state.events).slice(0, 500);
+  }
+  $("events").replaceChildren(...state.events.map((event) => {
+    const at = new Date(event.at_us / 1000).toISOString();
+    return el("li", { class: event.kind === "config_refused" ? "error" : "" }, el("time", { datetime: at }, at), " ", event.text);
+  }));
 }
 
 async function setOverride(event) {
@@ -306,7 +304,6 @@ async function setOverride(event) {
   if ($("o-reason").value) request.reason = $("o-reason").value;
   const { status, body } = await api("/v1/overrides", { method: "PUT", body: request });
   if (status === 200) {
-    note(`override set: ${request.domain} ${$("o-entries").value}`);
     renderOverrides();
     return;
   }
