@@ -73,8 +73,31 @@ impl Driver {
     }
 }
 
+/// The pids whose parent is `parent` (from `/proc/<pid>/stat`).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // After the command's closing parenthesis: state, then the parent's pid.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
 impl Drop for Driver {
+    /// Stops the browsers chromedriver started (a test that failed never
+    /// closed its session), then chromedriver: each by its pid.
     fn drop(&mut self) {
+        for browser in children_of(self.child.id()) {
+            let _ = Command::new("kill").arg(browser.to_string()).status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
