@@ -35,18 +35,6 @@ descriptors:
 YAML
 start_serve "$BENCH_TMP/config.yaml" env TOLLGATE_READ_TOKEN=bench-reader
 
-# run NAME: one load; prints "decisions/s cpu-µs-per-decision".
-run() {
-  local name=$1 before after rate seconds
-  before=$(pid_cpu "$SERVE_PID")
-  "$TOLLGATE" bench --target "grpc://$SERVE_GRPC" --domain bench --descriptor client=c --keys "$KEYS" \
-    --connections "$CONNECTIONS" --duration "$DURATION" --json --quiet >"$BENCH_TMP/$name.json" 2>"$BENCH_TMP/$name.err" ||
-    die "tollgate bench ($name) failed: $(cat "$BENCH_TMP/$name.err")"
-  after=$(pid_cpu "$SERVE_PID")
-  rate=$(json_field decisions_per_s "$BENCH_TMP/$name.json")
-  seconds=$(json_field elapsed_s "$BENCH_TMP/$name.json")
-  awk -v r="$rate" -v s="$seconds" -v a="$before" -v b="$after" 'BEGIN { printf "%d %.2f\n", r, (b - a) * 1e6 / (r * s) }'
-}
 
 # The consoles: CONSOLES pollers in one Python process, until killed.
 cat >"$BENCH_TMP/consoles.py" <<'PY'
@@ -79,19 +67,16 @@ echo "|---:|---:|---:|---:|---:|---:|---:|"
 : >"$BENCH_TMP/rows"
 for round in $(seq "$ROUNDS"); do
   note "round $round of $ROUNDS"
-  read -r none_rate none_cpu < <(run "none-$round")
+  read -r none_rate none_cpu < <(grpc_load "none-$round" "$SERVE_PID" "$SERVE_GRPC")
   python3 "$BENCH_TMP/consoles.py" "$SERVE_HTTP" "$CONSOLES" &
   pollers=$!
   BENCH_PIDS+=("$pollers")
-  read -r open_rate open_cpu < <(run "open-$round")
+  read -r open_rate open_cpu < <(grpc_load "open-$round" "$SERVE_PID" "$SERVE_GRPC")
   kill "$pollers" 2>/dev/null || true
   wait "$pollers" 2>/dev/null || true
   awk -v r="$round" -v a="$none_rate" -v b="$none_cpu" -v c="$open_rate" -v d="$open_cpu" \
     'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
 done
-median() {
-  sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 echo
 echo "median of the per-round ratios ($CONSOLES consoles open / none): decisions/s $(awk -F'|' '{ print $7 }' "$BENCH_TMP/rows" | median), CPU per decision $(awk -F'|' '{ print $8 }' "$BENCH_TMP/rows" | median)"
 machine

@@ -40,31 +40,15 @@ mv "$BENCH_TMP/serve.log" "$BENCH_TMP/serve-off.log"
 start_serve "$BENCH_TMP/config.yaml" env TOLLGATE_READ_TOKEN=bench-reader
 on_pid=$SERVE_PID on_grpc=$SERVE_GRPC
 
-# run NAME PID GRPC: one load; prints "decisions/s cpu-µs-per-decision".
-run() {
-  local name=$1 pid=$2 grpc=$3 before after rate seconds
-  before=$(pid_cpu "$pid")
-  "$TOLLGATE" bench --target "grpc://$grpc" --domain bench --descriptor client=c --keys "$KEYS" \
-    --connections "$CONNECTIONS" --duration "$DURATION" --json --quiet >"$BENCH_TMP/$name.json" 2>"$BENCH_TMP/$name.err" ||
-    die "tollgate bench ($name) failed: $(cat "$BENCH_TMP/$name.err")"
-  after=$(pid_cpu "$pid")
-  rate=$(json_field decisions_per_s "$BENCH_TMP/$name.json")
-  seconds=$(json_field elapsed_s "$BENCH_TMP/$name.json")
-  awk -v r="$rate" -v s="$seconds" -v a="$before" -v b="$after" \
-    'BEGIN { printf "%d %.2f\n", r, (b - a) * 1e6 / (r * s) }'
-}
 
-median() {
-  sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 
 echo "| round | off: decisions/s | off: CPU µs/decision | on: decisions/s | on: CPU µs/decision | on/off rate | on/off CPU |"
 echo "|---:|---:|---:|---:|---:|---:|---:|"
 : >"$BENCH_TMP/rows"
 for round in $(seq "$ROUNDS"); do
   note "round $round of $ROUNDS"
-  read -r off_rate off_cpu < <(run "off-$round" "$off_pid" "$off_grpc")
-  read -r on_rate on_cpu < <(run "on-$round" "$on_pid" "$on_grpc")
+  read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
+  read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
   awk -v r="$round" -v a="$off_rate" -v b="$off_cpu" -v c="$on_rate" -v d="$on_cpu" \
     'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
 done

@@ -243,3 +243,24 @@ machine() {
   fi
   echo "machine: ${cpu:-unknown CPU}, $(nproc) cores, load average $load; commit $commit"
 }
+
+# median: the median of the numbers on standard input, one a line.
+median() {
+  sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# grpc_load NAME PID GRPC: one `tollgate bench --target grpc://GRPC` run
+# (descriptor client=c of domain bench, KEYS values, CONNECTIONS
+# connections, DURATION), its summary in NAME.json; prints the decisions/s
+# and the CPU (µs) of process PID per decision.
+grpc_load() {
+  local name=$1 pid=$2 grpc=$3 before after rate seconds
+  before=$(pid_cpu "$pid")
+  "$TOLLGATE" bench --target "grpc://$grpc" --domain bench --descriptor client=c --keys "$KEYS" \
+    --connections "$CONNECTIONS" --duration "$DURATION" --json --quiet >"$BENCH_TMP/$name.json" 2>"$BENCH_TMP/$name.err" ||
+    die "tollgate bench ($name) failed: $(cat "$BENCH_TMP/$name.err")"
+  after=$(pid_cpu "$pid")
+  rate=$(json_field decisions_per_s "$BENCH_TMP/$name.json")
+  seconds=$(json_field elapsed_s "$BENCH_TMP/$name.json")
+  awk -v r="$rate" -v s="$seconds" -v a="$before" -v b="$after" 'BEGIN { printf "%d %.2f\n", r, (b - a) * 1e6 / (r * s) }'
+}
