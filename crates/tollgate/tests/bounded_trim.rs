@@ -197,6 +197,62 @@ fn a_backlog_of_leases(ended: u64, cost: fn(u64) -> u64, live: u64, live_cost: u
     trace
 }
 
+/// `ended` one-unit leases a µs apart, all ended at 1 s + 2.6 ms: peeks,
+/// releases of a lease read and of one unread, acquires and the release
+/// that leaves no lease live; each call trims a step of the backlog, and
+/// none drops the set whole.
+fn an_ended_backlog_of_leases(ended: u64) -> Trace {
+    let mut trace: Trace = (0..ended).map(|i| (i, 0, Call::Acquire(format!("l{i}"), 1))).collect();
+    let now = SECOND + 2_600;
+    let calls = [
+        Call::Check(0),
+        Call::Release("l3".into()),
+        Call::Release(format!("l{}", ended - 5)),
+        Call::Acquire("a".into(), 2),
+        Call::Release("a".into()),
+        Call::Check(0),
+        Call::Acquire(format!("l{}", ended - 7), 1),
+        Call::Release(format!("l{}", ended - 7)),
+        Call::Acquire("b".into(), 10_000),
+        Call::Acquire("c".into(), 1),
+    ];
+    trace.extend(calls.into_iter().enumerate().map(|(i, call)| (now + i as u64, 0, call)));
+    trace
+}
+
+/// `entries` one-unit entries a µs apart under a window of 1 s, the log
+/// lapsed at 3 s: peeks, admissions under 1 s and under a window of 3 s
+/// redefined (which must not count the lapsed entries again: the memory
+/// store dropped them), refunds of a lapsed entry and of the only live one
+/// (which leaves none live); each call trims a step, none drops the set.
+fn a_lapsed_log(entries: u64) -> Trace {
+    let mut trace: Trace = (0..entries).map(|i| (i, 0, Call::Check(1))).collect();
+    let now = 3 * SECOND;
+    let calls = [
+        (0, Call::Check(0)),
+        (1, Call::Check(0)),
+        (0, Call::Check(2)),
+        (1, Call::Check(0)),
+        (1, Call::Check(9_999)),
+        (0, Call::Refund(5, 1)),
+        (0, Call::Refund(3 * SECOND + 2, 2)),
+        (1, Call::Check(0)),
+        (0, Call::Check(1)),
+        (1, Call::Record(3)),
+        (0, Call::Check(10_000)),
+        (1, Call::Check(1)),
+        (0, Call::Check(1)),
+    ];
+    let at = |i: usize| now + 2 + i as u64;
+    trace.extend(
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, (policy, call))| (at(i), policy, call)),
+    );
+    trace
+}
+
 #[test]
 fn a_backlog_beyond_one_step_is_trimmed_in_steps_and_decided_exactly() {
     let server = RedisServer::start_with_module(&[]);
@@ -212,6 +268,8 @@ fn a_backlog_beyond_one_step_is_trimmed_in_steps_and_decided_exactly() {
     for engines in [&["module"][..], &["lua"], &["module", "lua"], &["lua", "module"]] {
         // A log's trim removes entries only; leases go with their "\0c" member.
         agree(&server, engines, &logs, &a_backlogged_log(), STEP, "log");
+        // A log that lapsed whole goes in steps too ("\0x" renamed).
+        agree(&server, engines, &logs, &a_lapsed_log(3_000), STEP + 1, "lapsed");
         // A release or a renewal removes the lease named too (and its "\0c").
         agree(
             &server,
@@ -220,6 +278,16 @@ fn a_backlog_beyond_one_step_is_trimmed_in_steps_and_decided_exactly() {
             &a_backlog_of_leases(2_500, one, 0, 1),
             STEP + 2,
             "leases",
+        );
+        // Every lease ended: the set still goes in steps, even when a
+        // release leaves none live.
+        agree(
+            &server,
+            engines,
+            &leases,
+            &an_ended_backlog_of_leases(4_000),
+            STEP + 2,
+            "all-ended",
         );
         // Leases of other than one unit: the units of the ended ones left
         // are walked where that is shortest (the live leases; those ended

@@ -124,11 +124,6 @@ function concurrency.load(key, _, now)
   if ended == 0 then
     return { key = key, total = total, ended = 0 }
   end
-  if ended == rcall("ZCOUNT", key, "(0", "+inf") then
-    -- Every lease has ended: the set goes whole, without blocking.
-    rcall("UNLINK", key)
-    return nil, false
-  end
   -- The oldest ended leases, at most TRIM_STEP, go now.
   local costly = rcall("ZCOUNT", key, "-inf", "(0") - 1
   local trimmed = min(ended, TRIM_STEP)
@@ -246,6 +241,15 @@ function concurrency.decide(p, s, now, action, cost, _, lease)
   -- "\0n" counts the ended leases left in the set, but for one replaced.
   local held = others + cost + ended - replaced
   return decision, { lease = lease, ends = ends, cost = cost, total = held, cost_member = own_cost_member }
+end
+
+-- µs the set stays when a decision leaves no lease live but ended leases
+-- unread (0: none, it goes whole): the calls that come trim them in steps.
+function concurrency.backlog(p, s)
+  if s ~= nil and s.ended > 0 then
+    return p.ttl
+  end
+  return 0
 end
 
 function concurrency.store(key, _, _, change, _, ttl, stale)

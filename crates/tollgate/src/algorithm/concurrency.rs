@@ -323,12 +323,22 @@ impl Algorithm for Concurrency {
             Action::Release(lease) | Action::Refund { lease: Some(lease), .. } => Some(lease),
             _ => None,
         };
+        // Whether any lease holds other than one unit ("\0n" the only
+        // negative score otherwise): when none does, no "\0c" member is
+        // looked up.
+        let costly = set.count(key, Scores::below(0)) > 1;
         // The oldest leases that have ended, at most TRIM_STEP (a write
         // trims them).
         let ended_range = Scores::between(0, now_score);
         let (mut read, mut read_units, mut named_read, mut last_read) = (0, 0, false, None);
         set.scan(key, ended_range, false, &mut |name, ends, score| {
-            read_units += lease(&mut members, name, ends, score);
+            let units = if costly {
+                lease(&mut members, name, ends, score)
+            } else {
+                members.push((name.to_vec(), ends));
+                1
+            };
+            read_units += units;
             named_read |= id.is_some_and(|id| id.as_bytes() == name);
             last_read = Some((ends, name.to_vec()));
             read += 1;
@@ -340,11 +350,11 @@ impl Algorithm for Concurrency {
             // counted, not read ("\0n" the only negative score: every lease
             // holds one unit, and the count is their units).
             let rest = set.count(key, ended_range) - read;
-            unread = if set.count(key, Scores::below(0)) == 1 {
-                rest
-            } else {
+            unread = if costly {
                 let held = total.unsigned_abs().saturating_sub(read_units);
                 ended_beyond(set, key, now_score, rest, held, last_read.as_ref())
+            } else {
+                rest
             };
             // The lease named, ended and unread: read too (an acquire
             // replaces it, a release drops it), so its units leave the unread.
@@ -455,12 +465,25 @@ impl Algorithm for Concurrency {
             state.by_name.insert(name, key);
         }
         match u64::try_from(total) {
-            Ok(total) if total > 0 && total < EXACT => {
+            Ok(total) if total < EXACT && (total > 0 || unread > 0) => {
+                // Every lease read has ended and more are left unread: a
+                // state holding none, which keeps counting them (a write
+                // trims the read, the rest go with later calls).
                 state.held = total.max(live);
                 state.ended_left = unread;
                 Loaded::State(Box::new(state))
             }
             _ => Loaded::None,
+        }
+    }
+
+    /// A lease's ttl while ended leases are left unread.
+    #[cfg(feature = "engine")]
+    fn backlog(&self, state: &ConcurrencyState, _now: u64) -> u64 {
+        if state.ended_left > 0 {
+            self.ttl
+        } else {
+            0
         }
     }
 

@@ -244,6 +244,18 @@ pub(crate) trait Algorithm: Copy {
     /// (µs), written as the Lua version's `store` writes it.
     #[cfg(feature = "engine")]
     fn encode(&self, state: &Self::State, expires: u64) -> Encoded;
+
+    /// µs a key read in part must still be kept when a decision leaves
+    /// `state` saying nothing more (a write whose `ttl` is zero) while it
+    /// holds ended entries no call has trimmed yet (0: none, the key goes
+    /// whole). The set then stays, counting them, so that the calls that
+    /// come trim it in steps; after this long it expires whole (freed off
+    /// the main thread with `lazyfree-lazy-expire yes`), as the Lua
+    /// version's `backlog` keeps it.
+    #[cfg(feature = "engine")]
+    fn backlog(&self, _state: &Self::State, _now: u64) -> u64 {
+        0
+    }
 }
 
 /// What a decision does to one algorithm's state.

@@ -606,6 +606,14 @@ impl Limit {
         dispatch!(&self.kind, p => encode(p, state, expires))
     }
 
+    /// µs a key read in part is kept for ended entries of `state` not yet
+    /// trimmed when a decision leaves it saying nothing more (see
+    /// [`Algorithm::backlog`]; 0: none).
+    #[cfg(feature = "engine")]
+    pub(crate) fn backlog(&self, state: &State, now: u64) -> u64 {
+        dispatch!(&self.kind, p => backlog(p, state, now))
+    }
+
     /// Its algorithm's id in the Redis library (`ALGORITHMS[ID]`).
     #[cfg(feature = "engine")]
     pub(crate) fn id(&self) -> u8 {
@@ -661,6 +669,12 @@ fn load<A: Registered>(algorithm: &A, value: &Value, now: u64) -> Loaded<State> 
 #[cfg(feature = "engine")]
 fn encode<A: Registered>(algorithm: &A, state: &State, expires: u64) -> Option<Encoded> {
     A::held(state).map(|state| algorithm.encode(state, expires))
+}
+
+/// `A`'s backlog kept in `state`, if it is a state of `A`.
+#[cfg(feature = "engine")]
+fn backlog<A: Registered>(algorithm: &A, state: &State, now: u64) -> u64 {
+    A::held(state).map_or(0, |state| algorithm.backlog(state, now))
 }
 
 /// The refusal of `reserve` on a limit of `algorithm`, which neither

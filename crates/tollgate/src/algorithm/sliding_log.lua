@@ -2,6 +2,10 @@
 -- whose score is the running total of units admitted up to and including
 -- it; the member "\0b" holds the base, the total before the oldest entry,
 -- and "\0x" minus the instant the log has no more to say (so it sorts first).
+-- Once that instant has passed, the log lapsed: every entry is dead, and
+-- stays so whatever the window, for "\0x" is then named "\0x<instant>"
+-- (entries stamped before it are dead) until a later lapse; the dead are
+-- trimmed in steps as the others, so no call frees a whole set.
 -- Instants and totals rise together, so:
 --   the live units are newest total − base;
 --   the entry at which `needed` units have left is the first whose total is
@@ -26,13 +30,31 @@ function sliding_log.params(n)
   return { limit = n[2], window = n[3] }
 end
 
+-- Whether an entry stamped `at` has left at `now`: the window has passed
+-- it, or it is dead (stamped before `dead`).
+local function left(p, at, dead, now)
+  return at < dead or at + p.window <= now
+end
+
+-- Since when a log's entries are dead (0: none), from the name of its first
+-- member; nil: not a log.
+local function dead_since(member)
+  if substring(member, 1, 2) ~= EXPIRES then
+    return nil
+  end
+  if #member == 2 then
+    return 0
+  end
+  return tonumber(substring(member, 3))
+end
+
 -- The rank of the last entry that has left the window, between rank `lo`
 -- (one that has left) and rank `hi` (one that has not): a bisection, each
 -- step one ZRANGE of one member.
-local function last_gone(key, p, now, lo, hi)
+local function last_gone(key, p, now, dead, lo, hi)
   while hi - lo > 1 do
     local mid = idiv(lo + hi, 2)
-    if tonumber(rcall("ZRANGE", key, mid, mid)[1]) + p.window <= now then
+    if left(p, tonumber(rcall("ZRANGE", key, mid, mid)[1]), dead, now) then
       lo = mid
     else
       hi = mid
@@ -43,7 +65,11 @@ end
 
 -- s: { key, base (the total through the last entry that left), trimmed
 -- (the entries an admission trims), trim_base ("\0b" once they are
--- trimmed), last_at, last_total, last_member }, or nil for an empty log.
+-- trimmed), last_at, last_total, last_member, left (the entries that
+-- left), dead (entries stamped before it are dead), expiry (the name "\0x"
+-- has) }, or nil for an empty log. A
+-- log whose every entry has left holds none live, and an admission trims a
+-- step of it, as of any other.
 function sliding_log.load(key, p, now)
   local head = rpcall("ZRANGE", key, 0, TRIM_BATCH + 1, "WITHSCORES")
   if head.err then
@@ -52,33 +78,40 @@ function sliding_log.load(key, p, now)
   if #head == 0 then
     return nil, false
   end
-  if head[1] ~= EXPIRES or head[3] ~= BASE then
+  local dead = dead_since(head[1])
+  if dead == nil or head[3] ~= BASE then
     -- Another algorithm's set.
     return nil, true
-  end
-  if -tonumber(head[2]) <= now then
-    rcall("UNLINK", key)
-    return nil, false
   end
   local last = { head[#head - 1], head[#head] }
   if #head >= 2 * (TRIM_BATCH + 2) then
     last = rcall("ZRANGE", key, -1, -1, "WITHSCORES")
   end
-  if last[1] == BASE or tonumber(last[1]) + p.window <= now then
-    -- No entry, or every entry left: the log says nothing (a write
-    -- replaces the set whole).
+  if last[1] == BASE then
+    -- No entry: the log says nothing (a write replaces the set whole).
     return nil, true
+  end
+  local last_at = tonumber(last[1])
+  if -tonumber(head[2]) <= now then
+    -- The log lapsed: every entry is dead.
+    dead = last_at + 1
   end
   -- The entries that left the window are ranks 2 .. gone (gone = 1: none).
   local gone, base, i = 1, tonumber(head[4]), 5
-  while i <= #head and tonumber(head[i]) + p.window <= now do
+  while i <= #head and left(p, tonumber(head[i]), dead, now) do
     gone, base, i = gone + 1, tonumber(head[i + 1]), i + 2
   end
   if i > #head then
-    -- Every entry read left and the newest did not: the last that left, by
-    -- bisection up to the newest.
-    gone = last_gone(key, p, now, gone, rcall("ZCARD", key) - 1)
-    base = tonumber(rcall("ZRANGE", key, gone, gone, "WITHSCORES")[2])
+    if left(p, last_at, dead, now) then
+      -- Every entry has left: the last that left is the newest.
+      gone = rcall("ZCARD", key) - 1
+      base = tonumber(last[2])
+    else
+      -- Every entry read left and the newest did not: the last that left,
+      -- by bisection up to the newest.
+      gone = last_gone(key, p, now, dead, gone, rcall("ZCARD", key) - 1)
+      base = tonumber(rcall("ZRANGE", key, gone, gone, "WITHSCORES")[2])
+    end
   end
   local trimmed = min(gone - 1, TRIM_STEP)
   local trim_base = base
@@ -90,14 +123,17 @@ function sliding_log.load(key, p, now)
     base = base,
     trimmed = trimmed,
     trim_base = trim_base,
-    last_at = tonumber(last[1]),
+    last_at = last_at,
     last_total = tonumber(last[2]),
     last_member = last[1],
+    left = gone - 1,
+    dead = dead,
+    expiry = head[1],
   }
 end
 
 local function reset_after(p, s, now)
-  if s == nil then
+  if s == nil or s.last_total == s.base then
     return 0
   end
   return s.last_at + p.window - now
@@ -185,7 +221,7 @@ end
 -- costs O(log n + entries newer than `at`). Reports as a peek after; so does
 -- a refund of units that have left.
 function sliding_log.refund(p, s, now, at, cost)
-  if s == nil or cost == 0 or at + p.window <= now then
+  if s == nil or cost == 0 or left(p, at, s.dead, now) then
     return sliding_log.decide(p, s, now, RELEASE, 0)
   end
   -- Entries stamped at or after `at`, newest first; the total before them
@@ -196,7 +232,7 @@ function sliding_log.refund(p, s, now, at, cost)
     local page = rcall("ZRANGE", s.key, -(offset + TRIM_BATCH), -(offset + 1), "WITHSCORES")
     for i = #page - 1, 1, -2 do
       local member = page[i]
-      if member == BASE or member == EXPIRES then
+      if member == BASE or dead_since(member) then
         before = tonumber(page[i + 1])
         break
       end
@@ -231,6 +267,29 @@ function sliding_log.refund(p, s, now, at, cost)
   return decision, { refund = newer, removed = removed, emptied = removed == units }
 end
 
+-- µs the set stays when a refund leaves no entry live but more than a
+-- step of entries that left (0: none, it goes whole): the calls that come
+-- trim them in steps.
+function sliding_log.backlog(p, s)
+  if s ~= nil and s.left > TRIM_STEP then
+    return p.window
+  end
+  return 0
+end
+
+-- "\0x" as `s` names it (dead since when), writing it so; the name it had
+-- goes.
+local function expiry(key, s)
+  if s == nil or s.dead == 0 then
+    return EXPIRES
+  end
+  local name = EXPIRES .. fmt(s.dead)
+  if s.expiry ~= name then
+    rcall("ZREM", key, s.expiry)
+  end
+  return name
+end
+
 function sliding_log.store(key, _, s, change, now, ttl, stale)
   local expires = -(now + ttl)
   if change.refund then
@@ -243,7 +302,7 @@ function sliding_log.store(key, _, s, change, now, ttl, stale)
     else
       rcall("ZINCRBY", key, -change.removed, newer[#newer][1])
     end
-    rcall("ZADD", key, expires, EXPIRES)
+    rcall("ZADD", key, expires, expiry(key, s))
     rcall("PEXPIRE", key, expire_ms(ttl))
     return
   end
@@ -260,7 +319,7 @@ function sliding_log.store(key, _, s, change, now, ttl, stale)
     if change.stamp ~= s.last_at then
       member = fmt(change.stamp)
     end
-    rcall("ZADD", key, expires, EXPIRES, s.trim_base, BASE, s.last_total + change.cost, member)
+    rcall("ZADD", key, expires, expiry(key, s), s.trim_base, BASE, s.last_total + change.cost, member)
   end
   rcall("PEXPIRE", key, expire_ms(ttl))
 end

@@ -54,6 +54,12 @@ pub struct SlidingLogState {
     entries: VecDeque<(u64, u64)>,
     /// The running sum before the oldest entry.
     base: u64,
+    /// Entries stamped before this instant (µs; 0: none) have left
+    /// whatever the window: a Redis key keeps them when its log lapsed
+    /// whole (its "\0x" passed), to trim them in steps, and no longer
+    /// window redefined later counts them again. The memory store, which
+    /// drops a log that lapses, never sets it.
+    dead_before: u64,
 }
 
 /// An edit of the log.
@@ -127,7 +133,9 @@ struct Live<'a> {
 impl SlidingLog {
     /// The entries still counting at `now` (admitted after `now - window`).
     fn live<'a>(&self, state: &'a SlidingLogState, now: u64) -> Live<'a> {
-        let expired = state.entries.partition_point(|&(at, _)| at + self.window <= now);
+        let expired = state
+            .entries
+            .partition_point(|&(at, _)| at < state.dead_before || at + self.window <= now);
         let gone = state.before(expired);
         let total = state.before(state.entries.len()) - gone;
         Live {
@@ -208,21 +216,15 @@ impl SlidingLog {
     /// back, at the newest instant.
     ///
     /// The oldest entries that have left the window go with it, at most
-    /// `TRIM_STEP` of them (the rest stay, known to have left, for later
-    /// admissions), or all of them when every entry has left (a store then
-    /// replaces the set whole): as the Lua library and the module trim, so
-    /// that every engine holds the same entries, which a limit redefined
-    /// with a longer window may count again.
+    /// `TRIM_STEP` of them, even when every entry has left (the rest stay,
+    /// known to have left, for later admissions): as the Lua library and
+    /// the module trim, so that every engine holds the same entries, which
+    /// a limit redefined with a longer window may count again, and no call
+    /// frees a whole set.
     fn admission(live: Option<&Live<'_>>, now: u64, cost: u64) -> (u64, LogChange) {
         let newest = live.and_then(|live| live.state.entries.back());
         let at = newest.map_or(now, |&(newest, _)| newest.max(now));
-        let expired = live.map_or(0, |live| {
-            if live.expired == live.state.entries.len() {
-                live.expired
-            } else {
-                live.expired.min(TRIM_STEP)
-            }
-        });
+        let expired = live.map_or(0, |live| live.expired.min(TRIM_STEP));
         (
             at,
             LogChange::Admit {
@@ -270,7 +272,7 @@ impl SlidingLog {
         };
         let index = state.entries.partition_point(|&(stamp, _)| stamp < at);
         match state.entries.get(index) {
-            Some(&(stamp, _)) if stamp == at && stamp + self.window > now => {}
+            Some(&(stamp, _)) if stamp == at && stamp >= state.dead_before && stamp + self.window > now => {}
             _ => return peek(),
         }
         let units = state.through(index) - state.before(index);
@@ -292,6 +294,13 @@ impl SlidingLog {
 }
 
 impl SlidingLog {
+    /// Whether an entry stamped `at` has left at `now`: the window has
+    /// passed it, or it is stamped before `dead_before` (a log that lapsed).
+    #[cfg(feature = "engine")]
+    fn left(&self, at: u64, dead_before: u64, now: u64) -> bool {
+        at < dead_before || at.saturating_add(self.window) <= now
+    }
+
     /// The last entry that has left the window at `now`: at or after `gone`
     /// (which has left), found by bisection over the totals up to `live`
     /// (the newest's, which has not). Totals and instants rise together, so
@@ -306,6 +315,7 @@ impl SlidingLog {
         now: u64,
         mut gone: (Vec<u8>, i64),
         live: i64,
+        dead_before: u64,
     ) -> (Vec<u8>, i64) {
         // `gone` has left; the first entry scored `high` or more has not.
         let mut high = live;
@@ -314,7 +324,7 @@ impl SlidingLog {
             let mut probe = Members::new();
             set.read_into(key, Scores::from(mid), false, 1, &mut probe);
             match probe.pop() {
-                Some(entry) if number(&entry.0).is_some_and(|at| at.saturating_add(self.window) <= now) => gone = entry,
+                Some(entry) if number(&entry.0).is_some_and(|at| self.left(at, dead_before, now)) => gone = entry,
                 _ => high = mid,
             }
         }
@@ -393,41 +403,51 @@ impl Algorithm for SlidingLog {
         if !set.is_sorted_set(key) {
             return None;
         }
-        let gone = |member: &[u8]| number(member).is_some_and(|at| at.saturating_add(self.window) <= now);
         let mut members = Members::with_capacity(8);
-        // "\0x" (the read stops there when it has passed), "\0b", then from
-        // the front the entries that have left, at most TRIM_STEP + 1, and
-        // the first live one.
-        let mut walked = 0;
+        // "\0x" (whose name says since when entries are dead, when it says;
+        // once it has passed, every entry is), "\0b", then from the front
+        // the entries that have left, at most TRIM_STEP + 1, and the first
+        // live one.
+        let (mut walked, mut dead_before) = (0, 0);
         set.scan(key, Scores::ALL, false, &mut |member, score, _| {
             members.push((member.to_vec(), score));
             match members.len() {
-                1 => member == EXPIRES && -i128::from(score) > i128::from(now),
+                1 => match dead_since(member) {
+                    Some(_) if -i128::from(score) <= i128::from(now) => {
+                        dead_before = u64::MAX;
+                        true
+                    }
+                    Some(dead) => {
+                        dead_before = dead;
+                        true
+                    }
+                    None => false,
+                },
                 2 => member == BASE,
-                _ if gone(member) => {
+                _ if number(member).is_some_and(|at| self.left(at, dead_before, now)) => {
                     walked += 1;
                     walked <= TRIM_STEP
                 }
                 _ => false,
             }
         });
-        if members.len() < 3 || members[0].0 != EXPIRES || members[1].0 != BASE {
-            // No entry, "\0x" has passed, or another algorithm's set: no state.
+        if members.len() < 3 || dead_since(&members[0].0).is_none() || members[1].0 != BASE {
+            // No entry, or another algorithm's set: no state.
             return Some(members);
         }
-        // The newest: once it has left the window, every entry has (no
-        // state; a write replaces the set whole).
+        // The newest: once it has left, every entry has (the last that
+        // left; the state holds none live, and a write trims a step).
         set.read_into(key, Scores::ALL, true, 1, &mut members);
         let (newest, newest_total) = &members[members.len() - 1];
         let newest_total = *newest_total;
-        if gone(newest) {
-            return Some(members);
+        if number(newest).is_none_or(|at| self.left(at, dead_before, now)) {
+            return Some(in_set_order(members));
         }
         // The last that left ("\0b" when none has): the last read, or past
         // more than one admission trims, found by bisection.
         let mut base = members[1 + walked].1;
         if walked > TRIM_STEP {
-            let last_gone = self.last_gone(set, key, now, members[1 + walked].clone(), newest_total);
+            let last_gone = self.last_gone(set, key, now, members[1 + walked].clone(), newest_total, dead_before);
             base = last_gone.1;
             members.push(last_gone);
         }
@@ -439,7 +459,7 @@ impl Algorithm for SlidingLog {
         }
         if let Action::Refund { at, .. } = action {
             // A refund of units that have left gives nothing back (a peek).
-            if at.saturating_add(self.window) > now {
+            if !self.left(at, dead_before, now) {
                 if let Some(own) = set.score(key, &text(at)) {
                     set.read_into(key, Scores::from(own), false, usize::MAX, &mut members);
                     set.read_into(key, Scores::below(own), true, 1, &mut members);
@@ -455,13 +475,15 @@ impl Algorithm for SlidingLog {
     /// the window stay in the state, as the memory store holds them until an
     /// admission trims at most `TRIM_STEP` of them (those not read lie
     /// between them and the last that left, which is read: the totals are
-    /// running sums, so the state decides as the whole log does); a log whose
-    /// "\0x" has passed, whose newest entry has left, or a set or key of
-    /// another kind is none. Scores are
-    /// the totals as they are, read as `u64` two's complement, so that a log
-    /// begun by either engine keeps its numbers (only differences count). A
-    /// log out of order (instants or totals not rising, which no engine
-    /// writes) is none.
+    /// running sums, so the state decides as the whole log does). A log
+    /// whose "\0x" has passed lapsed: every entry in it is dead, whatever the
+    /// window (the memory store dropped it), and "\0x" is written again
+    /// named "\0x<instant>", before which entries are dead, until they are
+    /// trimmed in steps. A log of no entry, or a set or key of another kind,
+    /// is none. Scores are the totals as they are, read as `u64` two's
+    /// complement, so that a log begun by either engine keeps its numbers
+    /// (only differences count). A log out of order (instants or totals not
+    /// rising, which no engine writes) is none.
     #[cfg(feature = "engine")]
     fn load(&self, value: &Value, now: u64) -> Loaded<Box<SlidingLogState>> {
         let Value::Zset(members) = value else {
@@ -470,9 +492,9 @@ impl Algorithm for SlidingLog {
         let [(expiry, until), (base, base_total), logged @ ..] = members.as_slice() else {
             return Loaded::None;
         };
-        if expiry != EXPIRES || base != BASE || -i128::from(*until) <= i128::from(now) {
+        let Some(mut dead_before) = dead_since(expiry).filter(|_| base == BASE) else {
             return Loaded::None;
-        }
+        };
         let base = base_total.cast_unsigned();
         let mut entries = VecDeque::with_capacity(logged.len());
         let mut newest = None;
@@ -492,10 +514,28 @@ impl Algorithm for SlidingLog {
             }
             through = next;
         }
-        // Every entry has left (or there is none): none, as the Lua reads it.
-        match newest {
-            Some(at) if at + self.window > now => Loaded::State(Box::new(SlidingLogState { entries, base })),
-            _ => Loaded::None,
+        let Some(newest) = newest else {
+            return Loaded::None;
+        };
+        if -i128::from(*until) <= i128::from(now) {
+            // The log lapsed: every entry is dead, to be trimmed in steps.
+            dead_before = newest + 1;
+        }
+        Loaded::State(Box::new(SlidingLogState {
+            entries,
+            base,
+            dead_before,
+        }))
+    }
+
+    /// A window while more than a step of entries that left are in the
+    /// state (a refund left none live): the rest go in steps.
+    #[cfg(feature = "engine")]
+    fn backlog(&self, state: &SlidingLogState, now: u64) -> u64 {
+        if self.live(state, now).expired > TRIM_STEP {
+            self.window
+        } else {
+            0
         }
     }
 
@@ -505,10 +545,24 @@ impl Algorithm for SlidingLog {
     #[cfg(feature = "engine")]
     fn encode(&self, state: &SlidingLogState, expires: u64) -> Encoded {
         let mut members = Vec::with_capacity(state.entries.len() + 2);
-        members.push((EXPIRES.to_vec(), 0_i64.saturating_sub_unsigned(expires)));
+        let mut expiry = EXPIRES.to_vec();
+        if state.dead_before > 0 {
+            expiry.extend_from_slice(&text(state.dead_before));
+        }
+        members.push((expiry, 0_i64.saturating_sub_unsigned(expires)));
         members.push((BASE.to_vec(), state.base.cast_signed()));
         members.extend(state.entries.iter().map(|&(at, total)| (text(at), total.cast_signed())));
         Encoded::Zset(members)
+    }
+}
+
+/// Since when the log's entries are dead (0: none), from the name of its
+/// first member: "\0x", or "\0x" and that instant; `None`: not a log.
+#[cfg(feature = "engine")]
+fn dead_since(member: &[u8]) -> Option<u64> {
+    match member.strip_prefix(EXPIRES)? {
+        [] => Some(0),
+        instant => number(instant),
     }
 }
 
@@ -748,7 +802,9 @@ mod engine_tests {
                     "written at {at}, read at {now}"
                 );
             }
-            assert_eq!(read(&value, expires), None);
+            // Lapsed: nothing live, as none.
+            let lapsed = read(&value, expires);
+            assert_eq!(probes(lapsed.as_deref(), expires), probes(None, expires));
         }
     }
 
@@ -781,14 +837,28 @@ mod engine_tests {
                 (text(T0 + 600), 14),
             ])
         );
-        // "\0x" passed, or every entry gone: none.
+        // "\0x" passed: the log lapsed, every entry dead whatever the
+        // window; an admission trims them (a step at most), and "\0x" says
+        // since when entries are dead.
         let Value::Zset(members) = &value else { unreachable!() };
         let mut lapsed = members.clone();
         lapsed[0].1 = -now.cast_signed();
-        assert_eq!(read(&Value::Zset(lapsed), now), None);
+        let mut state = read(&Value::Zset(lapsed), now);
+        assert_eq!(state.as_ref().map(|state| state.dead_before), Some(T0 + 301));
+        assert_eq!(limit().available(state.as_deref(), now), limit().limit);
+        run(&mut state, now, Action::Check, 2);
+        assert_eq!(
+            limit().encode(state.as_deref().unwrap(), T0 + 1_600),
+            Encoded::Zset(vec![
+                ([&b"\0x"[..], &text(T0 + 301)].concat(), -(T0 + 1_600).cast_signed()),
+                (b"\0b".to_vec(), 12),
+                (text(T0 + 600), 14),
+            ])
+        );
         assert_eq!(read(&value, T0 + 1_300 - 1).map(|state| state.entries.len()), Some(3));
+        // Every entry gone: nothing live.
         let gone = Value::Zset(members[..3].to_vec());
-        assert_eq!(read(&gone, now), None);
+        assert_eq!(limit().available(read(&gone, now).as_deref(), now), limit().limit);
         // Another algorithm's value: none.
         let leases = Value::Zset(vec![(b"\0n".to_vec(), -1), (b"a".to_vec(), (T0 + 900).cast_signed())]);
         let window = Value::Hash(vec![(text(T0), b"1".to_vec()), (b"x".to_vec(), text(T0 + 900))]);

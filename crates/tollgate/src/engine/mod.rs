@@ -216,10 +216,17 @@ fn decide_policy(
     let explicit_now = head.now.is_some();
     for (index, change, ttl) in writes {
         let key = keys[index];
-        if ttl == 0 {
+        // A set read in part that still holds ended entries not trimmed
+        // is never dropped whole: it stays, to go in steps.
+        let backlog = match (&states[index], policy.limits().nth(index)) {
+            (Some(state), Some((_, limit))) if ttl == 0 && partial[index] => limit.backlog(state, now),
+            _ => 0,
+        };
+        if ttl == 0 && backlog == 0 {
             keyspace.command(&[b"UNLINK", key]);
             continue;
         }
+        let ttl = ttl.max(backlog);
         let mut old = &values[index];
         let state = if let Some(mut state) = states[index].take() {
             change.apply(&mut state);

@@ -83,12 +83,17 @@ local function head_of(text)
 end
 
 -- Writes a limit's change: its state stops mattering after `ttl` µs (0: at
--- once, and the key goes).
+-- once, and the key goes, unless it holds ended entries not yet trimmed:
+-- then it stays for the algorithm's `backlog`, to go in steps).
 local function store(key, p, s, change, now, ttl, stale)
+  local algorithm = p.algorithm
+  if ttl == 0 and algorithm.backlog then
+    ttl = algorithm.backlog(p, s)
+  end
   if ttl == 0 then
     rcall("UNLINK", key)
   else
-    p.algorithm.store(key, p, s, change, now, ttl, stale)
+    algorithm.store(key, p, s, change, now, ttl, stale)
   end
 end
 
