@@ -23,7 +23,8 @@
 #
 # Usage: scripts/bench-module.sh
 # Environment: DURATION (default 5s) per tollgate bench run; KEYS (default
-# 1000); RB_REQUESTS (default 2000000) per redis-benchmark run.
+# 1000); RB_REQUESTS (default 2000000) per redis-benchmark run; REDIS_SERVER
+# (default redis-server) the server binary, e.g. a valkey-server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source-path=SCRIPTDIR source=lib/bench.sh

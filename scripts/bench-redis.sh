@@ -18,7 +18,8 @@
 # Usage: scripts/bench-redis.sh
 # Environment: DURATION (default 5s) per tollgate bench run; KEYS (default
 # 1000) distinct keys; RB_REQUESTS (default 2000000) per redis-benchmark run;
-# COST_DECISIONS (default 20000) per algorithm in (b).
+# COST_DECISIONS (default 20000) per algorithm in (b); REDIS_SERVER (default
+# redis-server) the server binary, e.g. a valkey-server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source-path=SCRIPTDIR source=lib/bench.sh

@@ -116,11 +116,13 @@ free_port() {
   die "no free TCP port found on 127.0.0.1"
 }
 
-# Starts redis-server on a free port, without persistence, in the temporary
-# directory; sets REDIS_PORT and REDIS_URL. Retries on another port when the
-# chosen one was taken in the meantime.
+# Starts redis-server (REDIS_SERVER: another server binary, a Valkey's) on
+# a free port, without persistence, in the temporary directory; sets
+# REDIS_PORT and REDIS_URL. Retries on another port when the chosen one was
+# taken in the meantime.
 start_redis() {
-  need redis-server "Debian: apt-get install -y redis-server"
+  local server=${REDIS_SERVER:-redis-server}
+  need "$server" "Debian: apt-get install -y redis-server"
   need redis-cli "Debian: apt-get install -y redis-tools"
   local attempt pid log dir
   for attempt in 1 2 3 4 5; do
@@ -129,7 +131,7 @@ start_redis() {
     log="$dir/redis.log"
     mkdir -p "$dir"
     # REDIS_EXTRA_ARGS (an array, optional): more arguments, e.g. --loadmodule.
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    "$server" --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
       --dir "$dir" --logfile "$log" --daemonize no --protected-mode yes ${REDIS_EXTRA_ARGS[@]+"${REDIS_EXTRA_ARGS[@]}"} >/dev/null 2>&1 &
     pid=$!
     BENCH_PIDS+=("$pid")
@@ -140,7 +142,7 @@ start_redis() {
       if grep -q "Ready to accept connections" "$log" 2>/dev/null; then
         # shellcheck disable=SC2034 # Used by the sourcing script.
         REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
-        note "redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (pid $pid) on port $REDIS_PORT"
+        note "$(basename "$server") $("$server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (pid $pid) on port $REDIS_PORT"
         return
       fi
       sleep 0.05
