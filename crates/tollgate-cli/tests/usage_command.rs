@@ -176,9 +176,15 @@ fn configurations_applied_and_refused_are_events() {
                 .unwrap()
         })
     };
-    let until = |what: &str, found: &dyn Fn(&serde_json::Value) -> bool| {
+    // Writes `text` to the file, again each second until an event `found`
+    // comes (a write made while the watcher was still starting is seen by
+    // none).
+    let until = |what: &str, text: &str, found: &dyn Fn(&serde_json::Value) -> bool| {
         let started = std::time::Instant::now();
-        loop {
+        for poll in 0.. {
+            if poll % 20 == 0 {
+                std::fs::write(&config, text).unwrap();
+            }
             let answer = events();
             if found(&answer) {
                 return answer;
@@ -189,12 +195,14 @@ fn configurations_applied_and_refused_are_events() {
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
+        unreachable!()
     };
-    std::fs::write(&config, CONFIG.replace("unit: hour", "unit: fortnight")).unwrap();
-    let answer = until("refusal", &|answer| answer["events"][0]["kind"] == "config_refused");
+    let wrong = CONFIG.replace("unit: hour", "unit: fortnight");
+    let answer = until("refusal", &wrong, &|answer| {
+        answer["events"][0]["kind"] == "config_refused"
+    });
     let text = answer["events"][0]["text"].as_str().unwrap();
     assert!(text.contains("api.yaml:") && text.contains("fortnight"), "{text}");
-    std::fs::write(&config, CONFIG).unwrap();
-    let answer = until("application", &|answer| answer["events"][0]["kind"] == "config");
+    let answer = until("application", CONFIG, &|answer| answer["events"][0]["kind"] == "config");
     assert!(answer["events"][0]["id"].as_u64().unwrap() > answer["events"][1]["id"].as_u64().unwrap());
 }
