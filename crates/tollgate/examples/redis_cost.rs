@@ -197,6 +197,7 @@ async fn main() {
     longest_calls(&store, &mut raw).await;
     expiring_whole(&mut raw).await;
     backlog_calls(&store, &mut raw).await;
+    alert_crossings(&url, &mut raw, decisions).await;
     memory_per_key(&store, &mut raw).await;
 }
 
@@ -552,6 +553,58 @@ async fn backlog_calls(store: &RedisStore, raw: &mut MultiplexedConnection) {
             write!(row, " {members} | {longest:.0} | {calls} |").unwrap();
         }
         println!("{row}");
+    }
+}
+
+/// 5. Alerts: Redis CPU per call of a fixed window that alerts at 50 and
+///    100 % when no call crosses (a limit no call reaches half of), when
+///    every call crosses both (a limit of one unit, a key per call: two
+///    entries added to the outbox), next to the same window without alerts.
+async fn alert_crossings(url: &str, raw: &mut MultiplexedConnection, decisions: u64) {
+    let store = RedisStore::builder(url)
+        .max_batch(1)
+        .alert_outbox(1_000)
+        .connect()
+        .await
+        .unwrap();
+    println!("\n## Alerts: Redis CPU per call of a fixed window (µs, {decisions} calls, least of {ROUNDS})\n");
+    println!("| window | µs per call | ratio to no alerts |");
+    println!("|---|---:|---:|");
+    let day = Duration::from_secs(86_400);
+    let plain = Limit::fixed_window(1_000_000_000, day).unwrap();
+    let rows = [
+        ("no alerts", plain.clone(), false),
+        ("alerts, no crossing", plain.alerting([50, 100]).unwrap(), false),
+        (
+            "alerts, two crossings a call",
+            Limit::fixed_window(1, day).unwrap().alerting([50, 100]).unwrap(),
+            true,
+        ),
+    ];
+    let mut base = 0.0;
+    for (round, (name, limit, crossing)) in rows.into_iter().enumerate() {
+        let policy = Policy::single(limit);
+        let mut least = f64::MAX;
+        for attempt in 0..ROUNDS {
+            reset_stats(raw).await;
+            for i in 0..decisions {
+                // Crossing: a key per call, each first check crossing both.
+                let key = if crossing {
+                    i + decisions * attempt as u64
+                } else {
+                    i % KEYS
+                };
+                let subject = Subject::new("alerts").and(round).and(key);
+                let request =
+                    Request::new(Op::Check, 1).with_labels(vec!["a label of some length, as serve writes".to_owned()]);
+                store.decide(&subject, &policy, &request).await.unwrap();
+            }
+            least = least.min(library_usec_per_call(raw).await);
+        }
+        if round == 0 {
+            base = least;
+        }
+        println!("| {name} | {least:.2} | {:.2} |", least / base);
     }
 }
 

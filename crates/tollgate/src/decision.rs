@@ -140,6 +140,82 @@ pub struct Outcome {
     /// store's clock (in Redis, the server's `TIME`). What an
     /// [`Op::Refund`](crate::Op::Refund) of this decision's units names.
     pub decided_at: Timestamp,
+    /// The alert thresholds this decision crossed
+    /// ([`Limit::alerting`](crate::Limit::alerting)), found in the same
+    /// atomic step as the decision: each crossing is reported to one caller
+    /// only, whatever the number of processes sharing the store.
+    pub crossed: Vec<Crossing>,
+}
+
+/// A limit's alert threshold that a decision crossed: the limit's use went
+/// from below `threshold` percent of it to at or above.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossing {
+    /// The limit's place in its policy (its decision in
+    /// [`Outcome::limits`] when the policy names its limits).
+    pub index: usize,
+    /// The threshold, a percent of the limit.
+    pub threshold: u8,
+    /// Units used after the decision (the limit less what remains: at most
+    /// the limit).
+    pub used: u64,
+    /// The limit.
+    pub limit: u64,
+    /// Until the limit's use resets (a window's end; a bucket, refilled).
+    pub reset_after: Duration,
+}
+
+impl Crossing {
+    /// The thresholds of `alerts` (rising) crossed by a decision that took
+    /// the available units of a limit of `limit` from `before` to the
+    /// decision's `remaining`: each with the decision's figures.
+    pub(crate) fn found(index: usize, alerts: &[u8], before: u64, decision: &Decision, crossed: &mut Vec<Self>) {
+        let limit = decision.limit;
+        let used = |available: u64| limit - available.min(limit);
+        let (before, after) = (u128::from(used(before)), u128::from(used(decision.remaining)));
+        for &threshold in alerts {
+            let at = u128::from(threshold) * u128::from(limit);
+            if before * 100 < at && after * 100 >= at {
+                crossed.push(Self {
+                    index,
+                    threshold,
+                    used: used(decision.remaining),
+                    limit,
+                    reset_after: decision.reset_after,
+                });
+            }
+        }
+    }
+
+    /// Bit `i` set for each threshold `alerts[i]` among `crossed` of the
+    /// limit at `index` (a reply's figure).
+    #[cfg(feature = "engine")]
+    pub(crate) fn mask(crossed: &[Self], index: usize, alerts: &[u8]) -> i64 {
+        crossed
+            .iter()
+            .filter(|crossing| crossing.index == index)
+            .filter_map(|crossing| alerts.iter().position(|&threshold| threshold == crossing.threshold))
+            .fold(0, |mask, bit| mask | 1 << bit)
+    }
+
+    /// The crossings a reply's `mask` names for the limit at `index`, with
+    /// its decision's figures.
+    #[cfg(feature = "redis")]
+    pub(crate) fn of_mask(index: usize, alerts: &[u8], mask: i64, decision: &Decision, crossed: &mut Vec<Self>) {
+        let limit = decision.limit;
+        for (bit, &threshold) in alerts.iter().enumerate() {
+            if mask & (1 << bit) != 0 {
+                crossed.push(Self {
+                    index,
+                    threshold,
+                    used: limit - decision.remaining.min(limit),
+                    limit,
+                    reset_after: decision.reset_after,
+                });
+            }
+        }
+    }
 }
 
 /// What decided an [`Outcome`].

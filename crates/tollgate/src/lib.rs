@@ -62,10 +62,10 @@ pub mod wire;
 
 pub use algorithm::{
     ConcurrencySpec, Durability, FixedWindowSpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Period, Refill,
-    ReservationSpec, SlidingWindowSpec, TokenBucketSpec, WindowSpec,
+    ReservationSpec, SlidingWindowSpec, TokenBucketSpec, WindowSpec, MOST_ALERTS,
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
-pub use decision::{Decision, Outcome, Path, Restrictiveness};
+pub use decision::{Crossing, Decision, Outcome, Path, Restrictiveness};
 pub use direct::DirectLimiter;
 pub use error::{Error, ErrorKind, Result};
 pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
@@ -82,7 +82,7 @@ pub struct ReadmeDoctests;
 
 #[cfg(feature = "redis")]
 pub use store::{
-    EngineChoice, EngineKind, Persistence, RedisStore, RedisStoreBuilder, SharedTable, TableChange, TableChanges,
-    DEFAULT_PREFIX,
+    EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, SharedTable,
+    TableChange, TableChanges, DEFAULT_PREFIX,
 };
 pub use subject::{Subject, MAX_KEY_LEN};

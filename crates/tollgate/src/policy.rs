@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::algorithm::{Action, Change, Limit, State, Step};
 use crate::clock::{micros, Timestamp};
-use crate::decision::{Decision, Outcome, Path};
+use crate::decision::{Crossing, Decision, Outcome, Path};
 use crate::error::{Error, Result};
 
 /// The longest limit name.
@@ -85,6 +85,10 @@ pub struct Request {
     /// for all (a gateway request weighing differently on each of its
     /// descriptors). Empty: `cost` for every limit.
     pub costs: Vec<u64>,
+    /// For each limit of the policy, in its order, what a store's alert
+    /// outbox writes with a crossing of one of its thresholds (who and what
+    /// crossed, as the caller names them). Empty: nothing.
+    pub labels: Vec<String>,
 }
 
 impl Request {
@@ -95,6 +99,7 @@ impl Request {
             cost,
             now: None,
             costs: Vec::new(),
+            labels: Vec::new(),
         }
     }
 
@@ -102,6 +107,14 @@ impl Request {
     #[must_use]
     pub fn with_costs(mut self, costs: Vec<u64>) -> Self {
         self.costs = costs;
+        self
+    }
+
+    /// Labels limit `i`'s alert crossings `labels[i]` in a store's outbox
+    /// ([`Request::labels`]).
+    #[must_use]
+    pub fn with_labels(mut self, labels: Vec<String>) -> Self {
+        self.labels = labels;
         self
     }
 
@@ -118,11 +131,20 @@ impl Request {
         } else {
             indices.iter().map(|&index| self.cost_of(index)).collect()
         };
+        let labels = if self.labels.is_empty() {
+            Vec::new()
+        } else {
+            indices
+                .iter()
+                .map(|&index| self.labels.get(index).cloned().unwrap_or_default())
+                .collect()
+        };
         Self {
             op,
             cost: self.cost,
             now: self.now,
             costs,
+            labels,
         }
     }
 
@@ -461,6 +483,9 @@ impl Policy {
     ) -> Outcome {
         debug_assert_eq!(states.len(), self.limits.len());
         if let ([(_, limit)], [state]) = (self.limits.as_slice(), states) {
+            if !limit.alerts().is_empty() {
+                return self.decide_alerting(limit, *state, now, request, write);
+            }
             return self.decide_single(
                 request,
                 now,
@@ -469,6 +494,16 @@ impl Policy {
                 |change, ttl| write(0, change, ttl),
             );
         }
+        // What each limit that alerts had available before.
+        let before: Vec<Option<u64>> = if self.limits.iter().any(|(_, limit)| !limit.alerts().is_empty()) {
+            self.limits
+                .iter()
+                .zip(states)
+                .map(|((_, limit), state)| (!limit.alerts().is_empty()).then(|| limit.available(*state, now)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let op = &request.op;
         let action = Self::action(op);
         let cost = resolved_cost(request, || {
@@ -499,13 +534,54 @@ impl Policy {
             }
         }
         // What changed: everything when allowed; when denied, only levels
-        // stored on first touch (they consume nothing).
+        // stored on first touch (they consume nothing). A limit that alerts
+        // and changed reports the thresholds its use rose through.
+        let mut crossed = Vec::new();
         for (index, step) in steps.iter_mut().enumerate() {
             if let Some(change) = step.change.take() {
                 write(index, change, micros(step.decision.reset_after));
+                if let (Some(Some(before)), (_, limit)) = (before.get(index), &self.limits[index]) {
+                    Crossing::found(index, limit.alerts(), *before, &step.decision, &mut crossed);
+                }
             }
         }
-        self.outcome(op, allowed, cost, now, steps.into_iter().map(|step| step.decision))
+        let mut outcome = self.outcome(op, allowed, cost, now, steps.into_iter().map(|step| step.decision));
+        outcome.crossed = crossed;
+        outcome
+    }
+
+    /// [`Policy::decide_validated`] for one limit that alerts: the
+    /// thresholds its use rose through, when the decision changed its state.
+    #[inline(never)]
+    fn decide_alerting<'r>(
+        &self,
+        limit: &Limit,
+        state: Option<&State>,
+        now: u64,
+        request: &'r Request,
+        mut write: impl FnMut(usize, Change<'r>, u64),
+    ) -> Outcome {
+        let before = limit.available(state, now);
+        let mut changed = false;
+        let mut outcome = self.decide_single(
+            request,
+            now,
+            || before,
+            |action, cost| limit.decide(state, now, action, cost),
+            |change, ttl| {
+                changed = true;
+                write(0, change, ttl);
+            },
+        );
+        if changed {
+            let decision = outcome
+                .limits
+                .first()
+                .map_or(&outcome.decision, |(_, decision)| decision)
+                .clone();
+            Crossing::found(0, limit.alerts(), before, &decision, &mut outcome.crossed);
+        }
+        outcome
     }
 
     /// A policy of one limit, whose decision is the policy's: `available()`
@@ -590,6 +666,7 @@ impl Policy {
                     limits: Vec::new(),
                     path: Path::Store,
                     decided_at: Timestamp::from_micros(now),
+                    crossed: Vec::new(),
                 };
             }
         }
@@ -619,6 +696,7 @@ impl Policy {
             limits: if self.named { limits } else { Vec::new() },
             path: Path::Store,
             decided_at: Timestamp::from_micros(now),
+            crossed: Vec::new(),
         }
     }
 }

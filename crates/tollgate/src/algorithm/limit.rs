@@ -31,7 +31,13 @@ pub struct Limit {
     records_overage: bool,
     /// [`Limit::durable`]: what it counts is made durable before the answer.
     pub(super) durability: Option<Durability>,
+    /// [`Limit::alerting`]: thresholds (percent of the limit, rising) whose
+    /// crossing a decision reports.
+    alerts: Box<[u8]>,
 }
+
+/// The most thresholds one limit alerts at.
+pub const MOST_ALERTS: usize = 8;
 
 impl LimitSpec {
     /// Validates the parameters into a [`Limit`].
@@ -48,6 +54,7 @@ impl LimitSpec {
             lease: None,
             records_overage: false,
             durability: None,
+            alerts: Box::default(),
         })
     }
 
@@ -328,8 +335,9 @@ impl Limit {
     /// Like [`Limit::from_json`], from a parsed value: the algorithm's fields
     /// and, optionally, `"lease": "<duration>"` ([`Limit::with_lease`]),
     /// `"overage": "record"` ([`Limit::recording_overage`]; `"refuse"`, the
-    /// default, keeps a refused check from counting) and `"durable":
-    /// "replicated"` or `"fsynced"` ([`Limit::durable`]).
+    /// default, keeps a refused check from counting), `"durable":
+    /// "replicated"` or `"fsynced"` ([`Limit::durable`]) and `"alerts": [50,
+    /// 80, 100]` ([`Limit::alerting`]).
     ///
     /// # Errors
     ///
@@ -362,8 +370,25 @@ impl Limit {
             Some(serde_json::Value::String(text)) => Some(Durability::parse(&text)?),
             Some(_) => return Err(Error::invalid_limit(Durability::EXPECTED)),
         };
+        let alerts = match value.as_object_mut().and_then(|fields| fields.remove("alerts")) {
+            None => None,
+            Some(serde_json::Value::Array(items)) => Some(
+                items
+                    .iter()
+                    .map(|item| {
+                        item.as_u64()
+                            .and_then(|n| u8::try_from(n).ok())
+                            .ok_or_else(alerts_expected)
+                    })
+                    .collect::<Result<Vec<u8>>>()?,
+            ),
+            Some(_) => return Err(alerts_expected()),
+        };
         let mut limit = LimitSpec::from_value(value)?.build()?;
         limit.durability = durability;
+        if let Some(alerts) = alerts {
+            limit = limit.alerting(alerts)?;
+        }
         if records_overage {
             limit = limit.recording_overage()?;
         }
@@ -401,6 +426,50 @@ impl Limit {
         Ok(self)
     }
 
+    /// This limit, reporting the thresholds a decision crosses: each is a
+    /// percent of the limit (1 to 100), and a decision that takes the
+    /// limit's use (the limit less what remains) from below one to at or
+    /// above it reports it in [`Outcome::crossed`](crate::Outcome::crossed),
+    /// decided in the same atomic step as the decision itself, so that each
+    /// crossing is reported once however many processes share the store.
+    /// A limit's use rises within a window and falls when it resets (or, for
+    /// a bucket, as it refills): each rise through a threshold is one
+    /// crossing. Given in any order; at most [`MOST_ALERTS`]; none clears them.
+    ///
+    /// # Errors
+    ///
+    /// A threshold outside 1 to 100, more than [`MOST_ALERTS`], or a leased
+    /// limit (its blocks are handed out without the store); the message
+    /// names `alerts`.
+    pub fn alerting(mut self, thresholds: impl IntoIterator<Item = u8>) -> Result<Self> {
+        let mut alerts: Vec<u8> = thresholds.into_iter().collect();
+        if let Some(wrong) = alerts.iter().find(|&&threshold| threshold == 0 || threshold > 100) {
+            return Err(Error::invalid_limit(format!(
+                "alerts: {wrong} is not a percent of the limit from 1 to 100"
+            )));
+        }
+        alerts.sort_unstable();
+        alerts.dedup();
+        if alerts.len() > MOST_ALERTS {
+            return Err(Error::invalid_limit(format!(
+                "alerts: at most {MOST_ALERTS} thresholds, not {}",
+                alerts.len()
+            )));
+        }
+        if self.lease.is_some() && !alerts.is_empty() {
+            return Err(Error::invalid_limit(
+                "alerts: a leased limit hands out its blocks without the store, so it cannot report crossings",
+            ));
+        }
+        self.alerts = alerts.into_boxed_slice();
+        Ok(self)
+    }
+
+    /// The thresholds this limit alerts at, rising ([`Limit::alerting`]).
+    pub fn alerts(&self) -> &[u8] {
+        &self.alerts
+    }
+
     /// This limit, refusing its overage again: a check it refuses counts
     /// nothing (the default).
     #[must_use]
@@ -435,6 +504,11 @@ impl Limit {
         if self.records_overage {
             return Err(Error::invalid_limit(
                 "lease: a limit recording its overage cannot be leased",
+            ));
+        }
+        if !self.alerts.is_empty() {
+            return Err(Error::invalid_limit(
+                "lease: a limit with alerts cannot be leased (its blocks are handed out without the store)",
             ));
         }
         if !self.is_leasable() {
@@ -524,9 +598,11 @@ impl Limit {
 
     /// The parameters of a GCRA limit, whose whole state is one instant (the
     /// memory store keeps those instants in a table of small slots).
+    /// Its GCRA, for a store's table of TATs decided in place: none when
+    /// it alerts (crossings are found on the general step).
     pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
         match &self.kind {
-            Kind::Gcra(gcra) => Some(gcra),
+            Kind::Gcra(gcra) if self.alerts.is_empty() => Some(gcra),
             _ => None,
         }
     }
@@ -677,6 +753,10 @@ fn backlog<A: Registered>(algorithm: &A, state: &State, now: u64) -> u64 {
     A::held(state).map_or(0, |state| algorithm.backlog(state, now))
 }
 
+fn alerts_expected() -> Error {
+    Error::invalid_limit("alerts: expected a list of percents of the limit, such as [50, 80, 100]")
+}
+
 /// The refusal of `reserve` on a limit of `algorithm`, which neither
 /// borrows nor shapes.
 fn unsupported_reserve(algorithm: &str) -> Error {
@@ -701,6 +781,9 @@ impl Limit {
             }
             if let Some(durability) = self.durability {
                 fields.insert("durable".to_owned(), durability.name().into());
+            }
+            if !self.alerts.is_empty() {
+                fields.insert("alerts".to_owned(), self.alerts.to_vec().into());
             }
         }
         json

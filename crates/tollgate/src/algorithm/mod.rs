@@ -79,7 +79,7 @@ pub use self::encoding::{Members, Scores, SortedSet, Value, Visit};
 pub use self::fixed_window::FixedWindowSpec;
 pub use self::gcra::GcraSpec;
 pub use self::leaky_bucket::LeakyBucketSpec;
-pub use self::limit::Limit;
+pub use self::limit::{Limit, MOST_ALERTS};
 #[cfg(feature = "redis")]
 pub(crate) use self::registry::lua_sources;
 pub use self::registry::LimitSpec;

@@ -21,14 +21,14 @@ use smallvec::SmallVec;
 use crate::algorithm::{Encoded, Loaded, State, DERIVED};
 pub use crate::algorithm::{Members, Scores, SortedSet, Value, Visit};
 use crate::clock::Timestamp;
-use crate::decision::Decision;
+use crate::decision::{Crossing, Decision};
 use crate::policy::{Policy, Request};
 
 pub mod protocol;
 
 use self::protocol::{
-    push_head, push_limit, read_limit_text, split_limit_argument, unsigned, Head, OpCode, ALLOWED, DENIED, FOREIGN,
-    REPLY_HEAD, REPLY_PER_LIMIT,
+    push_head, push_limit, read_limit_text, split_limit_argument, unsigned, Head, OpCode, Outbox, ALLOWED, DENIED,
+    FOREIGN, REPLY_HEAD, REPLY_PER_LIMIT,
 };
 pub use self::protocol::{CallError, PROTOCOL};
 
@@ -42,7 +42,8 @@ pub trait Keyspace: SortedSet {
     fn read(&mut self, key: &[u8]) -> Value;
     /// `SET key value PX expire_ms`.
     fn set(&mut self, key: &[u8], value: &[u8], expire_ms: u64);
-    /// Any other write: `UNLINK`, `HSET`, `HDEL`, `ZADD`, `ZREM`, `PEXPIRE`.
+    /// Any other write: `UNLINK`, `HSET`, `HDEL`, `ZADD`, `ZREM`, `PEXPIRE`,
+    /// and `XADD` to an alert outbox.
     fn command(&mut self, args: &[&[u8]]);
 }
 
@@ -123,18 +124,34 @@ impl Engine {
             }
             let (limits, tail) = rest.split_at(head.limits);
             rest = tail;
+            let outbox = if head.outbox {
+                if rest.len() < 2 + head.limits {
+                    return Err(CallError::Malformed("fewer outbox arguments than the head says"));
+                }
+                let (outbox, tail) = rest.split_at(2 + head.limits);
+                rest = tail;
+                Some(Outbox {
+                    stream: outbox[0],
+                    max_len: outbox[1],
+                    labels: &outbox[2..],
+                })
+            } else {
+                None
+            };
             let (decision_keys, tail) = keys.split_at(head.limits);
             keys = tail;
             let now = match head.now {
                 Some(now) => now,
                 None => *server_now.get_or_insert_with(|| keyspace.now()),
             };
-            self.decide(keyspace, decision_keys, &head, limits, now, &mut reply)?;
+            self.decide(keyspace, decision_keys, &head, limits, now, &mut reply, outbox.as_ref())?;
         }
         Ok(reply)
     }
 
-    /// One decision of a call, appended to `reply`.
+    /// One decision of a call, appended to `reply`; the alert thresholds it
+    /// crosses added to `outbox`, when given.
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &mut self,
         keyspace: &mut impl Keyspace,
@@ -143,6 +160,7 @@ impl Engine {
         limits: &[&[u8]],
         now: u64,
         reply: &mut Vec<i64>,
+        outbox: Option<&Outbox<'_>>,
     ) -> Result<(), CallError> {
         if head.op == OpCode::Reset {
             for key in keys {
@@ -156,7 +174,7 @@ impl Engine {
             let costs = if cost == head.cost { Vec::new() } else { vec![cost] };
             let request = request(head, costs, now)?;
             let policy = self.single(text)?;
-            return decide_policy(keyspace, keys, head, policy, &request, now, reply);
+            return decide_policy(keyspace, keys, head, policy, &request, now, reply, outbox);
         }
         let mut costs = Vec::with_capacity(limits.len());
         let mut named = Vec::with_capacity(limits.len());
@@ -168,12 +186,14 @@ impl Engine {
         }
         let policy = Policy::spread(named)?;
         let request = request(head, costs, now)?;
-        decide_policy(keyspace, keys, head, &policy, &request, now, reply)
+        decide_policy(keyspace, keys, head, &policy, &request, now, reply, outbox)
     }
 }
 
 /// Decides `request` over `policy`, whose limit `i` is kept at `keys[i]`,
-/// and appends the reply.
+/// and appends the reply; adds the alert thresholds it crosses to
+/// `outbox`, when given.
+#[allow(clippy::too_many_arguments)]
 fn decide_policy(
     keyspace: &mut impl Keyspace,
     keys: &[&[u8]],
@@ -182,6 +202,7 @@ fn decide_policy(
     request: &Request,
     now: u64,
     reply: &mut Vec<i64>,
+    outbox: Option<&Outbox<'_>>,
 ) -> Result<(), CallError> {
     // Each key as its limit reads it: whole, or (a sorted set that grows
     // with traffic) the members this decision needs.
@@ -260,11 +281,54 @@ fn decide_policy(
     } else {
         (decisions.iter().all(|decision| decision.allowed), outcome.granted)
     };
+    if let Some(outbox) = outbox {
+        for crossing in &outcome.crossed {
+            emit(keyspace, outbox, keys[crossing.index], crossing, now);
+        }
+    }
     push_head(reply, if allowed { ALLOWED } else { DENIED }, granted, now);
-    for decision in decisions {
-        push_limit(reply, decision);
+    for (index, (decision, (_, limit))) in decisions.into_iter().zip(policy.limits()).enumerate() {
+        push_limit(reply, decision, Crossing::mask(&outcome.crossed, index, limit.alerts()));
     }
     Ok(())
+}
+
+/// Adds `crossing` of the limit kept at `key` to `outbox`: one entry of
+/// the key, the limit's label, the threshold, the units used and the limit,
+/// when the use resets and when it crossed (µs), as the Lua's `emit`.
+fn emit(keyspace: &mut impl Keyspace, outbox: &Outbox<'_>, key: &[u8], crossing: &Crossing, now: u64) {
+    let label = outbox.labels.get(crossing.index).copied().unwrap_or_default();
+    let number = |n: u64| itoa::Buffer::new().format(n).as_bytes().to_vec();
+    let reset_at = now.saturating_add(u64::try_from(crossing.reset_after.as_micros()).unwrap_or(u64::MAX));
+    let (threshold, used, limit, reset_at, at) = (
+        number(u64::from(crossing.threshold)),
+        number(crossing.used),
+        number(crossing.limit),
+        number(reset_at),
+        number(now),
+    );
+    keyspace.command(&[
+        b"XADD",
+        outbox.stream,
+        b"MAXLEN",
+        b"~",
+        outbox.max_len,
+        b"*",
+        b"key",
+        key,
+        b"label",
+        label,
+        b"threshold",
+        &threshold,
+        b"used",
+        &used,
+        b"limit",
+        &limit,
+        b"reset_at",
+        &reset_at,
+        b"at",
+        &at,
+    ]);
 }
 
 /// Fields or members by name, to compare a value with the one it replaces.

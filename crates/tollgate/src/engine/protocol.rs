@@ -32,19 +32,24 @@ use crate::policy::Op;
 
 /// The calling convention's version: the module answers it to
 /// `TOLLGATE.VERSION`, and a client uses a module only when it is its own.
-pub const PROTOCOL: i64 = 3;
+pub const PROTOCOL: i64 = 4;
 
 /// Added to a limit's algorithm id (the first number of its
 /// [`limit_argument`]) when a check it refuses still records its cost.
 pub const RECORDS_OVERAGE: u64 = 128;
+
+/// Added to a limit's algorithm id when it alerts: its parameters are then
+/// followed by its thresholds and their count.
+pub const ALERTS: u64 = 256;
 
 /// The integers of a decision's reply before its limits': status, granted,
 /// the instant decided at.
 pub const REPLY_HEAD: usize = 3;
 
 /// The integers of one limit's reply: allowed, limit, remaining,
-/// retry_after (-1: never), reset_after, wait (durations in µs).
-pub const REPLY_PER_LIMIT: usize = 6;
+/// retry_after (-1: never), reset_after, wait (durations in µs), and the
+/// alert thresholds the decision crossed (bit `i`: the limit's `i`-th).
+pub const REPLY_PER_LIMIT: usize = 7;
 
 /// A decision's status: allowed.
 pub const ALLOWED: i64 = 1;
@@ -210,6 +215,23 @@ pub struct Head<'a> {
     pub lease: Option<&'a str>,
     /// A refund's instant, µs: when the units were taken.
     pub refund_at: u64,
+    /// Whether the limits' arguments are followed by an outbox's: the
+    /// stream the crossings of alert thresholds are added to, its length
+    /// cap, and a label per limit (written `:1` after `now`).
+    pub outbox: bool,
+}
+
+/// Where a decision writes the alert thresholds it crosses, in the same
+/// call: a Redis Stream, capped near `max_len` entries, each entry with
+/// the label of the limit that crossed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outbox<'a> {
+    /// The stream's key.
+    pub stream: &'a [u8],
+    /// Its length cap (`XADD … MAXLEN ~`).
+    pub max_len: &'a [u8],
+    /// Per limit, what the entry carries to name it (empty: none).
+    pub labels: &'a [&'a [u8]],
 }
 
 impl<'a> Head<'a> {
@@ -231,6 +253,7 @@ impl<'a> Head<'a> {
             now,
             lease,
             refund_at,
+            outbox: false,
         }
     }
 
@@ -245,6 +268,7 @@ impl<'a> Head<'a> {
             now,
             lease: None,
             refund_at: 0,
+            outbox: false,
         }
     }
 
@@ -266,6 +290,9 @@ impl<'a> Head<'a> {
         text.push(':');
         if let Some(now) = self.now {
             push_number(&mut text, now);
+        }
+        if self.outbox {
+            text.push_str(":1");
         }
         args.push(text);
         if self.op.carries_lease() {
@@ -294,6 +321,11 @@ impl<'a> Head<'a> {
         let mut fields = text.split(|&byte| byte == b':');
         let mut field = || fields.next().ok_or_else(malformed);
         let (op, cost, limits, max_wait, now) = (field()?, field()?, field()?, field()?, field()?);
+        let outbox = match fields.next() {
+            None => false,
+            Some(b"1") => true,
+            Some(_) => return Err(malformed()),
+        };
         if fields.next().is_some() {
             return Err(malformed());
         }
@@ -328,6 +360,7 @@ impl<'a> Head<'a> {
             },
             lease,
             refund_at,
+            outbox,
         })
     }
 
@@ -358,18 +391,30 @@ impl<'a> Head<'a> {
 
 /// A limit's argument, `<id>:<parameters>:<cost>`, written once: its
 /// algorithm's id (plus [`RECORDS_OVERAGE`] when a check it refuses still
-/// counts), the numbers its algorithm reads for a decision near `now` (µs;
-/// asked only of a calendar window, whose periods are the ones around it),
-/// then the `cost` it sees. What is before the last ':' is the limit's
-/// text, which [`read_limit_text`] reads back.
+/// counts, plus [`ALERTS`] when it alerts), the numbers its algorithm reads
+/// for a decision near `now` (µs; asked only of a calendar window, whose
+/// periods are the ones around it), its alert thresholds and their count
+/// when it alerts, then the `cost` it sees. What is before the last ':' is
+/// the limit's text, which [`read_limit_text`] reads back.
 pub fn limit_argument(limit: &Limit, cost: u64, now: impl FnOnce() -> u64) -> String {
-    let flag = if limit.records_overage() { RECORDS_OVERAGE } else { 0 };
+    let mut flag = if limit.records_overage() { RECORDS_OVERAGE } else { 0 };
+    if !limit.alerts().is_empty() {
+        flag += ALERTS;
+    }
     let mut argument = String::with_capacity(64);
     push_number(&mut argument, u64::from(limit.id()) + flag);
     limit.each_param(now, |param| {
         argument.push(':');
         push_number(&mut argument, param);
     });
+    if !limit.alerts().is_empty() {
+        for &threshold in limit.alerts() {
+            argument.push(':');
+            push_number(&mut argument, u64::from(threshold));
+        }
+        argument.push(':');
+        push_number(&mut argument, limit.alerts().len() as u64);
+    }
     argument.push(':');
     push_number(&mut argument, cost);
     argument
@@ -386,7 +431,20 @@ pub fn read_limit_text(text: &[u8]) -> Result<Limit, CallError> {
     for part in text.split(|&byte| byte == b':') {
         numbers.push(unsigned(part, "a limit's parameter")?);
     }
-    let (&flagged, params) = numbers.split_first().ok_or(CallError::Malformed("a limit has no id"))?;
+    let (&flagged, mut params) = numbers.split_first().ok_or(CallError::Malformed("a limit has no id"))?;
+    let (flagged, alerts) = if flagged >= ALERTS {
+        let (&count, rest) = params.split_last().ok_or(CallError::Malformed("a limit's alerts"))?;
+        let count = usize::try_from(count).unwrap_or(usize::MAX);
+        let at = rest
+            .len()
+            .checked_sub(count)
+            .ok_or(CallError::Malformed("a limit's alerts"))?;
+        let (own, thresholds) = rest.split_at(at);
+        params = own;
+        (flagged - ALERTS, Some(thresholds))
+    } else {
+        (flagged, None)
+    };
     let (id, records_overage) = if flagged >= RECORDS_OVERAGE {
         (flagged - RECORDS_OVERAGE, true)
     } else {
@@ -396,12 +454,18 @@ pub fn read_limit_text(text: &[u8]) -> Result<Limit, CallError> {
         id,
         params: params.len(),
     })?;
-    let limit = spec.build()?;
-    Ok(if records_overage {
-        limit.recording_overage()?
-    } else {
-        limit
-    })
+    let mut limit = spec.build()?;
+    if records_overage {
+        limit = limit.recording_overage()?;
+    }
+    if let Some(thresholds) = alerts {
+        let thresholds = thresholds
+            .iter()
+            .map(|&threshold| u8::try_from(threshold).map_err(|_| CallError::Malformed("a limit's alerts")))
+            .collect::<Result<Vec<u8>, CallError>>()?;
+        limit = limit.alerting(thresholds)?;
+    }
+    Ok(limit)
 }
 
 /// A [`limit_argument`] split into its text and its cost.
@@ -422,8 +486,9 @@ pub fn push_head(reply: &mut Vec<i64>, status: i64, granted: u64, now: u64) {
     reply.extend([status, signed(granted), signed(now)]);
 }
 
-/// Appends one limit's reply.
-pub fn push_limit(reply: &mut Vec<i64>, decision: &Decision) {
+/// Appends one limit's reply: its decision and the mask of the alert
+/// thresholds it crossed.
+pub fn push_limit(reply: &mut Vec<i64>, decision: &Decision, crossed: i64) {
     let micros = |duration: Duration| i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
     reply.extend([
         i64::from(decision.allowed),
@@ -432,6 +497,7 @@ pub fn push_limit(reply: &mut Vec<i64>, decision: &Decision) {
         decision.retry_after.map_or(-1, micros),
         micros(decision.reset_after),
         micros(decision.wait),
+        crossed,
     ]);
 }
 
@@ -469,20 +535,22 @@ pub fn decision_reply_len(reply: &[i64], expected: usize) -> usize {
     }
 }
 
-/// Reads one limit's reply (`None`: not [`REPLY_PER_LIMIT`] integers, or
-/// one out of its range).
-pub fn read_limit(fields: &[i64]) -> Option<Decision> {
-    let &[allowed, limit, remaining, retry_after, reset_after, wait] = fields else {
+/// Reads one limit's reply, its decision and the mask of the alert
+/// thresholds it crossed (`None`: not [`REPLY_PER_LIMIT`] integers, or one
+/// out of its range).
+pub fn read_limit(fields: &[i64]) -> Option<(Decision, i64)> {
+    let &[allowed, limit, remaining, retry_after, reset_after, wait, crossed] = fields else {
         return None;
     };
-    Some(Decision {
+    let decision = Decision {
         allowed: allowed == 1,
         limit: u64::try_from(limit).ok()?,
         remaining: u64::try_from(remaining).ok()?,
         retry_after: u64::try_from(retry_after).ok().map(Duration::from_micros),
         reset_after: Duration::from_micros(u64::try_from(reset_after).ok()?),
         wait: Duration::from_micros(u64::try_from(wait).ok()?),
-    })
+    };
+    Some((decision, crossed))
 }
 
 /// A reply as it goes over the wire: its integers as one bulk string of

@@ -686,6 +686,8 @@ impl Call {
         }
         answer.path = Path::Leased;
         answer.decided_at = now;
+        // The store reported its crossings once, with its own answer.
+        answer.crossed.clear();
         answer
     }
 

@@ -20,8 +20,8 @@ pub use self::lease::{LeaseStats, LeasedStore};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{
-    EngineChoice, EngineKind, Persistence, RedisStore, RedisStoreBuilder, SharedTable, TableChange, TableChanges,
-    DEFAULT_PREFIX,
+    EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, SharedTable,
+    TableChange, TableChanges, DEFAULT_PREFIX,
 };
 pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder, StoreConnector};
 pub use self::spread::{Spread, SpreadBuilder};

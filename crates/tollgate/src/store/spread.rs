@@ -43,6 +43,8 @@ pub struct Spread {
     subjects: Vec<Subject>,
     policy: Policy,
     costs: Vec<u64>,
+    /// Row `i`'s alert label ([`Request::labels`]; empty: none).
+    labels: Vec<String>,
     /// The instant to decide at (`None`: the store's time).
     now: Option<Timestamp>,
 }
@@ -53,6 +55,7 @@ pub struct SpreadBuilder {
     subjects: Vec<Subject>,
     limits: Vec<(String, Limit)>,
     costs: Vec<u64>,
+    labels: Vec<String>,
 }
 
 impl SpreadBuilder {
@@ -72,7 +75,16 @@ impl SpreadBuilder {
         self.subjects.push(subject);
         self.limits.push((name.to_owned(), limit));
         self.costs.push(cost);
+        self.labels.push(String::new());
         self.costs.len() - 1
+    }
+
+    /// Labels `row`'s alert crossings `label` in a store's outbox
+    /// ([`Request::labels`]).
+    pub fn label(&mut self, row: usize, label: String) {
+        if let Some(slot) = self.labels.get_mut(row) {
+            *slot = label;
+        }
     }
 
     /// The spread.
@@ -86,6 +98,7 @@ impl SpreadBuilder {
             subjects: self.subjects,
             policy: Policy::spread(self.limits)?,
             costs: self.costs,
+            labels: self.labels,
             now: None,
         })
     }
@@ -131,6 +144,9 @@ impl Spread {
         let mut request = Request::new(op, most);
         if self.costs.iter().any(|&cost| cost != most) {
             request = request.with_costs(self.costs.clone());
+        }
+        if self.labels.iter().any(|label| !label.is_empty()) {
+            request = request.with_labels(self.labels.clone());
         }
         match self.now {
             Some(now) => request.at(now),

@@ -132,7 +132,8 @@ proptest! {
         limit in "[0-9:]{0,20}",
         limit_cost in 0..=MAX_NUMBER,
     ) {
-        let head = Head { op, cost, limits, max_wait, now, lease: lease.as_deref(), refund_at };
+        let outbox = limit_cost % 2 == 0;
+        let head = Head { op, cost, limits, max_wait, now, lease: lease.as_deref(), refund_at, outbox };
         let mut args = Vec::new();
         head.encode(&mut args);
         args.push(format!("{limit}:{limit_cost}"));
@@ -160,10 +161,11 @@ proptest! {
             reset_after: Duration::from_micros(reset_after),
             wait: Duration::from_micros(wait),
         };
+        let crossed = i64::from(reset_after % 256 == 0) * 5;
         let mut reply = Vec::new();
-        push_limit(&mut reply, &decision);
+        push_limit(&mut reply, &decision, crossed);
         prop_assert_eq!(reply.len(), REPLY_PER_LIMIT);
-        prop_assert_eq!(read_limit(&reply), Some(decision));
+        prop_assert_eq!(read_limit(&reply), Some((decision, crossed)));
     }
 }
 

@@ -79,12 +79,13 @@ use tokio::sync::{mpsc, oneshot};
 use self::connection::{Connection, Engine, Followed};
 pub use self::connection::{EngineChoice, EngineKind};
 use self::durable::{counts, ClusterNodes, Dedicated, Reach};
+pub use self::outbox::{Outbox, OutboxEntry};
 pub use self::persistence::Persistence;
 pub use self::table::{SharedTable, TableChange, TableChanges};
 use self::url::Target;
 use super::{spread, Spread, Store};
 use crate::clock::{Clock, Sleep, SystemClock, Timestamp};
-use crate::decision::Outcome;
+use crate::decision::{Crossing, Outcome};
 use crate::engine::protocol::{
     decision_reply_len, limit_argument, read_head, read_limit, Head, OpCode, ALLOWED, FOREIGN, REPLY_PER_LIMIT,
 };
@@ -94,6 +95,7 @@ use crate::subject::Subject;
 
 mod connection;
 mod durable;
+mod outbox;
 mod persistence;
 mod table;
 mod url;
@@ -155,6 +157,9 @@ struct Inner {
     under_way: AtomicUsize,
     /// [`RedisStoreBuilder::clock`]: the time of requests without `now`.
     clock: Option<CallerClock>,
+    /// [`RedisStoreBuilder::alert_outbox`]: the stream, and its length cap
+    /// as an argument.
+    outbox: Option<(String, String)>,
 }
 
 /// The connection and the library on it.
@@ -200,6 +205,8 @@ pub struct RedisStoreBuilder {
     client_certificate: Option<(Vec<u8>, Vec<u8>)>,
     max_batch: usize,
     clock: Option<CallerClock>,
+    /// [`RedisStoreBuilder::alert_outbox`]: the stream's length cap.
+    outbox: Option<u64>,
 }
 
 /// A clock the caller gave in place of the server's `TIME`.
@@ -271,6 +278,21 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Writes each crossing of a limit's alert thresholds
+    /// ([`Limit::alerting`](crate::Limit::alerting)) into a Redis Stream,
+    /// `<prefix>:alerts`, in the same atomic call as the decision that
+    /// crossed it (with the label the request gives the limit,
+    /// [`Request::labels`]), so that no crossing is lost when the process
+    /// stops after it; the stream is capped near `max_len` entries
+    /// (`XADD … MAXLEN ~`). Read it with [`RedisStore::outbox`]. One server
+    /// or Sentinel: a Cluster keeps keys of one call in one slot, and the
+    /// stream is in one.
+    #[must_use]
+    pub fn alert_outbox(mut self, max_len: u64) -> Self {
+        self.outbox = Some(max_len.max(1));
+        self
+    }
+
     /// Connects, checks the server answers, and loads the library.
     ///
     /// # Errors
@@ -294,6 +316,14 @@ impl RedisStoreBuilder {
         let (connection, dedicated) = tokio::time::timeout(self.connect_timeout, self.open(&url))
             .await
             .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no connection within the connect timeout"))??;
+        if self.outbox.is_some() && connection.is_cluster() {
+            return Err(Error::invalid_argument(
+                "an alert outbox needs one Redis server or Sentinel, not a Cluster (its stream is in one slot)",
+            ));
+        }
+        let outbox = self
+            .outbox
+            .map(|max_len| (format!("{}:alerts", self.prefix), max_len.to_string()));
         let engine = tokio::time::timeout(self.connect_timeout, connection.load_engine(choice))
             .await
             .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no answer while loading the library"))??;
@@ -317,6 +347,7 @@ impl RedisStoreBuilder {
                 batcher,
                 under_way: AtomicUsize::new(0),
                 clock: self.clock,
+                outbox,
             }),
         })
     }
@@ -652,6 +683,7 @@ impl RedisStore {
             client_certificate: None,
             max_batch: DEFAULT_MAX_BATCH,
             clock: None,
+            outbox: None,
         }
     }
 
@@ -750,15 +782,26 @@ impl RedisStore {
             .now
             .or_else(|| self.inner.clock.as_ref().map(|clock| clock.0.now()))
             .map(|now| now.as_micros().min(i64::MAX.cast_unsigned()));
-        let head = match op {
+        let mut head = match op {
             OpCode::Reset => Head::reset(policy.len(), now),
             _ => Head::new(&request.op, request.cost, policy.len(), now),
         };
+        let outbox = self
+            .inner
+            .outbox
+            .as_ref()
+            .filter(|_| op != OpCode::Reset && policy.limits().any(|(_, limit)| !limit.alerts().is_empty()));
+        head.outbox = outbox.is_some();
         let mut args = Vec::with_capacity(3 + policy.len());
         head.encode(&mut args);
         for (index, (_, limit)) in policy.limits().enumerate() {
             let now = || now.unwrap_or_else(|| SystemClock.now().as_micros());
             args.push(limit_argument(limit, request.cost_of(index), now));
+        }
+        if let Some((stream, max_len)) = outbox {
+            args.push(stream.clone());
+            args.push(max_len.clone());
+            args.extend((0..policy.len()).map(|index| request.labels.get(index).cloned().unwrap_or_default()));
         }
         Encoded {
             keys,
@@ -814,16 +857,23 @@ fn read_reply(policy: &Policy, op: &Op, reply: &[i64]) -> Result<Outcome> {
         return Err(malformed());
     }
     let mut decisions = Vec::with_capacity(policy.len());
-    for fields in fields.chunks_exact(REPLY_PER_LIMIT) {
-        decisions.push(read_limit(fields).ok_or_else(malformed)?);
+    let mut crossed = Vec::new();
+    for (index, (fields, (_, limit))) in fields.chunks_exact(REPLY_PER_LIMIT).zip(policy.limits()).enumerate() {
+        let (decision, mask) = read_limit(fields).ok_or_else(malformed)?;
+        if mask != 0 {
+            Crossing::of_mask(index, limit.alerts(), mask, &decision, &mut crossed);
+        }
+        decisions.push(decision);
     }
-    Ok(policy.outcome(
+    let mut outcome = policy.outcome(
         op,
         head.status == ALLOWED,
         head.granted,
         head.now,
         decisions.into_iter(),
-    ))
+    );
+    outcome.crossed = crossed;
+    Ok(outcome)
 }
 
 /// Refuses a lease name the library cannot store.

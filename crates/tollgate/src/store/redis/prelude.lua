@@ -84,12 +84,12 @@ local function use_slot(i)
 end
 
 local function allow(limit, remaining, reset_after, wait)
-  slot[1], slot[2], slot[3], slot[4], slot[5], slot[6] = 1, limit, remaining, 0, reset_after, wait
+  slot[1], slot[2], slot[3], slot[4], slot[5], slot[6], slot[7] = 1, limit, remaining, 0, reset_after, wait, 0
   return slot
 end
 
 local function deny(limit, remaining, retry_after, reset_after)
-  slot[1], slot[2], slot[3], slot[4], slot[5], slot[6] = 0, limit, remaining, retry_after or -1, reset_after, 0
+  slot[1], slot[2], slot[3], slot[4], slot[5], slot[6], slot[7] = 0, limit, remaining, retry_after or -1, reset_after, 0, 0
   return slot
 end
 
@@ -114,6 +114,9 @@ local CHECK, CHECK_AT_MOST, RESERVE, ACQUIRE, RELEASE, RESET, REFUND, RECORD = 1
 -- Added to a limit's algorithm id when a check it refuses still records its
 -- cost (engine/protocol.rs's RECORDS_OVERAGE).
 local RECORDS_OVERAGE = 128
+-- Added to it when the limit alerts (engine/protocol.rs's ALERTS): its
+-- parameters are followed by its thresholds and their count.
+local ALERTS = 256
 
 -- A record (RECORD: units spent already, counted whether or not they fit),
 -- as core.rs's record_whole: a check when they fit; otherwise the state

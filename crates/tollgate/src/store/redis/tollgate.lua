@@ -27,7 +27,12 @@ local LIMITS, COSTS, STATES, STALE, CHANGES = {}, {}, {}, {}, {}
 local REPLY, REPLIED = {}, 0
 -- The integers of a decision's reply before its limits', and per limit
 -- (engine/protocol.rs).
-local REPLY_HEAD, REPLY_PER_LIMIT = 3, 6
+local REPLY_HEAD, REPLY_PER_LIMIT = 3, 7
+-- What each limit that alerts had available before a decision.
+local BEFORE = {}
+-- The decision's outbox ({ stream, max_len }; nil: none) and its label per
+-- limit (engine/protocol.rs's Outbox).
+local OUTBOX, LABELS = nil, {}
 
 -- The numbers of a text "a:b:…" (empty fields skipped).
 local function numbers(text)
@@ -56,25 +61,75 @@ local function limit_of(text)
     return p
   end
   local n = numbers(text)
+  local alerts = nil
+  if n[1] >= ALERTS then
+    n[1] = n[1] - ALERTS
+    -- ...:<thresholds>:<their count>:<cost>
+    local count = n[#n - 1]
+    alerts = {}
+    for i = 1, count do
+      alerts[i] = n[#n - 1 - count + i - 1]
+    end
+  end
   local records_overage = n[1] >= RECORDS_OVERAGE
   if records_overage then
     n[1] = n[1] - RECORDS_OVERAGE
   end
   local algorithm = ALGORITHMS[n[1]]
   p = algorithm.params(n)
-  p.algorithm, p.cost, p.records_overage = algorithm, n[#n], records_overage
+  p.algorithm, p.cost, p.records_overage, p.alerts = algorithm, n[#n], records_overage, alerts
   return keep(text, p)
 end
 
--- A decision's head: { op, cost, n, max_wait (nil: none), now (nil: TIME) }.
+-- The alert thresholds of `p` crossed by a decision `d` (a slot) on a
+-- limit that had `before` units available: its use (the limit less what
+-- remains) rose from below each to at or above; a mask, bit i-1 for the
+-- i-th threshold (policy.rs, Crossing::found).
+local function crossed(p, before, d)
+  local limit = d[2]
+  local used_before, used_after = limit - min(before, limit), limit - min(d[3], limit)
+  local mask, bit = 0, 1
+  for i = 1, #p.alerts do
+    local at = p.alerts[i] * limit
+    if used_before * 100 < at and used_after * 100 >= at then
+      mask = mask + bit
+    end
+    bit = bit * 2
+  end
+  return mask
+end
+
+-- Adds the thresholds of `p` in `mask`, crossed by decision `d` of the
+-- limit kept at `key` (the decision's i-th), to the outbox: per threshold,
+-- an entry of the key, the limit's label, the threshold, the units used
+-- and the limit, when the use resets and when it crossed (µs), as the
+-- engine's `emit`.
+local function emit(key, i, p, d, mask, now)
+  if OUTBOX == nil then
+    return
+  end
+  local limit = d[2]
+  local used = limit - min(d[3], limit)
+  local bit = 1
+  for j = 1, #p.alerts do
+    if mask % (2 * bit) >= bit then
+      rcall("XADD", OUTBOX[1], "MAXLEN", "~", OUTBOX[2], "*", "key", key, "label", LABELS[i], "threshold",
+        fmt(p.alerts[j]), "used", fmt(used), "limit", fmt(limit), "reset_at", fmt(now + d[5]), "at", fmt(now))
+    end
+    bit = bit * 2
+  end
+end
+
+-- A decision's head: { op, cost, n, max_wait (nil: none), now (nil: TIME),
+-- outbox (true: the limits are followed by an outbox's arguments) }.
 local function head_of(text)
   local head = PARSED[text]
   if head then
     return head
   end
-  local op, cost, n, max_wait, now = match(text, "^(%d+):(%d+):(%d+):(%-?%d+):(%d*)$")
+  local op, cost, n, max_wait, now, outbox = match(text, "^(%d+):(%d+):(%d+):(%-?%d+):(%d*):?(1?)$")
   op, max_wait = tonumber(op), tonumber(max_wait)
-  head = { op, tonumber(cost), tonumber(n), max_wait >= 0 and max_wait or nil, tonumber(now) }
+  head = { op, tonumber(cost), tonumber(n), max_wait >= 0 and max_wait or nil, tonumber(now), outbox == "1" }
   -- A head with an explicit now is seldom seen twice.
   if now ~= "" then
     return head
@@ -110,8 +165,8 @@ local function answer(status, granted, now, n)
   local reply, at = REPLY, REPLIED
   for i = 1, n do
     local d = SLOTS[i]
-    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5], reply[at + 6] =
-      d[1], d[2], d[3], d[4], d[5], d[6]
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5], reply[at + 6], reply[at + 7] =
+      d[1], d[2], d[3], d[4], d[5], d[6], d[7]
     at = at + REPLY_PER_LIMIT
   end
   REPLIED = at
@@ -154,6 +209,9 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease)
       return
     end
     STATES[i], STALE[i] = s, stale
+    if p.alerts then
+      BEFORE[i] = p.algorithm.available(p, s, now)
+    end
   end
   if op == REFUND then
     refund(keys, first, n, now, max_wait, cost, lease)
@@ -202,6 +260,16 @@ local function decide(keys, first, n, now, op, cost, max_wait, lease)
       end
     end
   end
+  for i = 1, n do
+    local p = LIMITS[i]
+    if p.alerts and CHANGES[i] ~= nil then
+      local mask = crossed(p, BEFORE[i], SLOTS[i])
+      SLOTS[i][7] = mask
+      if mask > 0 then
+        emit(keys[first + i], i, p, SLOTS[i], mask, now)
+      end
+    end
+  end
   store_changes(keys, first, n, now)
   answer(allowed and 1 or 0, (allowed or op == RECORD) and cost or 0, now, n)
 end
@@ -226,11 +294,18 @@ local function decide_one(key, now, op, cost, max_wait, lease)
     answer(1, cost, now, 1)
     return
   end
+  local before = p.alerts and algorithm.available(p, s, now)
   local d, change = algorithm.decide(p, s, now, op, p.cost, max_wait, lease)
   if d[1] == 0 and p.records_overage and op == CHECK then
     d, change = algorithm.decide(p, s, now, RECORD, p.cost, max_wait, lease)
   end
   if change ~= nil then
+    if before then
+      d[7] = crossed(p, before, d)
+      if d[7] > 0 then
+        emit(key, 1, p, d, d[7], now)
+      end
+    end
     store(key, p, s, change, now, d[5], stale)
   end
   answer(d[1], (d[1] == 1 or op == RECORD) and cost or 0, now, 1)
@@ -298,6 +373,14 @@ local function run(keys, args)
       local p = limit_of(args[at])
       LIMITS[i], COSTS[i] = p, p.cost
       at = at + 1
+    end
+    OUTBOX = nil
+    if head[6] then
+      OUTBOX = { args[at], args[at + 1] }
+      for i = 1, n do
+        LABELS[i] = args[at + 1 + i]
+      end
+      at = at + 2 + n
     end
     if n == 1 and op ~= CHECK_AT_MOST and op ~= RESET then
       decide_one(keys[first + 1], now, op, cost, max_wait, lease)
