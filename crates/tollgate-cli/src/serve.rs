@@ -138,6 +138,17 @@ pub struct Args {
     /// changes nothing.
     #[arg(long, value_name = "PATH")]
     read_token_file: Option<PathBuf>,
+    /// POST each alert (a rule's `alerts` threshold crossed) to this URL as
+    /// JSON, with an `Idempotency-Key`, until it answers 2xx (or
+    /// `TOLLGATE_ALERT_WEBHOOK`); on Redis, alerts wait in the store's
+    /// outbox meanwhile.
+    #[arg(long, value_name = "URL", value_parser = webhook_url)]
+    alert_webhook: Option<String>,
+    /// How long an alert a replica was given may wait undelivered (the
+    /// replica stopped, or cannot reach the webhook) before another replica
+    /// on the same Redis takes it over.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    alert_take_over: Duration,
     /// Only validate the configuration, then exit (0 when it is valid).
     #[arg(long)]
     check_config: bool,
@@ -234,10 +245,6 @@ fn xds_settings(args: &Args, settings: &Settings) -> Option<XdsSettings> {
 
 /// Starts the server on `source`'s limits and runs it until a signal.
 fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()> {
-    let store_timeout = args
-        .store_timeout
-        .or(settings.store_timeout)
-        .unwrap_or(Duration::from_millis(100));
     let redis = args.redis.clone().or_else(|| settings.redis.clone());
     let prefix = args
         .prefix
@@ -249,15 +256,19 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
     let grpc_address = args.grpc.or(settings.grpc).unwrap_or_else(|| loopback(8081));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let redis_tls = &settings.redis_tls;
-        let store = store(redis.as_deref(), &prefix, redis_tls, args.on_store_error, store_timeout, args.deny_cache).await?;
+        let webhook = alert_webhook(args)?;
+        let connection = Connection::of(args, settings, &prefix, webhook.is_some());
+        let store = store(redis.as_deref(), &connection).await?;
         let http = TcpListener::bind(http_address)
             .await
             .with_context(|| format!("cannot listen on {http_address}"))?;
         let grpc = TcpListener::bind(grpc_address)
             .await
             .with_context(|| format!("cannot listen on {grpc_address}"))?;
-        let options = options(args, settings);
+        let options = Options {
+            alert_webhook: webhook,
+            ..options(args, settings)
+        };
         let rlqs = rlqs(args)?;
         let (mut server, config_text, domains) = match source {
             Source::Files(files) => {
@@ -366,24 +377,72 @@ fn token(file: Option<&std::path::Path>, flag: &str, env: &str) -> anyhow::Resul
     Ok(AdminToken::new(&text))
 }
 
-/// The store `--redis` names (the embedded memory store without it).
-async fn store(
-    redis: Option<&str>,
-    prefix: &str,
-    tls: &RedisTls,
+/// How serve uses its Redis.
+struct Connection<'a> {
+    prefix: &'a str,
+    tls: &'a RedisTls,
     on_error: OnStoreError,
     timeout: Duration,
     deny_cache: usize,
-) -> anyhow::Result<AnyStore> {
+    /// Alerts are written to the store's outbox (a webhook takes them).
+    outbox: bool,
+}
+
+impl<'a> Connection<'a> {
+    /// As the flags and settings say, keys under `prefix`, with an alert
+    /// outbox when `outbox`.
+    fn of(args: &Args, settings: &'a Settings, prefix: &'a str, outbox: bool) -> Self {
+        Self {
+            prefix,
+            tls: &settings.redis_tls,
+            on_error: args.on_store_error,
+            timeout: args
+                .store_timeout
+                .or(settings.store_timeout)
+                .unwrap_or(Duration::from_millis(100)),
+            deny_cache: args.deny_cache,
+            outbox,
+        }
+    }
+}
+
+/// The webhook alerts go to: `--alert-webhook`, else `TOLLGATE_ALERT_WEBHOOK`.
+fn alert_webhook(args: &Args) -> Result<Option<String>, UsageError> {
+    if let Some(url) = &args.alert_webhook {
+        return Ok(Some(url.clone()));
+    }
+    match std::env::var(ALERT_WEBHOOK_ENV) {
+        Ok(url) if !url.trim().is_empty() => webhook_url(url.trim())
+            .map(Some)
+            .map_err(|error| UsageError(format!("{ALERT_WEBHOOK_ENV}: {error}"))),
+        _ => Ok(None),
+    }
+}
+
+/// The environment variable naming the alert webhook.
+pub const ALERT_WEBHOOK_ENV: &str = "TOLLGATE_ALERT_WEBHOOK";
+
+/// An `http://` URL (`https://` is not supported yet: a relay on the same
+/// host forwards to one).
+fn webhook_url(text: &str) -> Result<String, String> {
+    let parsed = reqwest::Url::parse(text).map_err(|error| format!("\"{text}\" is not a URL: {error}"))?;
+    if parsed.scheme() != "http" || parsed.host_str().is_none() {
+        return Err(format!("\"{text}\": expected an http:// URL with a host"));
+    }
+    Ok(text.to_owned())
+}
+
+/// The store `--redis` names (the embedded memory store without it).
+async fn store(redis: Option<&str>, connection: &Connection<'_>) -> anyhow::Result<AnyStore> {
     Ok(match redis {
         None => AnyStore::Memory(MemoryStore::new()),
         Some(url) => match StoreUrl::parse(url)? {
             StoreUrl::Redis(url) => AnyStore::Resilient(
-                redis_store(&url, prefix, tls, on_error, timeout)
+                redis_store(&url, connection)
                     .await?
-                    .on_error(on_error)
-                    .timeout(timeout)
-                    .deny_cache(deny_cache)
+                    .on_error(connection.on_error)
+                    .timeout(connection.timeout)
+                    .deny_cache(connection.deny_cache)
                     .build(),
             ),
             StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
@@ -425,6 +484,9 @@ fn options(args: &Args, settings: &Settings) -> Options {
         health_checks_store: args.health_check_store || settings.health_checks_store,
         stop_increment_when_over: settings.stop_increment_when_over,
         log_refusals: args.log_refusals.unwrap_or(0),
+        // Set by `run` from --alert-webhook or its variable, once read.
+        alert_webhook: None,
+        alert_take_over: args.alert_take_over,
         // Kept only where a token opens /v1/top.
         track_top: args.admin_token_file.is_some()
             || args.read_token_file.is_some()
@@ -440,16 +502,21 @@ fn options(args: &Args, settings: &Settings) -> Options {
 /// yet is connected in the background while the policy answers.
 async fn redis_store(
     url: &str,
-    prefix: &str,
-    tls: &RedisTls,
-    on_error: OnStoreError,
-    timeout: Duration,
+    connection: &Connection<'_>,
 ) -> anyhow::Result<tollgate::ResilientStoreBuilder<tollgate::RedisStore>> {
+    let (tls, on_error) = (connection.tls, connection.on_error);
     let url = &with_redis_tls(url, tls);
     // The store's own timeout is the deadline too: a durable record bounds
     // its wait inside it, and so answers "not durable" before the deadline
     // answers "no answer" (a fault of the store's).
-    let builder = || redis_tls_files(redis_builder(url, prefix).timeout(timeout), tls);
+    let builder = || {
+        let builder = redis_tls_files(redis_builder(url, connection.prefix).timeout(connection.timeout), tls)?;
+        anyhow::Ok(if connection.outbox {
+            builder.alert_outbox(tollgate_server::service::OUTBOX_KEPT)
+        } else {
+            builder
+        })
+    };
     match connect_redis_with(builder()?, url).await {
         Ok(store) => {
             tracing::info!(engine = %store.engine(), "redis: connected");

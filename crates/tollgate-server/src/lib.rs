@@ -396,6 +396,8 @@ fn spawn_followers(service: &Arc<Service>, stopped: &watch::Receiver<bool>) {
     tokio::spawn(async move { checking.follow_persistence(stops.0).await });
     tokio::spawn(async move { following.follow_overrides(stops.1).await });
     tokio::spawn(async move { publishing.publish_top(stops.2).await });
+    let (delivering, stop) = (Arc::clone(service), stopped.clone());
+    tokio::spawn(async move { delivering.deliver_alerts(stop).await });
 }
 
 async fn follow_health(reporter: tonic_health::server::HealthReporter, mut healthy: watch::Receiver<bool>) {

@@ -32,11 +32,13 @@ use prometheus_client::registry::Registry;
 
 use tollgate::{Decision, EngineKind, Path};
 
+mod alerts;
 mod labels;
 mod overrides;
 mod persistence;
 mod quota;
 
+pub use alerts::AlertMetrics;
 pub use overrides::OverrideMetrics;
 pub use persistence::PersistenceMetrics;
 pub(crate) use quota::bucket_name;
@@ -123,6 +125,7 @@ pub struct Metrics {
     quota: QuotaMetrics,
     overrides: OverrideMetrics,
     persistence: PersistenceMetrics,
+    alerts: AlertMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -168,6 +171,7 @@ impl Metrics {
             quota: QuotaMetrics::default(),
             overrides: OverrideMetrics::default(),
             persistence: PersistenceMetrics::default(),
+            alerts: AlertMetrics::default(),
         };
         let tollgate = metrics.registry.sub_registry_with_prefix("tollgate");
         tollgate.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
@@ -214,6 +218,7 @@ impl Metrics {
         metrics.quota.register(tollgate);
         metrics.overrides.register(tollgate);
         metrics.persistence.register(tollgate);
+        metrics.alerts.register(tollgate);
         let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
         for (stat, family) in UPSTREAM_STATS.iter().zip(&metrics.upstream.rule) {
             upstream.register(
@@ -344,6 +349,11 @@ impl Metrics {
     /// One override change (`set`, `delete`, `expire`) in `domain`.
     pub fn override_change(&self, domain: &str, change: &'static str) {
         self.overrides.change(domain, change);
+    }
+
+    /// The alerts' metrics.
+    pub fn alerts(&self) -> &AlertMetrics {
+        &self.alerts
     }
 
     /// `domain` has `count` overrides in force.

@@ -159,6 +159,9 @@ struct RawRateLimit {
     name: String,
     replaces: Vec<String>,
     algorithm: Option<Limit>,
+    /// Tollgate's extension: thresholds, percent of the limit, whose
+    /// crossing is an alert.
+    alerts: Option<Vec<u64>>,
 }
 
 /// A `rate_limit` block, checked.
@@ -288,6 +291,7 @@ impl<'de> Visitor<'de> for RateLimitSeed {
                 "name" => raw.name = map.next_value_seed(Text)?,
                 "replaces" => raw.replaces = map.next_value_seed(ReplacesSeed)?,
                 "algorithm" => raw.algorithm = Some(map.next_value_seed(AlgorithmSeed)?),
+                "alerts" => raw.alerts = Some(map.next_value()?),
                 _ => other_key(&mut map, &key)?,
             }
         }
@@ -402,6 +406,17 @@ impl RawRateLimit {
                 },
                 (None, None) => unreachable!("refused above"),
             }
+        };
+        let limit = match (self.alerts, limit) {
+            (None, limit) => limit,
+            (Some(alerts), RuleLimit::Limited(limit)) => {
+                let alerts = alerts
+                    .into_iter()
+                    .map(|threshold| u8::try_from(threshold).unwrap_or(u8::MAX))
+                    .collect::<Vec<u8>>();
+                RuleLimit::Limited(limit.alerting(alerts).map_err(|error| format!("rate_limit: {error}"))?)
+            }
+            (Some(_), _) => return Err("rate_limit: alerts need a limit (not unlimited, nor 0 requests)".to_owned()),
         };
         for replaces in &self.replaces {
             if replaces.is_empty() {

@@ -1,6 +1,7 @@
 //! Deciding the limits of a request's items in the store, counted as
 //! envoyproxy/ratelimit counts them (see the module above).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -114,6 +115,8 @@ impl Service {
         // A descriptor sent twice is one limit (one row), weighing the sum of its costs.
         let mut rows = Spread::builder();
         let mut row_of = Vec::with_capacity(indices.len());
+        // Each row's alert label, when its limit alerts.
+        let mut labels = Vec::new();
         for &index in indices {
             let item = &items[index];
             let Some(limited) = item.limited() else { continue };
@@ -127,6 +130,11 @@ impl Service {
                 limited.limit.clone()
             };
             let row = rows.row(limited.subject.clone(), &limited.name, limit, cost);
+            if let Some(label) = &limited.alert {
+                rows.label(row, label.text().to_owned());
+                labels.resize(row + 1, None);
+                labels[row] = Some(Arc::clone(label));
+            }
             row_of.push((index, row));
         }
         let spread = rows.build()?;
@@ -141,6 +149,14 @@ impl Service {
         };
         let outcome = self.store.decide_spread(&spread, op).await?;
         self.metrics.path(outcome.path);
+        if !outcome.crossed.is_empty() {
+            let keys = |row: usize| {
+                let subject = spread.subjects().get(row).map_or("", |subject| subject.as_key());
+                let name = spread.policy().limits().nth(row).map_or("", |(name, _)| name);
+                format!("{subject}\u{1f}{name}")
+            };
+            self.note_crossings(&outcome, &labels, &keys);
+        }
         let decisions = row_of
             .into_iter()
             .map(|(index, row)| (index, outcome.limits[row].1.clone()))

@@ -22,7 +22,7 @@ pub struct Event {
     pub id: u64,
     /// When, in microseconds since the Unix epoch.
     pub at_us: u64,
-    /// `config` (applied), `config_refused`, or `override`.
+    /// `config` (applied), `config_refused`, `override`, or `alert`.
     pub kind: &'static str,
     /// What happened, in words.
     pub text: String,
@@ -35,7 +35,7 @@ pub(super) struct Events {
 }
 
 impl Events {
-    fn push(&self, kind: &'static str, text: String) {
+    pub(super) fn push(&self, kind: &'static str, text: String) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         kept.0 += 1;
         let event = Event {

@@ -3,10 +3,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{Decision, Limit, Subject};
 
+use super::alerts::AlertLabel;
 use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_COST, RULE};
 use crate::config::{exact_stat_key, Domain, Rule, RuleLimit};
 use crate::overrides::DomainOverrides;
@@ -59,6 +61,8 @@ pub(crate) struct Limited {
     pub(crate) name: String,
     /// A fixed window's length (its reset is the window's end).
     pub(crate) window: Option<Duration>,
+    /// Who and what an alert of this limit names (when it alerts).
+    pub(crate) alert: Option<Arc<AlertLabel>>,
 }
 
 impl Item<'_> {
@@ -206,6 +210,7 @@ impl Service {
                 subject: Subject::from_parts(std::iter::once(domain_name).chain(parts)),
                 name: format!("override.{requests}.{}", unit.name()),
                 window: Some(unit.duration()),
+                alert: None,
             }));
             item.stat_key = Cow::Owned(exact_stat_key(
                 entries.iter().map(|(key, value)| (key.as_str(), value.as_str())),
@@ -266,12 +271,14 @@ impl Service {
         item.status.rule = Some(rule.path.clone());
         item.alternative = rule.alternative || self.options.all_alternatives;
         item.shadow = rule.shadow_mode;
+        let alert = alert_label(domain_name, descriptor, rule);
         item.matched = match &rule.limit {
             RuleLimit::Limited(limit) => Matched::Limited(Box::new(Limited {
                 limit: limit.clone(),
                 subject,
                 name,
                 window: rule.limit.fixed_window(),
+                alert,
             })),
             RuleLimit::Unlimited => Matched::Unlimited,
             RuleLimit::Blocked => Matched::Blocked,
@@ -313,4 +320,28 @@ impl Service {
             stat_key: item.stat_key.into_owned(),
         })
     }
+}
+
+/// What an alert of `rule`'s limit names for `descriptor` of `domain`
+/// (none when the limit does not alert).
+fn alert_label(domain: &str, descriptor: &Descriptor, rule: &Rule) -> Option<Arc<AlertLabel>> {
+    let RuleLimit::Limited(limit) = &rule.limit else {
+        return None;
+    };
+    if limit.alerts().is_empty() {
+        return None;
+    }
+    let entries = match &descriptor.target {
+        Target::Entries(entries) => entries.clone(),
+        Target::Named { subject, limit } => vec![
+            ("limit".to_owned(), limit.clone()),
+            ("subject".to_owned(), subject.clone()),
+        ],
+    };
+    Some(Arc::new(AlertLabel::new(
+        domain,
+        entries,
+        &rule.path,
+        rule.limit.fixed_window(),
+    )))
 }

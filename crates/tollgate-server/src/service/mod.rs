@@ -44,6 +44,7 @@
 //! ([`Options::max_descriptors`]), so one request never becomes an unbounded
 //! store call.
 
+mod alerts;
 mod answer;
 mod deciding;
 mod error;
@@ -65,6 +66,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tollgate::{AnyStore, LeasedStore, Op};
 
+pub use self::alerts::{Alert, AlertEntry, GROUP as ALERT_GROUP, OUTBOX_KEPT};
 use self::answer::{dynamic_metadata, overall_code, unix_now};
 pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, seconds};
 use self::deciding::set_decisions;
@@ -117,8 +119,10 @@ pub struct Service {
     lasting: std::sync::Mutex<Option<Lasting>>,
     /// Each rule's heaviest descriptors (with [`Options::track_top`]).
     top: crate::top::Top,
-    /// The last events (configurations, overrides).
+    /// The last events (configurations, overrides, alerts).
     events: events::Events,
+    /// Alerts this process holds to deliver.
+    alerts: alerts::Alerts,
 }
 
 /// What the service's health depends on; healthy when none holds.
@@ -154,6 +158,7 @@ impl Service {
             estimates: estimates::Estimates::default(),
             top: crate::top::Top::default(),
             events: events::Events::default(),
+            alerts: alerts::Alerts::default(),
         }
     }
 

@@ -45,6 +45,12 @@ pub struct Options {
     /// Keep each rule's heaviest descriptors (`/v1/top`): on when a token
     /// opens the API that reads them.
     pub track_top: bool,
+    /// Where alerts are delivered: a URL each is POSTed to as JSON
+    /// (`--alert-webhook`); none: alerts are counted and shown, not sent.
+    pub alert_webhook: Option<String>,
+    /// How long an alert a replica was given may wait undelivered before
+    /// another replica takes it over (`--alert-take-over`; 30 s).
+    pub alert_take_over: std::time::Duration,
 }
 
 /// What [`Options::log_refusals`] counts in: every refusal is logged at
@@ -66,6 +72,8 @@ impl Default for Options {
             stop_increment_when_over: true,
             log_refusals: 0,
             track_top: false,
+            alert_webhook: None,
+            alert_take_over: std::time::Duration::from_secs(30),
         }
     }
 }

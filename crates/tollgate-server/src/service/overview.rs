@@ -28,6 +28,11 @@ pub struct Overview {
     pub persistence: Option<String>,
     /// Overrides in force.
     pub overrides: usize,
+    /// Where alerts are delivered (`--alert-webhook`; none: not sent).
+    pub alert_webhook: Option<String>,
+    /// Alerts waiting to be delivered, as last seen (the outbox on Redis,
+    /// this replica's queue on memory).
+    pub alerts_waiting: u64,
 }
 
 impl Service {
@@ -58,6 +63,8 @@ impl Service {
                 .lasting()
                 .map(|lasting| lasting.describe().trim_start_matches("# store: ").trim().to_owned()),
             overrides: self.overrides().all().values().map(|domain| domain.len()).sum(),
+            alert_webhook: self.options.alert_webhook.clone(),
+            alerts_waiting: self.alerts_waiting(),
         }
     }
 }

@@ -121,6 +121,7 @@ async function renderOverview() {
     ["Circuit breaker", body.breaker_open === null ? "-" : body.breaker_open ? "open (Redis skipped)" : "closed"],
     ["Persistence", body.persistence || "-"],
     ["Overrides in force", body.overrides],
+    ["Alerts", body.alert_webhook ? `to ${body.alert_webhook}, ${body.alerts_waiting} waiting` : "not sent (no webhook)"],
     ["Replicas seen", body.replicas === null ? "-" : body.replicas],
     ["Decisions, last 10 s", await rates()],
     ["Signed in as", body.access === "admin" ? "admin" : "read-only"],

@@ -1,0 +1,380 @@
+//! Budget alerts. A rule's `alerts` thresholds (percent of its limit) are
+//! crossed by the decision that takes a descriptor's use from below one to
+//! at or above it; the store finds the crossing in the decision's own
+//! atomic step, so each crossing is seen by one replica. It is counted
+//! (`tollgate_alerts`), shown among the events, and delivered to
+//! `--alert-webhook` at least once, with an idempotency key: on Redis the
+//! deciding call itself writes it into the store's outbox (a Stream), which
+//! the replicas read through one consumer group (a stopped replica's
+//! entries taken over by another), so that neither a replica that stops
+//! nor a webhook that fails for minutes loses one; on the memory store (or
+//! for decisions made locally while Redis fails) a bounded queue in this
+//! process holds them.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::{watch, Notify};
+use tollgate::{AnyStore, Outbox, OutboxEntry, Outcome, Path};
+
+use super::Service;
+use crate::overrides::format_instant;
+
+/// Alerts the in-process queue keeps (the oldest dropped past them).
+pub const QUEUE_KEPT: usize = 10_000;
+/// Entries the Redis outbox keeps at about most (`XADD … MAXLEN ~`).
+pub const OUTBOX_KEPT: u64 = 100_000;
+/// The consumer group the replicas read the outbox with.
+pub const GROUP: &str = "tollgate-alerts";
+/// How often the outbox is read when nothing wakes the deliverer.
+const POLL: Duration = Duration::from_millis(200);
+/// Entries read at a time.
+const BATCH: usize = 32;
+/// The longest wait between attempts after failures.
+const MOST_BACK_OFF: Duration = Duration::from_secs(30);
+/// How long one delivery may take.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Who and what an alert names, carried with the crossing (in the outbox,
+/// as JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct AlertLabel {
+    domain: String,
+    descriptor: Vec<(String, String)>,
+    rule: String,
+    /// A fixed window's length, µs: the window starts that long before it
+    /// resets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window_us: Option<u64>,
+    #[serde(skip)]
+    text: String,
+}
+
+impl AlertLabel {
+    pub(crate) fn new(domain: &str, descriptor: Vec<(String, String)>, rule: &str, window: Option<Duration>) -> Self {
+        let mut label = Self {
+            domain: domain.to_owned(),
+            descriptor,
+            rule: rule.to_owned(),
+            window_us: window.map(|window| u64::try_from(window.as_micros()).unwrap_or(u64::MAX)),
+            text: String::new(),
+        };
+        label.text = serde_json::to_string(&label).unwrap_or_default();
+        label
+    }
+
+    /// As the outbox carries it.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+/// One entry of an alert's descriptor.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AlertEntry {
+    /// The entry's key.
+    pub key: String,
+    /// Its value.
+    pub value: String,
+}
+
+/// An alert, as the webhook receives it (JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Alert {
+    /// The crossing's id: the same for every delivery of one crossing (its
+    /// key, window and threshold), sent as `Idempotency-Key`.
+    pub id: String,
+    /// The domain.
+    pub domain: String,
+    /// The descriptor's entries.
+    pub descriptor: Vec<AlertEntry>,
+    /// The rule (its stat key).
+    pub rule: String,
+    /// The threshold crossed, a percent of the limit.
+    pub threshold: u8,
+    /// Units used once crossed (at most the limit).
+    pub used: u64,
+    /// The limit.
+    pub limit: u64,
+    /// When the window began (RFC 3339; a fixed window's only).
+    pub window_start: Option<String>,
+    /// When the use resets (RFC 3339).
+    pub resets_at: String,
+    /// When it crossed (RFC 3339).
+    pub at: String,
+}
+
+impl Alert {
+    /// The alert of a crossing of `threshold` by the limit kept at `key`.
+    fn new(label: &AlertLabel, key: &str, threshold: u8, (used, limit): (u64, u64), reset_at: u64, at: u64) -> Self {
+        let mut digest = Sha256::new();
+        digest.update(key.as_bytes());
+        digest.update([0]);
+        digest.update(reset_at.to_be_bytes());
+        digest.update([threshold]);
+        let id = digest.finalize()[..16]
+            .iter()
+            .fold(String::with_capacity(32), |mut id, byte| {
+                let _ = write!(id, "{byte:02x}");
+                id
+            });
+        Self {
+            id,
+            domain: label.domain.clone(),
+            descriptor: label
+                .descriptor
+                .iter()
+                .map(|(key, value)| AlertEntry {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            rule: label.rule.clone(),
+            threshold,
+            used,
+            limit,
+            window_start: label
+                .window_us
+                .map(|window| format_instant(reset_at.saturating_sub(window))),
+            resets_at: format_instant(reset_at),
+            at: format_instant(at),
+        }
+    }
+
+    /// The alert an outbox entry holds (`None`: its label does not read).
+    fn of_entry(entry: &OutboxEntry) -> Option<Self> {
+        let label: AlertLabel = serde_json::from_str(&entry.label).ok()?;
+        Some(Self::new(
+            &label,
+            &entry.key,
+            entry.threshold,
+            (entry.used, entry.limit),
+            entry.reset_at.as_micros(),
+            entry.at.as_micros(),
+        ))
+    }
+}
+
+/// The alerts this process holds to deliver (memory store, or decided
+/// locally), and what wakes the deliverer.
+#[derive(Debug, Default)]
+pub(super) struct Alerts {
+    queue: Mutex<VecDeque<Alert>>,
+    wake: Notify,
+    /// Alerts waiting, as the deliverer last counted them.
+    waiting: AtomicU64,
+}
+
+impl Service {
+    /// Notes the thresholds `outcome` crossed: `labels[i]` names row `i`'s
+    /// limit, kept at `keys[i]`.
+    pub(super) fn note_crossings(
+        &self,
+        outcome: &Outcome,
+        labels: &[Option<Arc<AlertLabel>>],
+        keys: &dyn Fn(usize) -> String,
+    ) {
+        let decided_at = outcome.decided_at.as_micros();
+        // On Redis the deciding call wrote them into the outbox; decided
+        // here (memory, or locally while Redis fails), this process keeps them.
+        let keep = self.options.alert_webhook.is_some() && (outcome.path != Path::Store || self.outbox().is_none());
+        for crossing in &outcome.crossed {
+            let Some(Some(label)) = labels.get(crossing.index) else {
+                continue;
+            };
+            self.metrics
+                .alerts()
+                .crossed(&label.domain, &label.rule, crossing.threshold);
+            self.events.push(
+                "alert",
+                format!(
+                    "{} reached {} % of rule {} in domain {}: {} of {}",
+                    describe(&label.descriptor),
+                    crossing.threshold,
+                    label.rule,
+                    label.domain,
+                    crossing.used,
+                    crossing.limit
+                ),
+            );
+            if keep {
+                let reset_at =
+                    decided_at.saturating_add(u64::try_from(crossing.reset_after.as_micros()).unwrap_or(u64::MAX));
+                let alert = Alert::new(
+                    label,
+                    &keys(crossing.index),
+                    crossing.threshold,
+                    (crossing.used, crossing.limit),
+                    reset_at,
+                    decided_at,
+                );
+                self.queue_alert(alert);
+            }
+        }
+    }
+
+    /// Alerts waiting to be delivered, as last counted.
+    pub(super) fn alerts_waiting(&self) -> u64 {
+        self.alerts.waiting.load(Ordering::Relaxed)
+    }
+
+    fn queue_alert(&self, alert: Alert) {
+        let mut queue = self.alerts.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.len() == QUEUE_KEPT {
+            queue.pop_front();
+            self.metrics.alerts().dropped(1);
+            tracing::warn!("alerts: the queue is full ({QUEUE_KEPT}); its oldest alert is dropped");
+        }
+        queue.push_back(alert);
+        drop(queue);
+        self.alerts.wake.notify_one();
+    }
+
+    /// The store's outbox, when it has one (Redis with a webhook).
+    fn outbox(&self) -> Option<Outbox> {
+        match self.store() {
+            AnyStore::Redis(redis) => redis.outbox(GROUP),
+            AnyStore::Resilient(resilient) => resilient.store()?.outbox(GROUP),
+            _ => None,
+        }
+    }
+
+    /// Delivers alerts to the webhook until `stopped`: this process's
+    /// queue, and the outbox's entries this replica is given, has left
+    /// undelivered, or takes over from a replica idle for
+    /// [`Options::alert_take_over`](super::Options::alert_take_over); each acknowledged once the webhook answers 2xx,
+    /// retried with a back-off (up to 30 s apart) until then.
+    pub async fn deliver_alerts(&self, mut stopped: watch::Receiver<bool>) {
+        let Some(webhook) = self.options.alert_webhook.clone() else {
+            return;
+        };
+        let client = match reqwest::Client::builder().timeout(DELIVERY_TIMEOUT).build() {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::error!(%error, "alerts: no HTTP client; alerts are not delivered");
+                return;
+            }
+        };
+        let deliver = |alert: Alert| {
+            let (client, webhook) = (client.clone(), webhook.clone());
+            async move {
+                let sent = client
+                    .post(&webhook)
+                    .header("Idempotency-Key", &alert.id)
+                    .json(&alert)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(response) if response.status().is_success() => Ok(()),
+                    Ok(response) => Err(format!("the webhook answered {}", response.status())),
+                    Err(error) => Err(format!("the webhook could not be reached: {error}")),
+                }
+            }
+        };
+        let outbox = self.outbox();
+        let consumer = self.top.replica().to_owned();
+        let mut joined = false;
+        let mut back_off = Duration::ZERO;
+        loop {
+            let wait = if back_off.is_zero() { POLL } else { back_off };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.alerts.wake.notified(), if back_off.is_zero() => {}
+                _ = stopped.wait_for(|stop| *stop) => return,
+            }
+            let mut failed = None;
+            // This process's queue, oldest first.
+            loop {
+                let next = self
+                    .alerts
+                    .queue
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop_front();
+                let Some(alert) = next else { break };
+                if let Err(error) = deliver(alert.clone()).await {
+                    self.alerts
+                        .queue
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push_front(alert);
+                    failed = Some(error);
+                    break;
+                }
+                self.metrics.alerts().delivery("delivered");
+            }
+            let queued = self.alerts.queue.lock().unwrap_or_else(PoisonError::into_inner).len() as u64;
+            let mut waiting = queued;
+            if let (Some(outbox), None) = (&outbox, &failed) {
+                if !joined {
+                    joined = outbox.join().await.is_ok();
+                }
+                if joined {
+                    match deliver_outbox(outbox, &consumer, &deliver, self).await {
+                        Ok(()) => {}
+                        Err(error) => failed = Some(error),
+                    }
+                    waiting += outbox.len().await.unwrap_or(0);
+                }
+            }
+            self.metrics.alerts().outbox_length(waiting);
+            self.alerts.waiting.store(waiting, Ordering::Relaxed);
+            back_off = match failed {
+                None => Duration::ZERO,
+                Some(error) => {
+                    self.metrics.alerts().delivery("failed");
+                    let next = (back_off * 2).clamp(POLL, MOST_BACK_OFF);
+                    tracing::warn!(%error, retry_in = ?next, "alerts: a delivery failed; it is retried");
+                    next
+                }
+            };
+        }
+    }
+}
+
+/// Delivers the outbox's entries for `consumer`: those it left undelivered,
+/// those it takes over, then new ones; stops at the first failure (the
+/// entry stays pending, delivered again later).
+async fn deliver_outbox<F, Fut>(outbox: &Outbox, consumer: &str, deliver: &F, service: &Service) -> Result<(), String>
+where
+    F: Fn(Alert) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let store_error = |error: tollgate::Error| format!("the outbox could not be read: {error}");
+    let take_over = service.options.alert_take_over;
+    loop {
+        let mut entries = outbox.pending(consumer, BATCH).await.map_err(store_error)?;
+        if entries.is_empty() {
+            entries = outbox.claim(consumer, take_over, BATCH).await.map_err(store_error)?;
+        }
+        if entries.is_empty() {
+            entries = outbox.read(consumer, BATCH).await.map_err(store_error)?;
+        }
+        if entries.is_empty() {
+            return Ok(());
+        }
+        for entry in entries {
+            if let Some(alert) = Alert::of_entry(&entry) {
+                deliver(alert).await?;
+                service.metrics.alerts().delivery("delivered");
+            } else {
+                tracing::warn!(key = %entry.key, "alerts: an outbox entry without a readable label is dropped");
+            }
+            outbox.ack(&[entry.id]).await.map_err(store_error)?;
+        }
+    }
+}
+
+/// A descriptor as `key=value, …`.
+fn describe(descriptor: &[(String, String)]) -> String {
+    descriptor
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
