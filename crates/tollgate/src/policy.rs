@@ -3,6 +3,7 @@
 //! "10 per second *and* 1000 per hour" is a policy of two limits. A request is
 //! admitted only when every limit admits it; when any denies, none consumes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Action, Change, Limit, State, Step};
@@ -87,8 +88,8 @@ pub struct Request {
     pub costs: Vec<u64>,
     /// For each limit of the policy, in its order, what a store's alert
     /// outbox writes with a crossing of one of its thresholds (who and what
-    /// crossed, as the caller names them). Empty: nothing.
-    pub labels: Vec<String>,
+    /// crossed, as the caller names them). `None`: nothing.
+    pub labels: Option<Arc<[String]>>,
 }
 
 impl Request {
@@ -99,7 +100,7 @@ impl Request {
             cost,
             now: None,
             costs: Vec::new(),
-            labels: Vec::new(),
+            labels: None,
         }
     }
 
@@ -113,9 +114,17 @@ impl Request {
     /// Labels limit `i`'s alert crossings `labels[i]` in a store's outbox
     /// ([`Request::labels`]).
     #[must_use]
-    pub fn with_labels(mut self, labels: Vec<String>) -> Self {
-        self.labels = labels;
+    pub fn with_labels(mut self, labels: impl Into<Arc<[String]>>) -> Self {
+        self.labels = Some(labels.into());
         self
+    }
+
+    /// The label of limit `index`'s alert crossings (empty: none).
+    pub(crate) fn label_of(&self, index: usize) -> &str {
+        self.labels
+            .as_ref()
+            .and_then(|labels| labels.get(index))
+            .map_or("", String::as_str)
     }
 
     /// The cost limit `index` sees.
@@ -131,14 +140,12 @@ impl Request {
         } else {
             indices.iter().map(|&index| self.cost_of(index)).collect()
         };
-        let labels = if self.labels.is_empty() {
-            Vec::new()
-        } else {
+        let labels = self.labels.as_ref().map(|_| {
             indices
                 .iter()
-                .map(|&index| self.labels.get(index).cloned().unwrap_or_default())
-                .collect()
-        };
+                .map(|&index| self.label_of(index).to_owned())
+                .collect::<Arc<[String]>>()
+        });
         Self {
             op,
             cost: self.cost,

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -41,37 +41,34 @@ const MOST_BACK_OFF: Duration = Duration::from_secs(30);
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who and what an alert names, carried with the crossing (in the outbox,
-/// as JSON).
+/// as JSON): written for every decision of a limit that alerts, read for
+/// a crossing.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct AlertLabel {
-    domain: String,
-    descriptor: Vec<(String, String)>,
-    rule: String,
+struct AlertLabel<D = Vec<(String, String)>, S = String> {
+    domain: S,
+    descriptor: D,
+    rule: S,
     /// A fixed window's length, µs: the window starts that long before it
     /// resets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     window_us: Option<u64>,
-    #[serde(skip)]
-    text: String,
 }
 
-impl AlertLabel {
-    pub(crate) fn new(domain: &str, descriptor: Vec<(String, String)>, rule: &str, window: Option<Duration>) -> Self {
-        let mut label = Self {
-            domain: domain.to_owned(),
-            descriptor,
-            rule: rule.to_owned(),
-            window_us: window.map(|window| u64::try_from(window.as_micros()).unwrap_or(u64::MAX)),
-            text: String::new(),
-        };
-        label.text = serde_json::to_string(&label).unwrap_or_default();
-        label
-    }
-
-    /// As the outbox carries it.
-    pub(crate) fn text(&self) -> &str {
-        &self.text
-    }
+/// The label of an alert of `rule` (its stat key) for `descriptor` of
+/// `domain`, under a fixed window of `window` when it is one.
+pub(crate) fn alert_label(
+    domain: &str,
+    descriptor: &[(String, String)],
+    rule: &str,
+    window: Option<Duration>,
+) -> String {
+    let label = AlertLabel {
+        domain,
+        descriptor,
+        rule,
+        window_us: window.map(|window| u64::try_from(window.as_micros()).unwrap_or(u64::MAX)),
+    };
+    serde_json::to_string(&label).unwrap_or_default()
 }
 
 /// One entry of an alert's descriptor.
@@ -173,18 +170,18 @@ pub(super) struct Alerts {
 impl Service {
     /// Notes the thresholds `outcome` crossed: `labels[i]` names row `i`'s
     /// limit, kept at `keys[i]`.
-    pub(super) fn note_crossings(
-        &self,
-        outcome: &Outcome,
-        labels: &[Option<Arc<AlertLabel>>],
-        keys: &dyn Fn(usize) -> String,
-    ) {
+    pub(super) fn note_crossings(&self, outcome: &Outcome, labels: &[Option<&str>], keys: &dyn Fn(usize) -> String) {
         let decided_at = outcome.decided_at.as_micros();
         // On Redis the deciding call wrote them into the outbox; decided
         // here (memory, or locally while Redis fails), this process keeps them.
         let keep = self.options.alert_webhook.is_some() && (outcome.path != Path::Store || self.outbox().is_none());
         for crossing in &outcome.crossed {
-            let Some(Some(label)) = labels.get(crossing.index) else {
+            let Some(label) = labels
+                .get(crossing.index)
+                .copied()
+                .flatten()
+                .and_then(|text| serde_json::from_str::<AlertLabel>(text).ok())
+            else {
                 continue;
             };
             self.metrics
@@ -206,7 +203,7 @@ impl Service {
                 let reset_at =
                     decided_at.saturating_add(u64::try_from(crossing.reset_after.as_micros()).unwrap_or(u64::MAX));
                 let alert = Alert::new(
-                    label,
+                    &label,
                     &keys(crossing.index),
                     crossing.threshold,
                     (crossing.used, crossing.limit),

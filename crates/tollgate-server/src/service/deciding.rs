@@ -1,7 +1,6 @@
 //! Deciding the limits of a request's items in the store, counted as
 //! envoyproxy/ratelimit counts them (see the module above).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -131,9 +130,9 @@ impl Service {
             };
             let row = rows.row(limited.subject.clone(), &limited.name, limit, cost);
             if let Some(label) = &limited.alert {
-                rows.label(row, label.text().to_owned());
+                rows.label(row, label.clone());
                 labels.resize(row + 1, None);
-                labels[row] = Some(Arc::clone(label));
+                labels[row] = Some(label.as_str());
             }
             row_of.push((index, row));
         }

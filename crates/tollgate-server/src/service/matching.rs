@@ -3,12 +3,11 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{Decision, Limit, Subject};
 
-use super::alerts::AlertLabel;
+use super::alerts::alert_label;
 use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_COST, RULE};
 use crate::config::{exact_stat_key, Domain, Rule, RuleLimit};
 use crate::overrides::DomainOverrides;
@@ -62,7 +61,7 @@ pub(crate) struct Limited {
     /// A fixed window's length (its reset is the window's end).
     pub(crate) window: Option<Duration>,
     /// Who and what an alert of this limit names (when it alerts).
-    pub(crate) alert: Option<Arc<AlertLabel>>,
+    pub(crate) alert: Option<String>,
 }
 
 impl Item<'_> {
@@ -271,7 +270,7 @@ impl Service {
         item.status.rule = Some(rule.path.clone());
         item.alternative = rule.alternative || self.options.all_alternatives;
         item.shadow = rule.shadow_mode;
-        let alert = alert_label(domain_name, descriptor, rule);
+        let alert = alert_of(domain_name, descriptor, rule);
         item.matched = match &rule.limit {
             RuleLimit::Limited(limit) => Matched::Limited(Box::new(Limited {
                 limit: limit.clone(),
@@ -324,24 +323,22 @@ impl Service {
 
 /// What an alert of `rule`'s limit names for `descriptor` of `domain`
 /// (none when the limit does not alert).
-fn alert_label(domain: &str, descriptor: &Descriptor, rule: &Rule) -> Option<Arc<AlertLabel>> {
+fn alert_of(domain: &str, descriptor: &Descriptor, rule: &Rule) -> Option<String> {
     let RuleLimit::Limited(limit) = &rule.limit else {
         return None;
     };
     if limit.alerts().is_empty() {
         return None;
     }
-    let entries = match &descriptor.target {
-        Target::Entries(entries) => entries.clone(),
-        Target::Named { subject, limit } => vec![
-            ("limit".to_owned(), limit.clone()),
-            ("subject".to_owned(), subject.clone()),
-        ],
-    };
-    Some(Arc::new(AlertLabel::new(
-        domain,
-        entries,
-        &rule.path,
-        rule.limit.fixed_window(),
-    )))
+    let window = rule.limit.fixed_window();
+    Some(match &descriptor.target {
+        Target::Entries(entries) => alert_label(domain, entries, &rule.path, window),
+        Target::Named { subject, limit } => {
+            let entries = [
+                ("limit".to_owned(), limit.clone()),
+                ("subject".to_owned(), subject.clone()),
+            ];
+            alert_label(domain, &entries, &rule.path, window)
+        }
+    })
 }

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
+use std::sync::Arc;
 
 use futures_util::future::join_all;
 
@@ -43,8 +44,8 @@ pub struct Spread {
     subjects: Vec<Subject>,
     policy: Policy,
     costs: Vec<u64>,
-    /// Row `i`'s alert label ([`Request::labels`]; empty: none).
-    labels: Vec<String>,
+    /// Row `i`'s alert label ([`Request::labels`]; `None`: none).
+    labels: Option<Arc<[String]>>,
     /// The instant to decide at (`None`: the store's time).
     now: Option<Timestamp>,
 }
@@ -98,7 +99,11 @@ impl SpreadBuilder {
             subjects: self.subjects,
             policy: Policy::spread(self.limits)?,
             costs: self.costs,
-            labels: self.labels,
+            labels: self
+                .labels
+                .iter()
+                .any(|label| !label.is_empty())
+                .then(|| Arc::from(self.labels)),
             now: None,
         })
     }
@@ -145,9 +150,7 @@ impl Spread {
         if self.costs.iter().any(|&cost| cost != most) {
             request = request.with_costs(self.costs.clone());
         }
-        if self.labels.iter().any(|label| !label.is_empty()) {
-            request = request.with_labels(self.labels.clone());
-        }
+        request.labels.clone_from(&self.labels);
         match self.now {
             Some(now) => request.at(now),
             None => request,

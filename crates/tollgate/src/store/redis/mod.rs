@@ -801,7 +801,7 @@ impl RedisStore {
         if let Some((stream, max_len)) = outbox {
             args.push(stream.clone());
             args.push(max_len.clone());
-            args.extend((0..policy.len()).map(|index| request.labels.get(index).cloned().unwrap_or_default()));
+            args.extend((0..policy.len()).map(|index| request.label_of(index).to_owned()));
         }
         Encoded {
             keys,
