@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# What alerts cost a decision through `tollgate serve`: two serve on one
+# redis-server this script starts (with the module: engine=auto), both
+# with --alert-webhook (the outbox's arguments go with every call), one on
+# a rule without `alerts` (off), one on the same rule alerting at 50, 80
+# and 100 % (on; a limit no load reaches, so no call crosses: the cost of
+# every call, not of a crossing). Loaded in turn, ROUNDS times, by
+# `tollgate bench --target grpc://…` with CONNECTIONS connections over KEYS
+# descriptor values, each first in every other round. Prints per round each server's decisions/s and CPU per
+# decision, then the median of the per-round ratios (on / off). Target: at
+# most 3 % more CPU per decision, 3 % fewer decisions/s. (What a crossing
+# itself costs Redis: the last table of crates/tollgate/examples/redis_cost.rs.)
+#
+# Usage: scripts/bench-alerts.sh
+# Environment: DURATION (default 5s), ROUNDS (5), CONNECTIONS (64), KEYS
+# (100000). Everything it starts is stopped by pid when it exits.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source-path=SCRIPTDIR source=lib/bench.sh
+source scripts/lib/bench.sh
+
+no_arguments "$@"
+DURATION=${DURATION:-5s}
+ROUNDS=${ROUNDS:-5}
+CONNECTIONS=${CONNECTIONS:-64}
+KEYS=${KEYS:-100000}
+
+bench_init
+build_release
+build_module
+REDIS_EXTRA_ARGS=(--loadmodule "$MODULE_SO")
+start_redis
+
+for side in off on; do
+  alerts=""
+  [ "$side" = on ] && alerts=", alerts: [50, 80, 100]"
+  cat >"$BENCH_TMP/$side.yaml" <<YAML
+domain: bench
+descriptors:
+  - key: client
+    rate_limit: {unit: day, requests_per_unit: 1000000000$alerts}
+YAML
+done
+# Nothing listens there: no call crosses, so nothing is sent.
+webhook=http://127.0.0.1:9/alerts
+start_serve "$BENCH_TMP/off.yaml" env TOLLGATE_ALERT_WEBHOOK=$webhook CACHE_KEY_PREFIX=off
+off_pid=$SERVE_PID off_grpc=$SERVE_GRPC
+mv "$BENCH_TMP/serve.log" "$BENCH_TMP/serve-off.log"
+start_serve "$BENCH_TMP/on.yaml" env TOLLGATE_ALERT_WEBHOOK=$webhook CACHE_KEY_PREFIX=on
+on_pid=$SERVE_PID on_grpc=$SERVE_GRPC
+
+echo "| round | off: decisions/s | off: CPU µs/decision | on: decisions/s | on: CPU µs/decision | on/off rate | on/off CPU |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
+: >"$BENCH_TMP/rows"
+for round in $(seq "$ROUNDS"); do
+  note "round $round of $ROUNDS"
+  # Each goes first in every other round.
+  if ((round % 2)); then
+    read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
+    read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
+  else
+    read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
+    read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
+  fi
+  awk -v r="$round" -v a="$off_rate" -v b="$off_cpu" -v c="$on_rate" -v d="$on_cpu" \
+    'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
+done
+rate_ratio=$(awk -F'|' '{ print $7 }' "$BENCH_TMP/rows" | median)
+cpu_ratio=$(awk -F'|' '{ print $8 }' "$BENCH_TMP/rows" | median)
+echo
+echo "median of the per-round ratios (on / off): decisions/s $rate_ratio, CPU per decision $cpu_ratio"
+machine
