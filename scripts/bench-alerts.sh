@@ -49,24 +49,5 @@ mv "$BENCH_TMP/serve.log" "$BENCH_TMP/serve-off.log"
 start_serve "$BENCH_TMP/on.yaml" env TOLLGATE_ALERT_WEBHOOK=$webhook CACHE_KEY_PREFIX=on
 on_pid=$SERVE_PID on_grpc=$SERVE_GRPC
 
-echo "| round | off: decisions/s | off: CPU µs/decision | on: decisions/s | on: CPU µs/decision | on/off rate | on/off CPU |"
-echo "|---:|---:|---:|---:|---:|---:|---:|"
-: >"$BENCH_TMP/rows"
-for round in $(seq "$ROUNDS"); do
-  note "round $round of $ROUNDS"
-  # Each goes first in every other round.
-  if ((round % 2)); then
-    read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
-    read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
-  else
-    read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
-    read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
-  fi
-  awk -v r="$round" -v a="$off_rate" -v b="$off_cpu" -v c="$on_rate" -v d="$on_cpu" \
-    'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
-done
-rate_ratio=$(awk -F'|' '{ print $7 }' "$BENCH_TMP/rows" | median)
-cpu_ratio=$(awk -F'|' '{ print $8 }' "$BENCH_TMP/rows" | median)
-echo
-echo "median of the per-round ratios (on / off): decisions/s $rate_ratio, CPU per decision $cpu_ratio"
+on_off_rounds "$off_pid" "$off_grpc" "$on_pid" "$on_grpc"
 machine

@@ -5,10 +5,10 @@
 # read-only token (the sketches on), loaded in turn, ROUNDS times, by
 # `tollgate bench --target grpc://…` with CONNECTIONS connections over KEYS
 # distinct descriptor values (100 000: most descriptors are new to a sketch,
-# its costliest path). Prints per round each server's decisions/s and CPU
-# per decision, then the medians and the median of the per-round ratios
-# (on / off). Target: at most 3 % more CPU per decision, 3 % fewer
-# decisions/s.
+# its costliest path), each first in every other round. Prints per round
+# each server's decisions/s and CPU per decision, then the median of the
+# per-round ratios (on / off). Target: at most 3 % more CPU per decision,
+# 3 % fewer decisions/s.
 #
 # Usage: scripts/bench-top.sh
 # Environment: DURATION (default 5s), ROUNDS (5), CONNECTIONS (64), KEYS
@@ -40,20 +40,5 @@ mv "$BENCH_TMP/serve.log" "$BENCH_TMP/serve-off.log"
 start_serve "$BENCH_TMP/config.yaml" env TOLLGATE_READ_TOKEN=bench-reader
 on_pid=$SERVE_PID on_grpc=$SERVE_GRPC
 
-
-
-echo "| round | off: decisions/s | off: CPU µs/decision | on: decisions/s | on: CPU µs/decision | on/off rate | on/off CPU |"
-echo "|---:|---:|---:|---:|---:|---:|---:|"
-: >"$BENCH_TMP/rows"
-for round in $(seq "$ROUNDS"); do
-  note "round $round of $ROUNDS"
-  read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
-  read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
-  awk -v r="$round" -v a="$off_rate" -v b="$off_cpu" -v c="$on_rate" -v d="$on_cpu" \
-    'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
-done
-rate_ratio=$(awk -F'|' '{ print $7 }' "$BENCH_TMP/rows" | median)
-cpu_ratio=$(awk -F'|' '{ print $8 }' "$BENCH_TMP/rows" | median)
-echo
-echo "median of the per-round ratios (on / off): decisions/s $rate_ratio, CPU per decision $cpu_ratio"
+on_off_rounds "$off_pid" "$off_grpc" "$on_pid" "$on_grpc"
 machine

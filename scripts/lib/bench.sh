@@ -266,3 +266,30 @@ grpc_load() {
   seconds=$(json_field elapsed_s "$BENCH_TMP/$name.json")
   awk -v r="$rate" -v s="$seconds" -v a="$before" -v b="$after" 'BEGIN { printf "%d %.2f\n", r, (b - a) * 1e6 / (r * s) }'
 }
+
+# on_off_rounds OFF_PID OFF_GRPC ON_PID ON_GRPC: ROUNDS rounds of grpc_load
+# on two servers, each first in every other round; prints a Markdown row
+# per round (each server's decisions/s and CPU per decision, and on / off),
+# then the median of the per-round ratios.
+on_off_rounds() {
+  local off_pid=$1 off_grpc=$2 on_pid=$3 on_grpc=$4 round off_rate off_cpu on_rate on_cpu
+  echo "| round | off: decisions/s | off: CPU µs/decision | on: decisions/s | on: CPU µs/decision | on/off rate | on/off CPU |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|"
+  : >"$BENCH_TMP/rows"
+  for round in $(seq "$ROUNDS"); do
+    note "round $round of $ROUNDS"
+    if ((round % 2)); then
+      read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
+      read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
+    else
+      read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
+      read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
+    fi
+    awk -v r="$round" -v a="$off_rate" -v b="$off_cpu" -v c="$on_rate" -v d="$on_cpu" \
+      'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
+  done
+  echo
+  echo "median of the per-round ratios (on / off): decisions/s $(awk -F'|' '{ print $7 }' "$BENCH_TMP/rows" | median)," \
+    "CPU per decision $(awk -F'|' '{ print $8 }' "$BENCH_TMP/rows" | median)"
+}
+

@@ -411,7 +411,15 @@ async fn overrides_page(client: &Client, b: &OnPort0) {
     let reached = set_at.elapsed();
     assert!(reached < Duration::from_secs(1), "the other replica took {reached:?}");
     screenshot(client, "overrides").await;
-    field("#overrides button").await.click().await.unwrap();
+    // The list is drawn again each second: a button found just before may
+    // be gone by the click, so it is found again until the click lands.
+    until("the delete clicked", || async {
+        match client.find(Locator::Css("#overrides button")).await {
+            Ok(button) => button.click().await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
     until("the override gone", || async {
         text(client, "#overrides").await.contains("No override")
     })

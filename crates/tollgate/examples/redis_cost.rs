@@ -14,7 +14,7 @@
 //!    a set of as many members that expires whole, with
 //!    `lazyfree-lazy-expire` `no` and `yes`; and the longest of the calls
 //!    that trim a backlog of as many ended entries beside 10 live ones, a
-//!    step of at most 500 per call, until it is gone;
+//!    step of at most 250 per call, until it is gone;
 //! 4. `MEMORY USAGE` of one key per algorithm, next to a plain string key of
 //!    a name as long holding a timestamp with a PX expiry.
 //!
@@ -424,7 +424,7 @@ async fn longest_calls(store: &RedisStore, raw: &mut MultiplexedConnection) {
                     break;
                 }
                 assert!(
-                    calls < entries / 500 + 10,
+                    calls < entries / 250 + 10,
                     "{name}: {held} members left after {calls} calls"
                 );
             }
@@ -546,7 +546,7 @@ async fn backlog_calls(store: &RedisStore, raw: &mut MultiplexedConnection) {
                     break;
                 }
                 assert!(
-                    calls < entries / 500 + 10,
+                    calls < entries / 250 + 10,
                     "{name}: {held} members left after {calls} calls"
                 );
             }

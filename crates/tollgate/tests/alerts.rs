@@ -113,7 +113,7 @@ proptest! {
         overage in any::<bool>(),
         calls in prop::collection::vec(a_call(), 1..80),
     ) {
-        let server = shared_server();
+        let server = RedisServer::start_with_module(&[]);
         let runtime = common::runtime();
         let policy = budget(limit, overage);
         let case = CASES.fetch_add(1, Ordering::Relaxed);
@@ -133,12 +133,6 @@ proptest! {
             }
         }
     }
-}
-
-/// One server for the property test's cases.
-fn shared_server() -> &'static RedisServer {
-    static SERVER: std::sync::OnceLock<RedisServer> = std::sync::OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start_with_module(&[]))
 }
 
 /// Two processes (two stores on one server) and eight tasks push one

@@ -1,5 +1,5 @@
 //! Bounded work per call: a sliding log or a concurrency limiter's set that
-//! holds far more ended entries than one call trims (500) loses at most
+//! holds far more ended entries than one call trims (250) loses at most
 //! that many a call, the rest staying, known to have ended, for later calls;
 //! and every answer is the memory store's, on the module, on the Lua
 //! library, and on the two in turn over the same keys.
@@ -17,7 +17,7 @@ use common::conformance::T0;
 use common::redis_server::RedisServer;
 
 /// The most ended entries one call trims (the engine's `TRIM_STEP`).
-const STEP: usize = 500;
+const STEP: usize = 250;
 const MS: u64 = 1_000;
 const SECOND: u64 = 1_000_000;
 

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 /// have ended, for later calls, so a call's work inside Redis is bounded
 /// whatever the backlog. The Lua library's `TRIM_STEP` (prelude.lua) is the
 /// same number (store/redis/mod.rs's tests hold them equal).
-pub(crate) const TRIM_STEP: usize = 500;
+pub(crate) const TRIM_STEP: usize = 250;
 
 /// What an algorithm returns: its decision, and the change to its state when
 /// it changed (for most algorithms, the whole new state).

@@ -15,7 +15,7 @@
 local MAX_TICKS = 4503599627370496 -- 2^52
 -- The most ended entries (log entries, leases) one call trims: the others
 -- stay, known to have ended, for later calls (TRIM_STEP in algorithm/core.rs).
-local TRIM_STEP = 500
+local TRIM_STEP = 250
 
 -- The standard functions, read as upvalues. Redis runs a library's top level
 -- without them and serves every global read at call time through a lookup
