@@ -37,6 +37,7 @@ mod labels;
 mod overrides;
 mod persistence;
 mod quota;
+mod recent;
 
 pub use alerts::AlertMetrics;
 pub use overrides::OverrideMetrics;
@@ -126,6 +127,8 @@ pub struct Metrics {
     overrides: OverrideMetrics,
     persistence: PersistenceMetrics,
     alerts: AlertMetrics,
+    /// The last minute's latencies, for the console.
+    recent: recent::RecentLatency,
 }
 
 fn latency_histogram() -> Histogram {
@@ -172,6 +175,7 @@ impl Metrics {
             overrides: OverrideMetrics::default(),
             persistence: PersistenceMetrics::default(),
             alerts: AlertMetrics::default(),
+            recent: recent::RecentLatency::default(),
         };
         let tollgate = metrics.registry.sub_registry_with_prefix("tollgate");
         tollgate.register("hits", "Hits decided, per domain and rule", metrics.hits.clone());
@@ -414,6 +418,13 @@ impl Metrics {
         self.with_cached(&self.histograms, (domain, ""), make, |histogram| {
             histogram.observe(elapsed.as_secs_f64());
         });
+        self.recent.record(elapsed, unix_secs());
+    }
+
+    /// The 99th percentile of the last minute's decision latencies (the
+    /// upper bound of its bucket), and how many requests; `None`: none.
+    pub fn recent_p99(&self) -> Option<(Duration, u64)> {
+        self.recent.p99(unix_secs())
     }
 
     /// Counts a configuration put in force (`ok`) or refused.
@@ -511,6 +522,13 @@ impl Usage {
             shadow,
         }
     }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
 }
 
 #[cfg(test)]

@@ -70,6 +70,11 @@ impl QuotaMetrics {
         );
     }
 
+    /// The streams open now.
+    pub fn streams_open(&self) -> i64 {
+        self.streams.get()
+    }
+
     /// `open` streams.
     pub(crate) fn streams(&self, open: usize) {
         self.streams.set(i64::try_from(open).unwrap_or(i64::MAX));

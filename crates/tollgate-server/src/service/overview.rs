@@ -33,6 +33,13 @@ pub struct Overview {
     /// Alerts waiting to be delivered, as last seen (the outbox on Redis,
     /// this replica's queue on memory).
     pub alerts_waiting: u64,
+    /// The 99th percentile of this replica's decision latency over the
+    /// last minute (ms, a bucket's upper bound; none without requests).
+    pub p99_ms: Option<f64>,
+    /// Requests decided over the last minute.
+    pub requests_last_minute: u64,
+    /// RLQS streams open to this replica (Envoys with a quota filter).
+    pub rlqs_streams: i64,
 }
 
 impl Service {
@@ -44,6 +51,7 @@ impl Service {
             AnyStore::Resilient(resilient) => ("redis (with a failure policy)", Some(resilient.stats().breaker_open)),
             _ => ("memory", None),
         };
+        let recent = self.metrics.recent_p99();
         Overview {
             config_source: self.config_source().to_string(),
             config_changes: *self.config_changes.borrow(),
@@ -65,6 +73,9 @@ impl Service {
             overrides: self.overrides().all().values().map(|domain| domain.len()).sum(),
             alert_webhook: self.options.alert_webhook.clone(),
             alerts_waiting: self.alerts_waiting(),
+            p99_ms: recent.map(|(p99, _)| p99.as_secs_f64() * 1_000.0),
+            requests_last_minute: recent.map_or(0, |(_, requests)| requests),
+            rlqs_streams: self.metrics.quota().streams_open(),
         }
     }
 }

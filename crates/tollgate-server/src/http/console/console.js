@@ -124,6 +124,8 @@ async function renderOverview() {
     ["Alerts", body.alert_webhook ? `to ${body.alert_webhook}, ${body.alerts_waiting} waiting` : "not sent (no webhook)"],
     ["Replicas seen", body.replicas === null ? "-" : body.replicas],
     ["Decisions, last 10 s", await rates()],
+    ["p99 latency, last minute", body.p99_ms == null ? "no request" : `at most ${body.p99_ms} ms (${body.requests_last_minute} requests)`],
+    ["RLQS streams", body.rlqs_streams],
     ["Signed in as", body.access === "admin" ? "admin" : "read-only"],
   ];
   $("overview").replaceChildren(...facts.flatMap(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
