@@ -76,15 +76,16 @@ impl SpreadBuilder {
         self.subjects.push(subject);
         self.limits.push((name.to_owned(), limit));
         self.costs.push(cost);
-        self.labels.push(String::new());
         self.costs.len() - 1
     }
 
     /// Labels `row`'s alert crossings `label` in a store's outbox
     /// ([`Request::labels`]).
     pub fn label(&mut self, row: usize, label: String) {
-        if let Some(slot) = self.labels.get_mut(row) {
-            *slot = label;
+        // Made only when a row is labelled: most spreads have none.
+        if row < self.costs.len() {
+            self.labels.resize(self.costs.len(), String::new());
+            self.labels[row] = label;
         }
     }
 
