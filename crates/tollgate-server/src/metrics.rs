@@ -307,29 +307,12 @@ impl Metrics {
                 upstream: std::array::from_fn(|stat| self.upstream.rule[stat].get_or_create(&upstream).clone()),
             }
         };
-        // envoyproxy/ratelimit computes the threshold in 32-bit floats.
-        let near = (usage.limit as f32 * self.near_limit_ratio).floor() as u64;
-        let Usage {
-            limit, before, after, ..
-        } = usage;
-        let (mut over, mut near_hits, mut within, mut shadow) = (0, 0, 0, 0);
-        if usage.over {
-            over = if before >= limit || after <= limit {
-                hits
-            } else {
-                // Only the hits past the limit are over; those before it near.
-                near_hits = limit - near.max(before);
-                after - limit
-            };
-            if usage.shadow {
-                shadow = over;
-            }
-        } else {
-            within = hits;
-            if after > near {
-                near_hits = if before >= near { hits } else { after - near };
-            }
-        }
+        let Split {
+            over,
+            near: near_hits,
+            within,
+            shadow,
+        } = usage.split(hits, self.near_limit_ratio);
         self.with_cached(&self.counters, (domain, key), make, |counters| {
             let [up_hits, up_over, up_near, up_within, up_shadow] = &counters.upstream;
             for (counter, upstream, by) in [
@@ -522,6 +505,49 @@ impl Usage {
             shadow,
         }
     }
+
+    /// How `hits` count, as envoyproxy/ratelimit counts them: over the
+    /// limit (the hits past it), near it (those past `near_ratio` of it, and
+    /// not over), within it, and in shadow mode (over, but let through).
+    pub fn split(&self, hits: u64, near_ratio: f32) -> Split {
+        // envoyproxy/ratelimit computes the threshold in 32-bit floats.
+        let near = (self.limit as f32 * near_ratio).floor() as u64;
+        let Self {
+            limit, before, after, ..
+        } = *self;
+        let mut split = Split::default();
+        if self.over {
+            split.over = if before >= limit || after <= limit {
+                hits
+            } else {
+                // Only the hits past the limit are over; those before it near.
+                split.near = limit - near.max(before);
+                after - limit
+            };
+            if self.shadow {
+                split.shadow = split.over;
+            }
+        } else {
+            split.within = hits;
+            if after > near {
+                split.near = if before >= near { hits } else { after - near };
+            }
+        }
+        split
+    }
+}
+
+/// How one descriptor's hits count ([`Usage::split`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Split {
+    /// Past the limit.
+    pub over: u64,
+    /// Past the near-limit ratio, not over.
+    pub near: u64,
+    /// Within the limit.
+    pub within: u64,
+    /// Over, let through by a shadow rule.
+    pub shadow: u64,
 }
 
 /// Seconds since the Unix epoch.

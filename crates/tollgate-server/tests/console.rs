@@ -218,6 +218,8 @@ async fn the_console_in_a_real_browser() {
         envoy(&a, &[("tenant", "acme")], 1).await;
     }
     envoy(&a, &[("tenant", HOSTILE)], 1).await;
+    // 900 of a limit of 1 000: the 100 past 80 % are near it.
+    envoy(&a, &[("tenant", "busy")], 900).await;
     envoy(&a, &[("tenant", "acme"), ("model", "gpt-4")], 31_200).await;
     let driver = Driver::start();
     let client = browser(&driver).await;
@@ -248,6 +250,7 @@ async fn the_console_in_a_real_browser() {
     assert!(overview.contains("llm (2 rules)"), "{overview}");
     assert!(overview.contains("admin"), "{overview}");
     assert!(overview.contains("Decisions, last 10 s"), "{overview}");
+    assert!(overview.contains("Last configuration refused\nnone since start"), "{overview}");
     assert!(
         overview.contains("p99 latency, last minute") && overview.contains("RLQS streams"),
         "{overview}"
@@ -257,7 +260,9 @@ async fn the_console_in_a_real_browser() {
     // Rules: the traffic in the chart's figures.
     page(&client, "rules").await;
     until("the rules' hits", || async {
-        text(&client, "#rules").await.contains("6 hits")
+        text(&client, "#rules")
+            .await
+            .contains("906 hits, 100 near the limit, 0 refused")
     })
     .await;
     screenshot(&client, "rules").await;

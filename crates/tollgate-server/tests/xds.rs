@@ -47,6 +47,7 @@ fn users(name: &str, per_hour: u32) -> RateLimitConfig {
 /// `tls`) until dropped.
 struct Running {
     grpc: std::net::SocketAddr,
+    service: std::sync::Arc<tollgate_server::service::Service>,
     status: watch::Receiver<XdsStatus>,
     server: common::OnPort0,
 }
@@ -62,9 +63,11 @@ async fn start_with(xds: XdsSettings, tls: Option<ServerTls>, options: Options, 
         server = server.grpc_tls(Acceptor::new(tls).unwrap());
     }
     let status = server.xds_status().unwrap();
+    let service = server.service();
     let running = common::on_port_0(server).await;
     Running {
         grpc: running.grpc,
+        service,
         status,
         server: running,
     }
@@ -251,8 +254,16 @@ async fn limits_come_from_a_control_plane_over_mutual_tls() {
     assert_eq!(answer_to(&plane, "2").await.version_info, "2");
     assert_eq!(admitted(&mut client, "bob").await, 5);
 
+    assert!(server.service.overview().last_refused_config.is_none());
     refused_versions_are_nacked(&plane).await;
     assert_eq!(server.status.borrow().version.as_deref(), Some("2"));
+    // The overview keeps the last NACK: when, and why.
+    let last = server.service.overview().last_refused_config.expect("the last NACK");
+    assert!(
+        last.text.contains("xds version 6") && last.text.contains("not a RateLimitConfig"),
+        "{}",
+        last.text
+    );
     assert_eq!(
         admitted(&mut client, "carol").await,
         5,

@@ -31,28 +31,52 @@ pub struct Event {
 /// The last events.
 #[derive(Debug, Default)]
 pub(super) struct Events {
-    kept: Mutex<(u64, VecDeque<Event>)>,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    /// The last id given.
+    last_id: u64,
+    /// The last [`KEPT`], oldest first.
+    events: VecDeque<Event>,
+    /// The last configuration refused (an xDS NACK, a file that failed to
+    /// load), kept however many events came after it.
+    last_refused: Option<Event>,
 }
 
 impl Events {
     pub(super) fn push(&self, kind: &'static str, text: String) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.0 += 1;
+        kept.last_id += 1;
         let event = Event {
-            id: kept.0,
+            id: kept.last_id,
             at_us: unix_now(),
             kind,
             text,
         };
-        if kept.1.len() == KEPT {
-            kept.1.pop_front();
+        if kind == "config_refused" {
+            kept.last_refused = Some(event.clone());
         }
-        kept.1.push_back(event);
+        if kept.events.len() == KEPT {
+            kept.events.pop_front();
+        }
+        kept.events.push_back(event);
+    }
+
+    fn last_refused(&self) -> Option<Event> {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.last_refused.clone()
     }
 
     fn after(&self, id: u64) -> Vec<Event> {
         let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.1.iter().rev().take_while(|event| event.id > id).cloned().collect()
+        kept.events
+            .iter()
+            .rev()
+            .take_while(|event| event.id > id)
+            .cloned()
+            .collect()
     }
 }
 
@@ -68,6 +92,12 @@ impl Service {
             "config_refused",
             format!("configuration refused, the previous one stays: {reason}"),
         );
+    }
+
+    /// The last configuration refused (an xDS NACK, a file that failed to
+    /// load) since start, if any.
+    pub fn last_refused_config(&self) -> Option<Event> {
+        self.events.last_refused()
     }
 
     /// Records an override's change.

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use tollgate::AnyStore;
 
+use super::events::Event;
 use super::Service;
 
 /// The service at a glance (`GET /v1/overview`).
@@ -13,6 +14,9 @@ pub struct Overview {
     pub config_source: String,
     /// How many times the configuration was replaced since start.
     pub config_changes: u64,
+    /// The last configuration refused since start (an xDS NACK, a file
+    /// that failed to load): when, and why.
+    pub last_refused_config: Option<Event>,
     /// Every domain, with its rules' count.
     pub domains: Vec<(String, usize)>,
     /// `memory`, `redis`, or `redis (with a failure policy)`.
@@ -55,6 +59,7 @@ impl Service {
         Overview {
             config_source: self.config_source().to_string(),
             config_changes: *self.config_changes.borrow(),
+            last_refused_config: self.last_refused_config(),
             domains: config
                 .domains
                 .keys()

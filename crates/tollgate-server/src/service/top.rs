@@ -10,7 +10,8 @@ use tollgate::AnyStore;
 use super::answer::unix_now;
 use super::matching::Item;
 use super::{Service, ServiceError};
-use crate::top::{descriptor_of, merge, Published, RuleTop, PUBLISH_EVERY};
+use crate::metrics::Usage;
+use crate::top::{descriptor_of, merge, Hit, Published, RuleTop, PUBLISH_EVERY};
 
 impl Service {
     /// Counts each limited descriptor of a decided request under its rule.
@@ -20,14 +21,17 @@ impl Service {
             let (Some(limited), Some(rule)) = (item.limited(), item.status.rule.as_deref()) else {
                 continue;
             };
-            self.top.record(
-                domain,
-                rule,
-                limited.subject.as_key(),
-                item.cost,
-                item.is_over(),
-                now_secs,
-            );
+            let near = item.decision.as_ref().map_or(0, |decision| {
+                Usage::of(decision, item.cost, item.shadow)
+                    .split(item.cost, self.options.near_limit_ratio)
+                    .near
+            });
+            let hit = Hit {
+                hits: item.cost,
+                near,
+                refused: item.is_over(),
+            };
+            self.top.record(domain, rule, limited.subject.as_key(), hit, now_secs);
         }
     }
 

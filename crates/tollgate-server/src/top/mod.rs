@@ -49,6 +49,30 @@ struct Bucket {
     number: u64,
     hits: SpaceSaving,
     refusals: SpaceSaving,
+    /// Hits past the near-limit ratio, every descriptor's.
+    near: u64,
+}
+
+impl Bucket {
+    fn new(number: u64) -> Self {
+        Self {
+            number,
+            hits: SpaceSaving::new(COUNTERS),
+            refusals: SpaceSaving::new(COUNTERS),
+            near: 0,
+        }
+    }
+}
+
+/// What one descriptor of a decided request counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hit {
+    /// Its hits (its cost).
+    pub hits: u64,
+    /// Of those, the hits past the near-limit ratio (and not over).
+    pub near: u64,
+    /// Refused.
+    pub refused: bool,
 }
 
 /// A rule's buckets, the oldest reused.
@@ -58,27 +82,20 @@ struct RuleWindow {
 }
 
 impl RuleWindow {
-    fn record(&mut self, key: &str, hits: u64, refused: bool, now_secs: u64) {
+    fn record(&mut self, key: &str, hit: Hit, now_secs: u64) {
         let number = now_secs / BUCKET_SECS;
         let at = usize::try_from(number % BUCKETS).unwrap_or(0);
         while self.buckets.len() <= at {
-            self.buckets.push(Bucket {
-                number: u64::MAX,
-                hits: SpaceSaving::new(COUNTERS),
-                refusals: SpaceSaving::new(COUNTERS),
-            });
+            self.buckets.push(Bucket::new(u64::MAX));
         }
         let bucket = &mut self.buckets[at];
         if bucket.number != number {
-            *bucket = Bucket {
-                number,
-                hits: SpaceSaving::new(COUNTERS),
-                refusals: SpaceSaving::new(COUNTERS),
-            };
+            *bucket = Bucket::new(number);
         }
-        bucket.hits.add(key, hits);
-        if refused {
-            bucket.refusals.add(key, hits.max(1));
+        bucket.hits.add(key, hit.hits);
+        bucket.near += hit.near;
+        if hit.refused {
+            bucket.refusals.add(key, hit.hits.max(1));
         }
     }
 
@@ -95,6 +112,7 @@ impl RuleWindow {
                 .refusals
                 .push((bucket.refusals.heaviest(), bucket.refusals.floor()));
             summary.buckets.push(bucket.number * BUCKET_SECS);
+            summary.near.push(bucket.near);
         }
         summary
     }
@@ -111,6 +129,9 @@ pub struct Summary {
     /// When each bucket began (seconds since the epoch).
     #[serde(default)]
     pub buckets: Vec<u64>,
+    /// Each bucket's hits past the near-limit ratio.
+    #[serde(default)]
+    pub near: Vec<u64>,
 }
 
 /// What a replica publishes: when, and its summaries by rule.
@@ -135,10 +156,11 @@ pub struct RuleTop {
     pub refusals: Vec<Heavy>,
     /// The most refusals a descriptor not listed can have had.
     pub refusals_unlisted: u64,
-    /// Hits and refusals of every descriptor, per ten seconds, oldest
-    /// first: `(start, hits, refusals)` (a sketch's counts add up to
-    /// exactly what it was given).
-    pub series: Vec<(u64, u64, u64)>,
+    /// Hits, refusals and hits near the limit (past the near-limit ratio)
+    /// of every descriptor, per ten seconds, oldest first: `(start, hits,
+    /// refusals, near)` (a sketch's counts add up to exactly what it was
+    /// given).
+    pub series: Vec<(u64, u64, u64, u64)>,
 }
 
 /// Rules' windows by domain, then rule path.
@@ -167,9 +189,8 @@ impl Top {
         &self.replica
     }
 
-    /// Counts `hits` of descriptor `key` under `domain`'s `rule`, and a
-    /// refusal when `refused`.
-    pub fn record(&self, domain: &str, rule: &str, key: &str, hits: u64, refused: bool, now_secs: u64) {
+    /// Counts `hit` of descriptor `key` under `domain`'s `rule`.
+    pub fn record(&self, domain: &str, rule: &str, key: &str, hit: Hit, now_secs: u64) {
         let found = {
             let rules = self.rules.read().unwrap_or_else(PoisonError::into_inner);
             rules.get(domain).and_then(|rules| rules.get(rule)).cloned()
@@ -189,7 +210,7 @@ impl Top {
         window
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .record(key, hits, refused, now_secs);
+            .record(key, hit, now_secs);
     }
 
     /// This replica's summaries of `domain`'s rules.
@@ -227,7 +248,7 @@ impl Top {
 /// rule's `k` heaviest, for `rule` alone when given.
 pub fn merge(published: &[Published], rule: Option<&str>, k: usize, now_secs: u64) -> Vec<RuleTop> {
     let mut by_rule: HashMap<&str, (Merged, Merged)> = HashMap::new();
-    let mut series: HashMap<&str, std::collections::BTreeMap<u64, (u64, u64)>> = HashMap::new();
+    let mut series: HashMap<&str, std::collections::BTreeMap<u64, (u64, u64, u64)>> = HashMap::new();
     for replica in published {
         if now_secs.saturating_sub(replica.at) > STALE_AFTER_SECS {
             continue;
@@ -249,6 +270,7 @@ pub fn merge(published: &[Published], rule: Option<&str>, k: usize, now_secs: u6
                 let totals = rule_series.entry(*start).or_default();
                 totals.0 += summary.hits.get(at).map_or(0, |(counters, _)| sum(counters));
                 totals.1 += summary.refusals.get(at).map_or(0, |(counters, _)| sum(counters));
+                totals.2 += summary.near.get(at).copied().unwrap_or(0);
             }
         }
     }
@@ -268,7 +290,7 @@ pub fn merge(published: &[Published], rule: Option<&str>, k: usize, now_secs: u6
                     .map(|buckets| {
                         buckets
                             .iter()
-                            .map(|(start, (hits, refused))| (*start, *hits, *refused))
+                            .map(|(start, (hits, refused, near))| (*start, *hits, *refused, *near))
                             .collect()
                     })
                     .unwrap_or_default(),
@@ -333,9 +355,19 @@ mod tests {
     fn the_last_minute_is_six_buckets_of_ten_seconds() {
         let top = Top::default();
         for second in 0..70 {
-            top.record("d", "r", "a", 1, second % 2 == 0, 1_000 + second);
+            let hit = Hit {
+                hits: 1,
+                near: u64::from(second % 5 == 0),
+                refused: second % 2 == 0,
+            };
+            top.record("d", "r", "a", hit, 1_000 + second);
         }
-        top.record("d", "r", "b", 3, false, 1_069);
+        let hit = Hit {
+            hits: 3,
+            near: 2,
+            refused: false,
+        };
+        top.record("d", "r", "b", hit, 1_069);
         let merged = merge(&[top.local("d", 1_069)], None, 10, 1_069);
         assert_eq!(merged.len(), 1);
         // Buckets 1 060.., 1 050.. … 1 010..: seconds 1 010 to 1 069 (60).
@@ -344,8 +376,10 @@ mod tests {
         assert_eq!(merged[0].hits[1].count, 3);
         assert_eq!(merged[0].refusals[0].count, 30);
         // Ten seconds a bucket, every hit counted once.
-        let hits: Vec<u64> = merged[0].series.iter().map(|&(_, hits, _)| hits).collect();
+        let hits: Vec<u64> = merged[0].series.iter().map(|&(_, hits, _, _)| hits).collect();
         assert_eq!(hits, [10, 10, 10, 10, 10, 13]);
+        let near: Vec<u64> = merged[0].series.iter().map(|&(_, _, _, near)| near).collect();
+        assert_eq!(near, [2, 2, 2, 2, 2, 4]);
         assert_eq!(merged[0].series[0].0, 1_010);
         // A summary gone stale is left out.
         assert!(merge(&[top.local("d", 1_069)], None, 10, 1_100).is_empty());

@@ -75,6 +75,10 @@ function table(headings, rows) {
   return el("table", {}, head, body);
 }
 
+// A rule's last minute as bars, one per ten seconds: the hits (full height:
+// the busiest ten seconds), the part of them near the limit (the bar's lower
+// part, in another colour) and a cap when any was refused. The same figures
+// are in the label and beside the chart, for readers without colour.
 function spark(series) {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("class", "spark");
@@ -82,26 +86,30 @@ function spark(series) {
   svg.setAttribute("role", "img");
   const hits = series.map((point) => point[1]);
   const refused = series.map((point) => point[2]);
-  svg.setAttribute("aria-label", `hits per 10 s: ${hits.join(", ") || "none"}; refused: ${refused.join(", ") || "none"}`);
+  const near = series.map((point) => point[3] || 0);
+  svg.setAttribute(
+    "aria-label",
+    `hits per 10 s: ${hits.join(", ") || "none"}; near the limit: ${near.join(", ") || "none"}; refused: ${refused.join(", ") || "none"}`,
+  );
   const most = Math.max(1, ...hits);
-  series.slice(-6).forEach((point, at) => {
-    const height = Math.max(point[1] > 0 ? 1 : 0, Math.round((point[1] / most) * 18));
+  const bar = (kind, at, y, height) => {
     const rect = document.createElementNS("http://www.w3.org/2000/svg", "rect");
-    rect.setAttribute("class", "hits");
+    rect.setAttribute("class", kind);
     rect.setAttribute("x", String(at * 10 + 1));
-    rect.setAttribute("y", String(20 - height));
+    rect.setAttribute("y", String(y));
     rect.setAttribute("width", "8");
     rect.setAttribute("height", String(height));
     svg.append(rect);
-    if (point[2] > 0) {
-      const mark = document.createElementNS("http://www.w3.org/2000/svg", "rect");
-      mark.setAttribute("class", "refused");
-      mark.setAttribute("x", String(at * 10 + 1));
-      mark.setAttribute("y", "0");
-      mark.setAttribute("width", "8");
-      mark.setAttribute("height", "2");
-      svg.append(mark);
+  };
+  series.slice(-6).forEach((point, at) => {
+    const height = Math.max(point[1] > 0 ? 1 : 0, Math.round((point[1] / most) * 18));
+    bar("hits", at, 20 - height, height);
+    const nearHits = point[3] || 0;
+    if (nearHits > 0) {
+      const part = Math.max(1, Math.round((Math.min(nearHits, point[1]) / most) * 18));
+      bar("near", at, 20 - part, part);
     }
+    if (point[2] > 0) bar("refused", at, 0, 2);
   });
   return svg;
 }
@@ -115,6 +123,7 @@ async function renderOverview() {
   const facts = [
     ["Configuration", body.config_source || "(none)"],
     ["Changes since start", body.config_changes],
+    ["Last configuration refused", body.last_refused_config ? `${new Date(body.last_refused_config.at_us / 1000).toLocaleString()}: ${body.last_refused_config.text}` : "none since start"],
     ["Domains", body.domains.map((pair) => `${pair[0]} (${pair[1]} rules)`).join(", ") || "(none)"],
     ["Store", body.store + (body.engine ? `, engine: ${body.engine}` : "")],
     ["Health", body.healthy ? "healthy" : "unhealthy"],
@@ -183,13 +192,14 @@ async function renderRules() {
       const points = series.get(rule.path) || [];
       const hits = points.reduce((sum, point) => sum + point[1], 0);
       const refused = points.reduce((sum, point) => sum + point[2], 0);
+      const near = points.reduce((sum, point) => sum + (point[3] || 0), 0);
       return [
         rule.path,
         rule.name || "-",
         rule.requests_per_unit !== null && rule.unit ? `${rule.requests_per_unit}/${rule.unit}` : "-",
         limit ? limit.algorithm : "-",
         flags,
-        el("span", {}, spark(points), ` ${hits} hits, ${refused} refused`),
+        el("span", {}, spark(points), ` ${hits} hits, ${near} near the limit, ${refused} refused`),
       ];
     });
     blocks.push(el("h3", {}, name), table(["Rule", "Name", "Limit", "Algorithm", "Flags", "Last minute"], rows));
