@@ -142,6 +142,7 @@ start_redis() {
       if grep -q "Ready to accept connections" "$log" 2>/dev/null; then
         # shellcheck disable=SC2034 # Used by the sourcing script.
         REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+        REDIS_PID=$pid
         note "$(basename "$server") $("$server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (pid $pid) on port $REDIS_PORT"
         return
       fi
@@ -253,13 +254,15 @@ median() {
 
 # grpc_load NAME PID GRPC: one `tollgate bench --target grpc://GRPC` run
 # (descriptor client=c of domain bench, KEYS values, CONNECTIONS
-# connections, DURATION), its summary in NAME.json; prints the decisions/s
-# and the CPU (µs) of process PID per decision.
+# connections, DURATION; at RATE requests/s when set, else as fast as
+# answers come), its summary in NAME.json; prints the decisions/s and the
+# CPU (µs) of process PID per decision.
 grpc_load() {
-  local name=$1 pid=$2 grpc=$3 before after rate seconds
+  local name=$1 pid=$2 grpc=$3 before after rate seconds paced=()
+  [ -n "${RATE:-}" ] && paced=(--rate "$RATE")
   before=$(pid_cpu "$pid")
   "$TOLLGATE" bench --target "grpc://$grpc" --domain bench --descriptor client=c --keys "$KEYS" \
-    --connections "$CONNECTIONS" --duration "$DURATION" --json --quiet >"$BENCH_TMP/$name.json" 2>"$BENCH_TMP/$name.err" ||
+    --connections "$CONNECTIONS" --duration "$DURATION" ${paced[@]+"${paced[@]}"} --json --quiet >"$BENCH_TMP/$name.json" 2>"$BENCH_TMP/$name.err" ||
     die "tollgate bench ($name) failed: $(cat "$BENCH_TMP/$name.err")"
   after=$(pid_cpu "$pid")
   rate=$(json_field decisions_per_s "$BENCH_TMP/$name.json")
@@ -269,27 +272,33 @@ grpc_load() {
 
 # on_off_rounds OFF_PID OFF_GRPC ON_PID ON_GRPC: ROUNDS rounds of grpc_load
 # on two servers, each first in every other round; prints a Markdown row
-# per round (each server's decisions/s and CPU per decision, and on / off),
-# then the median of the per-round ratios.
+# per round (each server's decisions/s and CPU per decision, the Redis
+# CPU per decision when start_redis ran, and on / off), then the medians of
+# the per-round ratios.
 on_off_rounds() {
-  local off_pid=$1 off_grpc=$2 on_pid=$3 on_grpc=$4 round off_rate off_cpu on_rate on_cpu
-  echo "| round | off: decisions/s | off: CPU µs/decision | on: decisions/s | on: CPU µs/decision | on/off rate | on/off CPU |"
-  echo "|---:|---:|---:|---:|---:|---:|---:|"
+  local off_pid=$1 off_grpc=$2 on_pid=$3 on_grpc=$4 round side rate cpu before after
+  local -A rates cpus redis
+  echo "| round | off: decisions/s | off: CPU µs/decision | off: Redis µs | on: decisions/s | on: CPU µs/decision | on: Redis µs | on/off rate | on/off CPU | on/off Redis |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   : >"$BENCH_TMP/rows"
   for round in $(seq "$ROUNDS"); do
     note "round $round of $ROUNDS"
-    if ((round % 2)); then
-      read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
-      read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
-    else
-      read -r on_rate on_cpu < <(grpc_load "on-$round" "$on_pid" "$on_grpc")
-      read -r off_rate off_cpu < <(grpc_load "off-$round" "$off_pid" "$off_grpc")
-    fi
-    awk -v r="$round" -v a="$off_rate" -v b="$off_cpu" -v c="$on_rate" -v d="$on_cpu" \
-      'BEGIN { printf "| %d | %d | %.2f | %d | %.2f | %.3f | %.3f |\n", r, a, b, c, d, c / a, d / b }' | tee -a "$BENCH_TMP/rows"
+    local order=(off on)
+    ((round % 2)) || order=(on off)
+    for side in "${order[@]}"; do
+      local pid_var=${side}_pid grpc_var=${side}_grpc
+      before=$( [ -n "${REDIS_PID:-}" ] && pid_cpu "$REDIS_PID" || echo 0)
+      read -r rate cpu < <(grpc_load "$side-$round" "${!pid_var}" "${!grpc_var}")
+      after=$( [ -n "${REDIS_PID:-}" ] && pid_cpu "$REDIS_PID" || echo 0)
+      rates[$side]=$rate cpus[$side]=$cpu
+      redis[$side]=$(awk -v a="$before" -v b="$after" -v r="$rate" -v s="$(json_field elapsed_s "$BENCH_TMP/$side-$round.json")" 'BEGIN { printf "%.2f", (b - a) * 1e6 / (r * s) }')
+    done
+    awk -v r="$round" -v a="${rates[off]}" -v b="${cpus[off]}" -v x="${redis[off]}" -v c="${rates[on]}" -v d="${cpus[on]}" -v y="${redis[on]}" \
+      'BEGIN { printf "| %d | %d | %.2f | %.2f | %d | %.2f | %.2f | %.3f | %.3f | %.3f |\n", r, a, b, x, c, d, y, c / a, d / b, (x > 0 ? y / x : 0) }' | tee -a "$BENCH_TMP/rows"
   done
   echo
-  echo "median of the per-round ratios (on / off): decisions/s $(awk -F'|' '{ print $7 }' "$BENCH_TMP/rows" | median)," \
-    "CPU per decision $(awk -F'|' '{ print $8 }' "$BENCH_TMP/rows" | median)"
+  echo "median of the per-round ratios (on / off): decisions/s $(awk -F'|' '{ print $9 }' "$BENCH_TMP/rows" | median)," \
+    "CPU per decision $(awk -F'|' '{ print $10 }' "$BENCH_TMP/rows" | median)," \
+    "Redis CPU per decision $(awk -F'|' '{ print $11 }' "$BENCH_TMP/rows" | median)"
 }
 
