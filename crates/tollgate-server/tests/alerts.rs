@@ -38,6 +38,10 @@ struct Received {
     posts: Mutex<Vec<(String, Value, bool)>>,
     /// POSTs still to refuse with 503.
     refuse: AtomicUsize,
+    /// Refuse every POST (503) for this long after the first.
+    outage: Option<Duration>,
+    /// When the first POST came.
+    first: Mutex<Option<Instant>>,
 }
 
 async fn receive(State(received): State<Arc<Received>>, headers: HeaderMap, Json(body): Json<Value>) -> StatusCode {
@@ -46,10 +50,13 @@ async fn receive(State(received): State<Arc<Received>>, headers: HeaderMap, Json
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let refused = received
-        .refuse
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
-        .is_ok();
+    let first = *received.first.lock().unwrap().get_or_insert_with(Instant::now);
+    let in_outage = received.outage.is_some_and(|outage| first.elapsed() < outage);
+    let refused = in_outage
+        || received
+            .refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+            .is_ok();
     received.posts.lock().unwrap().push((key, body, !refused));
     if refused {
         StatusCode::SERVICE_UNAVAILABLE
@@ -60,10 +67,24 @@ async fn receive(State(received): State<Arc<Received>>, headers: HeaderMap, Json
 
 /// A webhook on port 0 that refuses its first `refuse` POSTs; its URL.
 async fn webhook(refuse: usize) -> (String, Arc<Received>) {
-    let received = Arc::new(Received {
+    serve_webhook(Received {
         refuse: AtomicUsize::new(refuse),
         ..Received::default()
-    });
+    })
+    .await
+}
+
+/// A webhook on port 0 that answers 503 for `outage` from its first POST.
+async fn webhook_down_for(outage: Duration) -> (String, Arc<Received>) {
+    serve_webhook(Received {
+        outage: Some(outage),
+        ..Received::default()
+    })
+    .await
+}
+
+async fn serve_webhook(received: Received) -> (String, Arc<Received>) {
+    let received = Arc::new(received);
     let router = Router::new()
         .route("/alerts", post(receive))
         .with_state(Arc::clone(&received));
@@ -106,7 +127,8 @@ async fn spend(replicas: &[&OnPort0], tenant: &str) {
 /// The alerts the webhook took, by id, once three distinct ones have come
 /// (waiting at most 30 s for the deliveries).
 async fn taken(received: &Received) -> BTreeMap<String, Value> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // A 10 s outage is retried with back-off (0.2 s doubling): 12.6 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let taken: BTreeMap<String, Value> = received
             .posts
@@ -155,6 +177,9 @@ fn check_alerts(taken: &BTreeMap<String, Value>, tenant: &str, received: &Receiv
     }
 }
 
+/// How long the webhook answers 503 in the Redis test.
+const OUTAGE: Duration = Duration::from_secs(10);
+
 #[test]
 fn two_replicas_on_one_redis_deliver_each_crossing_once_through_a_failing_webhook() {
     let server = RedisServer::start_with_module(&[]);
@@ -165,7 +190,7 @@ fn two_replicas_on_one_redis_deliver_each_crossing_once_through_a_failing_webhoo
         .unwrap();
     runtime.block_on(async {
         for engine in ["module", "lua"] {
-            let (url, received) = webhook(5).await;
+            let (url, received) = webhook_down_for(OUTAGE).await;
             let store = || async {
                 let redis = RedisStore::builder(format!("{}?engine={engine}", server.url()))
                     .prefix(format!("alerts-{engine}"))
@@ -180,8 +205,11 @@ fn two_replicas_on_one_redis_deliver_each_crossing_once_through_a_failing_webhoo
             spend(&[&one, &two], &tenant).await;
             let taken = taken(&received).await;
             check_alerts(&taken, &tenant, &received);
-            // The five refused were delivered again, with the same ids.
-            assert!(received.posts.lock().unwrap().len() >= 8);
+            // Refused for 10 s, then delivered, with the same ids.
+            let posts = received.posts.lock().unwrap().clone();
+            assert!(posts.iter().any(|(_, _, taken)| !taken), "nothing was refused");
+            let first = received.first.lock().unwrap().unwrap();
+            assert!(first.elapsed() >= OUTAGE);
         }
     });
 }
