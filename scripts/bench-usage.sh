@@ -4,10 +4,12 @@
 # persistence), a tenant's rules (a minute's requests, a calendar month's
 # token budget), then N sequential requests of each kind over one
 # keep-alive connection — GET /v1/usage?domain=llm&tenant=acme (the
-# listing) and POST /v1/usage of two descriptors — first on an empty
-# Redis, then with 1 000 000 other keys in it (DEBUG POPULATE). Prints p50
-# and p99 of each, and the key count before and after (a usage request
-# writes nothing).
+# listing's first page: the tenant's fixed rules, then the 100 models it
+# has used, a rule whose model varies: SCAN steps) and POST /v1/usage of
+# two descriptors — first on a Redis holding only those, then with
+# 1 000 000 other keys in it (DEBUG POPULATE). Prints p50 and p99 of each,
+# the pages and time a whole listing takes (following the cursor), and the
+# key count before and after (a usage request writes nothing).
 #
 # Usage: scripts/bench-usage.sh
 # Environment: N (default 3000). Everything it starts is stopped by pid.
@@ -37,6 +39,8 @@ descriptors:
           unit: month
           requests_per_unit: 5000000
           algorithm: {algorithm: fixed_window, limit: 5000000, calendar: month, time_zone: Europe/Paris, overage: record}
+      - key: model
+        rate_limit: {unit: day, requests_per_unit: 1000}
 YAML
 start_serve "$BENCH_TMP/llm.yaml" env TOLLGATE_READ_TOKEN=bench-reader
 
@@ -59,6 +63,17 @@ body = json.dumps({"domain": "llm", "descriptors": [
     {"entries": [{"key": "tenant", "value": "acme"}, {"key": "model", "value": "gpt-4"}]}]})
 for _ in range(200):
     timed("GET", "/v1/usage?domain=llm&tenant=acme")
+def walk():
+    pages, rows, cursor, started = 0, 0, "", time.perf_counter()
+    while True:
+        connection.request("GET", "/v1/usage?domain=llm&tenant=acme&limit=100" + cursor, headers=headers)
+        page = json.loads(connection.getresponse().read())
+        pages, rows = pages + 1, rows + len(page["usage"])
+        if page["cursor"] is None:
+            return pages, rows, time.perf_counter() - started
+        cursor = "&cursor=" + page["cursor"]
+pages, rows, took = walk()
+print(f"| the whole listing, 100 a page | {pages} pages, {rows} rows | {took * 1e3:.0f} ms |")
 for name, call in [("GET /v1/usage?domain=llm&tenant=acme", lambda: timed("GET", "/v1/usage?domain=llm&tenant=acme")),
                    ("POST /v1/usage, 2 descriptors", lambda: timed("POST", "/v1/usage", body))]:
     times = sorted(call() for _ in range(n))
@@ -66,6 +81,9 @@ for name, call in [("GET /v1/usage?domain=llm&tenant=acme", lambda: timed("GET",
 PY
 }
 
+for model in $(seq 100); do
+  curl -sf "http://$SERVE_HTTP/json" -d "{\"domain\": \"llm\", \"descriptors\": [{\"entries\": [{\"key\": \"tenant\", \"value\": \"acme\"}, {\"key\": \"model\", \"value\": \"m$model\"}]}]}" >/dev/null
+done
 echo "| request ($N each) | p50 | p99 |"
 echo "|---|---:|---:|"
 note "keys in Redis: $(rcli DBSIZE)"

@@ -175,6 +175,7 @@ async fn agrees_and_writes_nothing(server: &OnPort0, keys: impl Fn() -> usize) {
 
     lists_below_the_prefix(server).await;
     assert_eq!(keys(), before, "the listing wrote to the store");
+    lists_every_varying_descriptor_held(server).await;
 }
 
 /// The prefix `tenant=acme`: the tenant's own rule, the fixed-value rules
@@ -195,11 +196,15 @@ async fn lists_below_the_prefix(server: &OnPort0) {
         .iter()
         .map(|row| &row["rule"])
         .collect();
+    // Then the descriptors of the rule whose model varies that the store
+    // holds state for (mini; gpt-4's is its own rule's).
     assert_eq!(
         listed,
-        ["tenant", "tenant.model_gpt-4", "tenant.tool_search", "tenant.tool_echo"]
+        ["tenant", "tenant.model_gpt-4", "tenant.tool_search", "tenant.tool_echo", "tenant.model"]
     );
     assert_eq!(page["usage"][1]["used"], 31_200);
+    assert_eq!(page["usage"][4]["descriptor"], entries(ACME_MINI));
+    assert_eq!(page["usage"][4]["used"], 3);
     assert_eq!(page["cursor"], Value::Null);
     assert_eq!(page["varying"][0]["rule"], "tenant.model");
     assert_eq!(
@@ -207,20 +212,48 @@ async fn lists_below_the_prefix(server: &OnPort0) {
         json!({"key": "model", "value": null})
     );
     // A page at a time: the cursor walks the same rows.
+    let walked = walk(server, "tenant=acme", 1).await;
+    let walked: Vec<Value> = walked.iter().map(|row| row["rule"].clone()).collect();
+    assert_eq!(walked, listed.into_iter().cloned().collect::<Vec<_>>());
+}
+
+/// Every row of the listing below `prefix`, `limit` a page, following the
+/// cursor: no page longer than `limit`.
+async fn walk(server: &OnPort0, prefix: &str, limit: usize) -> Vec<Value> {
     let mut walked = Vec::new();
     let mut cursor = String::new();
-    loop {
-        let url = format!("{usage_url}?domain=llm&tenant=acme&limit=1{cursor}");
+    for _ in 0..10_000 {
+        let url = format!("{}/v1/usage?domain=llm&{prefix}&limit={limit}{cursor}", server.http);
         let (status, page) = call(reqwest::Method::GET, &url, Some(ADMIN), None).await;
         assert_eq!(status, 200, "{page}");
-        assert_eq!(page["usage"].as_array().unwrap().len(), 1);
-        walked.push(page["usage"][0]["rule"].clone());
+        let rows = page["usage"].as_array().unwrap();
+        assert!(rows.len() <= limit, "{page}");
+        walked.extend(rows.iter().cloned());
         match page["cursor"].as_str() {
             Some(next) => cursor = format!("&cursor={next}"),
-            None => break,
+            None => return walked,
         }
     }
-    assert_eq!(walked, listed.into_iter().cloned().collect::<Vec<_>>());
+    panic!("the listing below {prefix} never ended");
+}
+
+/// A tenant with more models than a page: each listed once, across pages.
+async fn lists_every_varying_descriptor_held(server: &OnPort0) {
+    for model in 0..150 {
+        envoy(server, &[(&[("tenant", "many"), ("model", &format!("m{model}"))], 1)]).await;
+    }
+    let walked = walk(server, "tenant=many", 40).await;
+    let mut models: Vec<String> = walked
+        .iter()
+        .filter(|row| row["rule"] == "tenant.model")
+        .map(|row| {
+            assert_eq!(row["used"], 1, "{row}");
+            row["descriptor"][1]["value"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    models.sort();
+    models.dedup();
+    assert_eq!(models.len(), 150, "{models:?}");
 }
 
 #[tokio::test]

@@ -73,7 +73,7 @@ pub use overrides::PolicyOverrides;
 pub use policy::{Op, Policy, Request};
 pub use store::{
     AnyStore, LeaseStats, LeasedStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore,
-    ResilientStoreBuilder, Spread, SpreadBuilder, Store, StoreConnector,
+    ResilientStoreBuilder, Spread, SpreadBuilder, Store, StoreConnector, SubjectPage,
 };
 /// The README's Rust blocks, compiled and run as doc tests.
 #[cfg(all(doctest, feature = "redis"))]
@@ -85,4 +85,4 @@ pub use store::{
     EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, SharedTable,
     TableChange, TableChanges, DEFAULT_PREFIX,
 };
-pub use subject::{Subject, MAX_KEY_LEN};
+pub use subject::{subject_parts, Subject, SubjectPattern, MAX_KEY_LEN};

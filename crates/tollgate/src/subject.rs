@@ -112,6 +112,85 @@ impl Subject {
     }
 }
 
+/// The parts of an encoded subject ([`Subject::as_key`]), decoded (bytes
+/// that are not UTF-8 replaced); none for a hashed one (`#…`).
+pub fn subject_parts(key: &str) -> Option<Vec<String>> {
+    if key.starts_with('#') {
+        return None;
+    }
+    Some(key.split(':').map(decode_part).collect())
+}
+
+fn decode_part(part: &str) -> String {
+    let bytes = part.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let decoded = bytes
+            .get(at + 1..at + 3)
+            .filter(|_| bytes[at] == b'%')
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        if let Some(decoded) = decoded {
+            out.push(decoded);
+            at += 3;
+        } else {
+            out.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Subjects of a shape: a number of parts, some fixed, the others any
+/// value (a store lists the subjects it holds state for that fit,
+/// [`MemoryStore::subjects`](crate::MemoryStore::subjects)). Hashed
+/// subjects (longer than [`MAX_KEY_LEN`] encoded) fit none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubjectPattern {
+    /// Each part encoded, or none for any value.
+    parts: Vec<Option<String>>,
+}
+
+impl SubjectPattern {
+    /// The pattern of these parts: `Some(value)` fixed, `None` any.
+    pub fn new<P: AsRef<[u8]>>(parts: impl IntoIterator<Item = Option<P>>) -> Self {
+        let parts = parts
+            .into_iter()
+            .map(|part| {
+                part.map(|part| {
+                    let mut encoded = String::new();
+                    encode_part(&mut encoded, part.as_ref());
+                    encoded
+                })
+            })
+            .collect();
+        Self { parts }
+    }
+
+    /// True when the encoded subject `key` fits.
+    pub fn matches(&self, key: &str) -> bool {
+        let mut parts = key.split(':');
+        let fits = self.parts.iter().all(|wanted| match (parts.next(), wanted) {
+            (Some(part), Some(wanted)) => part == wanted,
+            (Some(_), None) => true,
+            (None, _) => false,
+        });
+        fits && parts.next().is_none() && !key.starts_with('#')
+    }
+
+    /// A Redis `MATCH` glob that every fitting subject's encoding fits
+    /// (and some others: [`Self::matches`] decides). Encoded parts never
+    /// hold a glob's special characters.
+    pub fn glob(&self) -> String {
+        self.parts
+            .iter()
+            .map(|part| part.as_deref().unwrap_or("*"))
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+}
+
 impl fmt::Debug for Subject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Subject({})", self.key)
@@ -167,6 +246,22 @@ mod tests {
                 prop_assert!(key.len() <= MAX_KEY_LEN || key.len() == 65);
             }
         }
+    }
+
+    #[test]
+    fn a_pattern_fits_the_subjects_of_its_shape() {
+        let pattern = SubjectPattern::new([Some("llm"), Some("tenant"), Some("a:b"), Some("model"), None]);
+        let fits = |subject: Subject| pattern.matches(subject.as_key());
+        assert!(fits(Subject::from_parts(["llm", "tenant", "a:b", "model", "gpt-4"])));
+        assert!(fits(Subject::from_parts(["llm", "tenant", "a:b", "model", "*?[x]"])));
+        assert!(!fits(Subject::from_parts(["llm", "tenant", "a", "model", "gpt-4"])));
+        assert!(!fits(Subject::from_parts(["llm", "tenant", "a:b", "model"])));
+        assert!(!fits(Subject::from_parts(["llm", "tenant", "a:b", "model", "x", "y", "z"])));
+        assert!(!fits(Subject::from_parts(["llm", "tenant", "a:b", "model", "x".repeat(300).as_str()])));
+        assert_eq!(pattern.glob(), "llm:tenant:a%3Ab:model:*");
+        let subject = Subject::from_parts(["llm", "a:b c", "é%"]);
+        assert_eq!(subject_parts(subject.as_key()).unwrap(), ["llm", "a:b c", "é%"]);
+        assert_eq!(subject_parts(Subject::new("x".repeat(300)).as_key()), None);
     }
 
     #[test]

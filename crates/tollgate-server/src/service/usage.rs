@@ -12,7 +12,8 @@ use serde::Serialize;
 use super::deciding::{set_decisions, Charge};
 use super::matching::Matched;
 use super::request::Descriptor;
-use super::{answer::unix_now, CheckRequest, Service, ServiceError};
+use super::{answer::unix_now, CheckRequest, Service, ServiceError, RULE};
+use tollgate::SubjectPattern;
 
 /// Where one descriptor stands.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -176,12 +177,55 @@ pub struct VaryingEntry {
 /// The most descriptors one page of [`Service::usage_below`] peeks.
 pub const MAX_PAGE: usize = 1_000;
 
+/// Store listings one page of [`Service::usage_below`] makes at most.
+const LISTINGS_PER_PAGE: usize = 2;
+
+/// Where a listing below a prefix stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cursor {
+    /// At this row of the descriptors the configuration names whole.
+    Exact(usize),
+    /// At the `index`th varying rule, at this store cursor within it.
+    Varying(usize, Option<String>),
+}
+
+impl Cursor {
+    fn parse(cursor: Option<&str>) -> Result<Self, ServiceError> {
+        let Some(text) = cursor else {
+            return Ok(Self::Exact(0));
+        };
+        let parsed = if let Some(row) = text.strip_prefix('e') {
+            row.parse().ok().map(Self::Exact)
+        } else if let Some(rest) = text.strip_prefix('v') {
+            let (index, store) = rest.split_once('~').unwrap_or((rest, ""));
+            index
+                .parse()
+                .ok()
+                .map(|index| Self::Varying(index, (!store.is_empty()).then(|| store.to_owned())))
+        } else {
+            None
+        };
+        parsed.ok_or_else(|| ServiceError::invalid(format!("cursor: \"{text}\" is not a cursor this server gave")))
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Self::Exact(row) => format!("e{row}"),
+            Self::Varying(index, store) => format!("v{index}~{}", store.as_deref().unwrap_or_default()),
+        }
+    }
+}
+
 impl Service {
-    /// Every limit that applies below `prefix` in `domain` (the prefix's
-    /// own rule, then each deeper rule the configuration names whole), a
-    /// page of at most `limit` from `cursor`, each peeked as
-    /// [`Service::usage`] does: one store call per page, whatever the size
-    /// of the store.
+    /// Every limit that applies below `prefix` in `domain`: the prefix's
+    /// own rule and each deeper rule the configuration names whole, then,
+    /// for each deeper rule whose values vary, the descriptors the store
+    /// holds state for; a page of at most `limit` from `cursor`, each
+    /// peeked as [`Service::usage`] does. A page costs one store call for
+    /// the peek and at most [`LISTINGS_PER_PAGE`] bounded store listings
+    /// ([`tollgate::AnyStore::subjects`]), whatever the size of the store:
+    /// a page may hold fewer than `limit`, even none, and still have a
+    /// cursor.
     ///
     /// # Errors
     ///
@@ -200,40 +244,73 @@ impl Service {
         if prefix.iter().any(|(key, _)| key.is_empty()) {
             return Err(ServiceError::invalid("an entry of the prefix has no key"));
         }
-        let start = match cursor {
-            None => 0,
-            Some(cursor) => cursor
-                .parse::<usize>()
-                .map_err(|_| ServiceError::invalid(format!("cursor: \"{cursor}\" is not a cursor this server gave")))?,
-        };
+        let mut at = Cursor::parse(cursor)?;
         let config = self.config.load();
         let Some(configured) = config.domains.get(domain) else {
             return Err(ServiceError::invalid(format!("domain \"{domain}\" is not configured")));
         };
         let below = configured.below(prefix);
         drop(config);
-        let end = below.exact.len().min(start.saturating_add(limit));
-        let page: Vec<Descriptor> = below
-            .exact
-            .get(start..end)
-            .unwrap_or_default()
-            .iter()
-            .map(|entries| Descriptor::entries(entries.clone()))
-            .collect();
-        let usage = if page.is_empty() {
-            Vec::new()
-        } else {
-            let request = CheckRequest {
-                domain: domain.to_owned(),
-                descriptors: page,
-                cost: Some(0),
+        let mut usage = Vec::new();
+        if let Cursor::Exact(start) = at {
+            let end = below.exact.len().min(start.saturating_add(limit));
+            let page: Vec<Descriptor> = below
+                .exact
+                .get(start..end)
+                .unwrap_or_default()
+                .iter()
+                .map(|entries| Descriptor::entries(entries.clone()))
+                .collect();
+            usage = self.peek(domain, page).await?;
+            at = if end < below.exact.len() {
+                Cursor::Exact(end)
+            } else {
+                Cursor::Varying(0, None)
             };
-            self.usage(&request).await?
-        };
+        }
+        let mut listings = 0;
+        while let Cursor::Varying(index, store_cursor) = &at {
+            let Some((rule, path)) = below.varying.get(*index) else {
+                break;
+            };
+            if usage.len() >= limit || listings == LISTINGS_PER_PAGE {
+                break;
+            }
+            listings += 1;
+            let pattern = SubjectPattern::new(
+                std::iter::once(Some(domain))
+                    .chain(path.iter().flat_map(|(key, value)| [Some(key.as_str()), value.as_deref()])),
+            );
+            let listed = self
+                .store()
+                .subjects(&pattern, RULE, store_cursor.as_deref(), limit - usage.len())
+                .await
+                .map_err(ServiceError::from)?;
+            let descriptors = listed
+                .subjects
+                .into_iter()
+                .map(|parts| {
+                    let entries = parts[1..]
+                        .chunks_exact(2)
+                        .map(|pair| (pair[0].clone(), pair[1].clone()))
+                        .collect();
+                    Descriptor::entries(entries)
+                })
+                .collect();
+            // A subject of the shape may be another rule's (one whose value
+            // is fixed, or an override's): only the varying rule's are its.
+            let peeked = self.peek(domain, descriptors).await?;
+            usage.extend(peeked.into_iter().filter(|row| row.rule.as_deref() == Some(rule.as_str())));
+            at = match listed.cursor {
+                Some(next) => Cursor::Varying(*index, Some(next)),
+                None => Cursor::Varying(index + 1, None),
+            };
+        }
+        let over = matches!(at, Cursor::Varying(index, _) if index >= below.varying.len());
         Ok(UsagePage {
             domain: domain.to_owned(),
             usage,
-            cursor: (end < below.exact.len()).then(|| end.to_string()),
+            cursor: (!over).then(|| at.text()),
             varying: below
                 .varying
                 .into_iter()
@@ -246,5 +323,18 @@ impl Service {
                 })
                 .collect(),
         })
+    }
+
+    /// Where each of `descriptors` stands (none: no call).
+    async fn peek(&self, domain: &str, descriptors: Vec<Descriptor>) -> Result<Vec<Usage>, ServiceError> {
+        if descriptors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let request = CheckRequest {
+            domain: domain.to_owned(),
+            descriptors,
+            cost: Some(0),
+        };
+        self.usage(&request).await
     }
 }

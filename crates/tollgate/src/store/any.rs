@@ -1,13 +1,13 @@
 //! A store chosen at run time (by a command-line flag or a config file).
 
-use super::{MemoryStore, Spread, Store};
+use super::{MemoryStore, Spread, Store, SubjectPage};
 #[cfg(feature = "redis")]
 use super::{RedisStore, ResilientStore};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
 use crate::policy::{Op, Policy, Request};
-use crate::subject::Subject;
+use crate::subject::{Subject, SubjectPattern};
 
 /// Either store; decides like the store it holds. Code that knows its store
 /// at compile time should use that store's type instead.
@@ -101,5 +101,34 @@ impl From<RedisStore> for AnyStore {
 impl From<ResilientStore<RedisStore>> for AnyStore {
     fn from(store: ResilientStore<RedisStore>) -> Self {
         Self::Resilient(store)
+    }
+}
+
+impl AnyStore {
+    /// The subjects that fit `pattern` the store holds state for under the
+    /// limit `name`, a page at a time: [`MemoryStore::subjects`],
+    /// [`RedisStore::subjects`].
+    ///
+    /// # Errors
+    ///
+    /// As the store's; Redis behind a failure policy that has not connected
+    /// yet is a store fault.
+    pub async fn subjects(
+        &self,
+        pattern: &SubjectPattern,
+        name: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SubjectPage> {
+        match self {
+            Self::Memory(store) => store.subjects(pattern, name, cursor, limit),
+            #[cfg(feature = "redis")]
+            Self::Redis(store) => store.subjects(pattern, name, cursor, limit).await,
+            #[cfg(feature = "redis")]
+            Self::Resilient(store) => match store.store() {
+                Some(redis) => redis.subjects(pattern, name, cursor, limit).await,
+                None => Err(crate::Error::new(crate::ErrorKind::Store, "redis: not connected yet")),
+            },
+        }
     }
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use hashbrown::hash_table::HashTable;
 
+use super::listing::{take_step, Position, SubjectPage};
 use super::Store;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::rate::Tat;
@@ -29,7 +30,7 @@ use crate::clock::{micros, Clock, Sleep, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
 use crate::policy::{name_hash, Op, Policy, Request};
-use crate::subject::Subject;
+use crate::subject::{subject_parts, Subject, SubjectPattern};
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -602,6 +603,54 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// The subjects that fit `pattern` this store holds a live state for
+    /// under the limit `name`, a page of at most `limit` from `cursor` (a
+    /// page's [`SubjectPage::cursor`]; none: from the start). A page looks
+    /// through whole shards, under each one's lock in turn, until it has
+    /// looked at [`EXAMINED_PER_PAGE`] states (or found `limit`): about as
+    /// much work at a million states as at ten thousand. A state written
+    /// while the listing goes on may be left out.
+    ///
+    /// # Errors
+    ///
+    /// A cursor this store did not give.
+    pub fn subjects(
+        &self,
+        pattern: &SubjectPattern,
+        name: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SubjectPage> {
+        let mut at = Position::parse(cursor)?;
+        let now = self.inner.clock.now().as_micros();
+        let shards = &self.inner.shards;
+        let mut page = SubjectPage::default();
+        let mut examined = 0;
+        while examined < EXAMINED_PER_PAGE {
+            let Some(shard) = usize::try_from(at.step).ok().and_then(|index| shards.get(index)) else {
+                return Ok(page);
+            };
+            let fitting = {
+                let shard = shard.0.lock();
+                examined += shard.slots.len() + shard.tats.len();
+                shard.subjects(pattern, name.as_bytes(), now)
+            };
+            if let Some(next) = take_step(&mut page.subjects, fitting, at, limit) {
+                page.cursor = Some(next.cursor());
+                return Ok(page);
+            }
+            at = Position {
+                step: at.step + 1,
+                skip: 0,
+            };
+            if page.subjects.len() == limit {
+                break;
+            }
+        }
+        page.cursor = (usize::try_from(at.step).unwrap_or(usize::MAX) < shards.len()).then(|| at.cursor());
+        Ok(page)
+    }
+
     /// Drops every state that has expired by the store's clock.
     pub fn evict_expired(&self) {
         self.evict_expired_at(self.inner.clock.now().as_micros());
@@ -630,7 +679,28 @@ fn remove<T>(table: &mut HashTable<T>, hash: u64, is: impl Fn(&T) -> bool) {
     }
 }
 
+/// States a page of [`MemoryStore::subjects`] looks at before it ends (it
+/// ends with the shard it is in).
+pub const EXAMINED_PER_PAGE: usize = 10_000;
+
 impl Shard {
+    /// The subjects fitting `pattern` with a live state under `name`, in
+    /// the table's order (the same from one call to the next while nothing
+    /// is written).
+    fn subjects(&self, pattern: &SubjectPattern, name: &[u8], now: u64) -> Vec<Vec<String>> {
+        let fits = |key: &Key| {
+            let (subject, key_name) = key.parts();
+            if key_name != name {
+                return None;
+            }
+            let subject = std::str::from_utf8(subject).ok()?;
+            pattern.matches(subject).then(|| subject_parts(subject)).flatten()
+        };
+        let tats = self.tats.iter().filter(|slot| tat_expires(slot.tat) > now).map(|slot| &slot.key);
+        let slots = self.slots.iter().filter(|slot| slot.expires > now).map(|slot| &slot.key);
+        tats.chain(slots).filter_map(fits).collect()
+    }
+
     /// True when a period has passed or the shard has doubled since the last sweep.
     fn sweep_due(&self, now: u64) -> bool {
         now >= self.next_sweep || self.slots.len() + self.tats.len() > self.sweep_above

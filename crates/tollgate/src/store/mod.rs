@@ -6,6 +6,7 @@
 
 mod any;
 mod lease;
+mod listing;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 pub use self::any::AnyStore;
 pub use self::lease::{LeaseStats, LeasedStore};
+pub use self::listing::SubjectPage;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{

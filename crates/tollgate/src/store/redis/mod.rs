@@ -97,6 +97,7 @@ mod connection;
 mod durable;
 mod outbox;
 mod persistence;
+mod subjects;
 mod table;
 mod url;
 
