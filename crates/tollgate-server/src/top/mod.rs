@@ -305,11 +305,10 @@ pub fn merge(published: &[Published], rule: Option<&str>, k: usize, now_secs: u6
 /// (`domain:key:value:…`, each part percent-encoded): `key=value, …`; a
 /// long subject's hash as it is.
 pub fn descriptor_of(subject_key: &str) -> String {
-    if subject_key.starts_with('#') {
+    let Some(parts) = tollgate::subject_parts(subject_key) else {
         return subject_key.to_owned();
-    }
-    let parts: Vec<String> = subject_key.split(':').skip(1).map(percent_decoded).collect();
-    parts
+    };
+    parts[1..]
         .chunks(2)
         .map(|pair| match pair {
             [key, value] => format!("{key}={value}"),
@@ -318,27 +317,6 @@ pub fn descriptor_of(subject_key: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-fn percent_decoded(part: &str) -> String {
-    let bytes = part.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        let byte = bytes[at];
-        let hex = bytes.get(at + 1..at + 3).and_then(|hex| std::str::from_utf8(hex).ok());
-        let decoded = hex
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-            .filter(|_| byte == b'%');
-        if let Some(decoded) = decoded {
-            out.push(decoded);
-            at += 3;
-        } else {
-            out.push(byte);
-            at += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
