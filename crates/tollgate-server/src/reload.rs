@@ -43,8 +43,14 @@ pub(crate) fn watch_config(
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let (changed, mut changes) = mpsc::unbounded_channel();
+    // A file's directory is watched, but only a change to the file itself
+    // means a reload: a log written beside it must not reload it on every
+    // line. (A swapped link, `also`, changes other names: any change then.)
+    let only = (!watching.path.is_dir() && watching.also.is_empty())
+        .then(|| watching.path.file_name().map(ToOwned::to_owned))
+        .flatten();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|event| !event.kind.is_access()) {
+        if event.is_ok_and(|event| means_a_reload(&event, only.as_deref())) {
             let _ = changed.send(());
         }
     })
@@ -109,4 +115,52 @@ pub(crate) fn watch_config(
         }
     });
     Ok(())
+}
+
+/// True when `event` in the watched directory means a reload: a change
+/// (not a read) to the file named `only`, or to anything when none.
+fn means_a_reload(event: &notify::Event, only: Option<&std::ffi::OsStr>) -> bool {
+    let ours =
+        only.is_none_or(|name| event.paths.is_empty() || event.paths.iter().any(|path| path.file_name() == Some(name)));
+    ours && !event.kind.is_access()
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{AccessKind, CreateKind, ModifyKind, RenameMode};
+    use notify::{Event, EventKind};
+
+    use super::*;
+
+    #[test]
+    fn only_a_change_to_the_file_itself_reloads_it() {
+        let only = Some(std::ffi::OsStr::new("limits.yaml"));
+        let event = |kind: EventKind, paths: &[&str]| {
+            let mut event = Event::new(kind);
+            for path in paths {
+                event = event.add_path(PathBuf::from(path));
+            }
+            event
+        };
+        let write = EventKind::Modify(ModifyKind::Any);
+        assert!(means_a_reload(&event(write, &["/etc/tollgate/limits.yaml"]), only));
+        // A log written beside it, over and over: nothing.
+        assert!(!means_a_reload(&event(write, &["/etc/tollgate/serve.log"]), only));
+        // An editor's save: a new file renamed over it.
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        assert!(means_a_reload(
+            &event(rename, &["/etc/tollgate/.limits.yaml.swp", "/etc/tollgate/limits.yaml"]),
+            only
+        ));
+        assert!(means_a_reload(
+            &event(EventKind::Create(CreateKind::File), &["/etc/tollgate/limits.yaml"]),
+            only
+        ));
+        // Read, not changed; and a directory watched whole reloads on any change.
+        assert!(!means_a_reload(
+            &event(EventKind::Access(AccessKind::Any), &["/etc/tollgate/limits.yaml"]),
+            only
+        ));
+        assert!(means_a_reload(&event(write, &["/etc/tollgate/serve.log"]), None));
+    }
 }
