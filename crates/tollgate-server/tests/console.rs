@@ -250,7 +250,10 @@ async fn the_console_in_a_real_browser() {
     assert!(overview.contains("llm (2 rules)"), "{overview}");
     assert!(overview.contains("admin"), "{overview}");
     assert!(overview.contains("Decisions, last 10 s"), "{overview}");
-    assert!(overview.contains("Last configuration refused\nnone since start"), "{overview}");
+    assert!(
+        overview.contains("Last configuration refused\nnone since start"),
+        "{overview}"
+    );
     assert!(
         overview.contains("p99 latency, last minute") && overview.contains("RLQS streams"),
         "{overview}"

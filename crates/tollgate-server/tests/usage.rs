@@ -200,7 +200,13 @@ async fn lists_below_the_prefix(server: &OnPort0) {
     // holds state for (mini; gpt-4's is its own rule's).
     assert_eq!(
         listed,
-        ["tenant", "tenant.model_gpt-4", "tenant.tool_search", "tenant.tool_echo", "tenant.model"]
+        [
+            "tenant",
+            "tenant.model_gpt-4",
+            "tenant.tool_search",
+            "tenant.tool_echo",
+            "tenant.model"
+        ]
     );
     assert_eq!(page["usage"][1]["used"], 31_200);
     assert_eq!(page["usage"][4]["descriptor"], entries(ACME_MINI));

@@ -595,8 +595,8 @@ async fn alert_crossings(url: &str, raw: &mut MultiplexedConnection, decisions: 
                     i % KEYS
                 };
                 let subject = Subject::new("alerts").and(round).and(key);
-                let request =
-                    Request::new(Op::Check, 1).with_labels(vec!["a label of some length, as serve writes".to_owned()]);
+                let request = Request::new(Op::Check, 1)
+                    .with_labels(vec![std::sync::Arc::from("a label of some length, as serve writes")]);
                 store.decide(&subject, &policy, &request).await.unwrap();
             }
             least = least.min(library_usec_per_call(raw).await);

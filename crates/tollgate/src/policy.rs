@@ -88,8 +88,9 @@ pub struct Request {
     pub costs: Vec<u64>,
     /// For each limit of the policy, in its order, what a store's alert
     /// outbox writes with a crossing of one of its thresholds (who and what
-    /// crossed, as the caller names them). `None`: nothing.
-    pub labels: Option<Arc<[String]>>,
+    /// crossed, as the caller names them; shared, not copied, from call to
+    /// call). `None`: nothing.
+    pub labels: Option<Arc<[Arc<str>]>>,
 }
 
 impl Request {
@@ -114,17 +115,14 @@ impl Request {
     /// Labels limit `i`'s alert crossings `labels[i]` in a store's outbox
     /// ([`Request::labels`]).
     #[must_use]
-    pub fn with_labels(mut self, labels: impl Into<Arc<[String]>>) -> Self {
+    pub fn with_labels(mut self, labels: impl Into<Arc<[Arc<str>]>>) -> Self {
         self.labels = Some(labels.into());
         self
     }
 
-    /// The label of limit `index`'s alert crossings (empty: none).
-    pub(crate) fn label_of(&self, index: usize) -> &str {
-        self.labels
-            .as_ref()
-            .and_then(|labels| labels.get(index))
-            .map_or("", String::as_str)
+    /// The label of limit `index`'s alert crossings (none: empty).
+    pub(crate) fn label_of(&self, index: usize) -> Option<&Arc<str>> {
+        self.labels.as_ref().and_then(|labels| labels.get(index))
     }
 
     /// The cost limit `index` sees.
@@ -143,8 +141,8 @@ impl Request {
         let labels = self.labels.as_ref().map(|_| {
             indices
                 .iter()
-                .map(|&index| self.label_of(index).to_owned())
-                .collect::<Arc<[String]>>()
+                .map(|&index| self.label_of(index).cloned().unwrap_or_else(|| Arc::from("")))
+                .collect::<Arc<[Arc<str>]>>()
         });
         Self {
             op,

@@ -256,8 +256,16 @@ mod tests {
         assert!(fits(Subject::from_parts(["llm", "tenant", "a:b", "model", "*?[x]"])));
         assert!(!fits(Subject::from_parts(["llm", "tenant", "a", "model", "gpt-4"])));
         assert!(!fits(Subject::from_parts(["llm", "tenant", "a:b", "model"])));
-        assert!(!fits(Subject::from_parts(["llm", "tenant", "a:b", "model", "x", "y", "z"])));
-        assert!(!fits(Subject::from_parts(["llm", "tenant", "a:b", "model", "x".repeat(300).as_str()])));
+        assert!(!fits(Subject::from_parts([
+            "llm", "tenant", "a:b", "model", "x", "y", "z"
+        ])));
+        assert!(!fits(Subject::from_parts([
+            "llm",
+            "tenant",
+            "a:b",
+            "model",
+            "x".repeat(300).as_str()
+        ])));
         assert_eq!(pattern.glob(), "llm:tenant:a%3Ab:model:*");
         let subject = Subject::from_parts(["llm", "a:b c", "é%"]);
         assert_eq!(subject_parts(subject.as_key()).unwrap(), ["llm", "a:b c", "é%"]);

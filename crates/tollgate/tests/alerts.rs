@@ -242,7 +242,7 @@ fn crossings_are_written_to_the_outbox_by_the_call_that_crossed() {
             for i in 0..12 {
                 let request = Request::new(Op::Check, 1)
                     .at(Timestamp::from_micros(T0 + i))
-                    .with_labels(vec!["acme's budget".to_owned()]);
+                    .with_labels(vec![std::sync::Arc::from("acme's budget")]);
                 store.decide(&subject, &policy, &request).await.unwrap();
             }
             let thresholds =

@@ -100,6 +100,9 @@ pub struct Rule {
     pub alternative: bool,
     /// Label metrics with the request's own descriptor values.
     pub detailed_metric: bool,
+    /// What an alert of this rule names of it (made once, on first use).
+    #[serde(skip)]
+    pub(crate) alert_label: std::sync::OnceLock<Option<std::sync::Arc<str>>>,
 }
 
 /// What a rule does to the descriptors it matches.

@@ -230,6 +230,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
             shadow_mode,
             alternative,
             detailed_metric,
+            alert_label: std::sync::OnceLock::new(),
         });
         if share_threshold && !composite.contains('*') {
             return Err(de::Error::custom(format!(
@@ -530,5 +531,6 @@ pub(crate) fn rule_from_json(value: &serde_json::Value, path: String) -> Result<
         shadow_mode: false,
         alternative: false,
         detailed_metric: false,
+        alert_label: std::sync::OnceLock::new(),
     })
 }

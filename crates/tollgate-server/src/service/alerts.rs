@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +23,7 @@ use tokio::sync::{watch, Notify};
 use tollgate::{AnyStore, Outbox, OutboxEntry, Outcome, Path};
 
 use super::Service;
+use crate::config::{Rule, RuleLimit};
 use crate::overrides::format_instant;
 
 /// Alerts the in-process queue keeps (the oldest dropped past them).
@@ -40,13 +41,18 @@ const MOST_BACK_OFF: Duration = Duration::from_secs(30);
 /// How long one delivery may take.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Who and what an alert names, carried with the crossing (in the outbox,
-/// as JSON): written for every decision of a limit that alerts, read for
-/// a crossing.
+/// What an alert names, carried with the crossing (in the outbox, as
+/// JSON): sent with every decision of a limit that alerts, read for a
+/// crossing. The rule's, made once per rule and shared by its decisions:
+/// the domain and the descriptor are read back from the limit's key (its
+/// subject holds them) — but for a subject kept under a hash, or one that
+/// is not the descriptor's entries, whose label carries them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 struct AlertLabel<D = Vec<(String, String)>, S = String> {
-    domain: S,
-    descriptor: D,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    domain: Option<S>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    descriptor: Option<D>,
     rule: S,
     /// A fixed window's length, µs: the window starts that long before it
     /// resets.
@@ -54,21 +60,86 @@ struct AlertLabel<D = Vec<(String, String)>, S = String> {
     window_us: Option<u64>,
 }
 
-/// The label of an alert of `rule` (its stat key) for `descriptor` of
-/// `domain`, under a fixed window of `window` when it is one.
-pub(crate) fn alert_label(
-    domain: &str,
-    descriptor: &[(String, String)],
-    rule: &str,
-    window: Option<Duration>,
-) -> String {
+/// Who and what crossed: a label with its domain and descriptor.
+struct Named {
+    domain: String,
+    descriptor: Vec<(String, String)>,
+    rule: String,
+    window_us: Option<u64>,
+}
+
+impl AlertLabel {
+    /// The label `text`, of the limit kept at `key` (a Redis key, or a
+    /// subject's and the limit's name joined by U+001F); `None` when it
+    /// does not read.
+    fn named(text: &str, key: &str) -> Option<Named> {
+        let label: Self = serde_json::from_str(text).ok()?;
+        let (domain, descriptor) = if let (Some(domain), Some(descriptor)) = (label.domain, label.descriptor) {
+            (domain, descriptor)
+        } else {
+            let mut parts = tollgate::subject_parts(subject_of(key))?.into_iter();
+            let domain = parts.next()?;
+            let parts: Vec<String> = parts.collect();
+            let descriptor = parts
+                .chunks_exact(2)
+                .map(|pair| (pair[0].clone(), pair[1].clone()))
+                .collect();
+            (domain, descriptor)
+        };
+        Some(Named {
+            domain,
+            descriptor,
+            rule: label.rule,
+            window_us: label.window_us,
+        })
+    }
+}
+
+/// The subject of the limit kept at `key`: between the braces of a Redis
+/// key (`prefix:{subject}:name`), or before U+001F.
+fn subject_of(key: &str) -> &str {
+    match (key.find('{'), key.rfind('}')) {
+        (Some(open), Some(close)) if open < close => &key[open + 1..close],
+        _ => key.split('\u{1f}').next().unwrap_or(key),
+    }
+}
+
+/// The label of `rule`'s alerts, made once for the rule: its path (the stat
+/// key) and, for a fixed window, the window's length.
+pub(crate) fn rule_alert_label(rule: &Rule) -> Option<Arc<str>> {
+    rule.alert_label
+        .get_or_init(|| {
+            let RuleLimit::Limited(limit) = &rule.limit else {
+                return None;
+            };
+            if limit.alerts().is_empty() {
+                return None;
+            }
+            let label: AlertLabel<(), &str> = AlertLabel {
+                domain: None,
+                descriptor: None,
+                rule: &rule.path,
+                window_us: window_us(rule.limit.fixed_window()),
+            };
+            serde_json::to_string(&label).ok().map(Arc::from)
+        })
+        .clone()
+}
+
+/// The label of an alert of `rule` for `descriptor` of `domain` whole, for
+/// a limit whose key does not hold them.
+pub(crate) fn full_alert_label(domain: &str, descriptor: &[(String, String)], rule: &Rule) -> Option<Arc<str>> {
     let label = AlertLabel {
-        domain,
-        descriptor,
-        rule,
-        window_us: window.map(|window| u64::try_from(window.as_micros()).unwrap_or(u64::MAX)),
+        domain: Some(domain),
+        descriptor: Some(descriptor),
+        rule: rule.path.as_str(),
+        window_us: window_us(rule.limit.fixed_window()),
     };
-    serde_json::to_string(&label).unwrap_or_default()
+    serde_json::to_string(&label).ok().map(Arc::from)
+}
+
+fn window_us(window: Option<Duration>) -> Option<u64> {
+    window.map(|window| u64::try_from(window.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// One entry of an alert's descriptor.
@@ -108,7 +179,7 @@ pub struct Alert {
 
 impl Alert {
     /// The alert of a crossing of `threshold` by the limit kept at `key`.
-    fn new(label: &AlertLabel, key: &str, threshold: u8, (used, limit): (u64, u64), reset_at: u64, at: u64) -> Self {
+    fn new(label: &Named, key: &str, threshold: u8, (used, limit): (u64, u64), reset_at: u64, at: u64) -> Self {
         let mut digest = Sha256::new();
         digest.update(key.as_bytes());
         digest.update([0]);
@@ -145,7 +216,7 @@ impl Alert {
 
     /// The alert an outbox entry holds (`None`: its label does not read).
     fn of_entry(entry: &OutboxEntry) -> Option<Self> {
-        let label: AlertLabel = serde_json::from_str(&entry.label).ok()?;
+        let label = AlertLabel::named(&entry.label, &entry.key)?;
         Some(Self::new(
             &label,
             &entry.key,
@@ -168,20 +239,21 @@ pub(super) struct Alerts {
 }
 
 impl Service {
-    /// Notes the thresholds `outcome` crossed: `labels[i]` names row `i`'s
-    /// limit, kept at `keys[i]`.
-    pub(super) fn note_crossings(&self, outcome: &Outcome, labels: &[Option<&str>], keys: &dyn Fn(usize) -> String) {
+    /// Notes the thresholds `outcome` crossed: `labels(i)` names row `i`'s
+    /// limit, kept at `keys(i)`.
+    pub(super) fn note_crossings<'a>(
+        &self,
+        outcome: &Outcome,
+        labels: &dyn Fn(usize) -> Option<&'a str>,
+        keys: &dyn Fn(usize) -> String,
+    ) {
         let decided_at = outcome.decided_at.as_micros();
         // On Redis the deciding call wrote them into the outbox; decided
         // here (memory, or locally while Redis fails), this process keeps them.
         let keep = self.options.alert_webhook.is_some() && (outcome.path != Path::Store || self.outbox().is_none());
         for crossing in &outcome.crossed {
-            let Some(label) = labels
-                .get(crossing.index)
-                .copied()
-                .flatten()
-                .and_then(|text| serde_json::from_str::<AlertLabel>(text).ok())
-            else {
+            let key = keys(crossing.index);
+            let Some(label) = labels(crossing.index).and_then(|text| AlertLabel::named(text, &key)) else {
                 continue;
             };
             self.metrics
@@ -204,7 +276,7 @@ impl Service {
                     decided_at.saturating_add(u64::try_from(crossing.reset_after.as_micros()).unwrap_or(u64::MAX));
                 let alert = Alert::new(
                     &label,
-                    &keys(crossing.index),
+                    &key,
                     crossing.threshold,
                     (crossing.used, crossing.limit),
                     reset_at,

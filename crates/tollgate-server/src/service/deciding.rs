@@ -114,8 +114,6 @@ impl Service {
         // A descriptor sent twice is one limit (one row), weighing the sum of its costs.
         let mut rows = Spread::builder();
         let mut row_of = Vec::with_capacity(indices.len());
-        // Each row's alert label, when its limit alerts.
-        let mut labels = Vec::new();
         for &index in indices {
             let item = &items[index];
             let Some(limited) = item.limited() else { continue };
@@ -130,9 +128,7 @@ impl Service {
             };
             let row = rows.row(limited.subject.clone(), &limited.name, limit, cost);
             if let Some(label) = &limited.alert {
-                rows.label(row, label.clone());
-                labels.resize(row + 1, None);
-                labels[row] = Some(label.as_str());
+                rows.label(row, std::sync::Arc::clone(label));
             }
             row_of.push((index, row));
         }
@@ -154,6 +150,7 @@ impl Service {
                 let name = spread.policy().limits().nth(row).map_or("", |(name, _)| name);
                 format!("{subject}\u{1f}{name}")
             };
+            let labels = |row: usize| spread.label(row);
             self.note_crossings(&outcome, &labels, &keys);
         }
         let decisions = row_of

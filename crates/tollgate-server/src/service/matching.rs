@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tollgate::{Decision, Limit, Subject};
 
-use super::alerts::alert_label;
+use super::alerts::{full_alert_label, rule_alert_label};
 use super::{CheckRequest, Descriptor, DescriptorStatus, Service, ServiceError, Target, MAX_COST, RULE};
 use crate::config::{exact_stat_key, Domain, Rule, RuleLimit};
 use crate::overrides::DomainOverrides;
@@ -61,7 +61,7 @@ pub(crate) struct Limited {
     /// A fixed window's length (its reset is the window's end).
     pub(crate) window: Option<Duration>,
     /// Who and what an alert of this limit names (when it alerts).
-    pub(crate) alert: Option<String>,
+    pub(crate) alert: Option<std::sync::Arc<str>>,
 }
 
 impl Item<'_> {
@@ -270,7 +270,7 @@ impl Service {
         item.status.rule = Some(rule.path.clone());
         item.alternative = rule.alternative || self.options.all_alternatives;
         item.shadow = rule.shadow_mode;
-        let alert = alert_of(domain_name, descriptor, rule);
+        let alert = alert_of(domain_name, descriptor, rule, &subject);
         item.matched = match &rule.limit {
             RuleLimit::Limited(limit) => Matched::Limited(Box::new(Limited {
                 limit: limit.clone(),
@@ -321,24 +321,20 @@ impl Service {
     }
 }
 
-/// What an alert of `rule`'s limit names for `descriptor` of `domain`
-/// (none when the limit does not alert).
-fn alert_of(domain: &str, descriptor: &Descriptor, rule: &Rule) -> Option<String> {
-    let RuleLimit::Limited(limit) = &rule.limit else {
-        return None;
-    };
-    if limit.alerts().is_empty() {
-        return None;
-    }
-    let window = rule.limit.fixed_window();
-    Some(match &descriptor.target {
-        Target::Entries(entries) => alert_label(domain, entries, &rule.path, window),
+/// What an alert of `rule`'s limit names for `descriptor` of `domain`,
+/// kept under `subject` (none when the limit does not alert): the rule's
+/// label, shared, when the subject holds the domain and the entries.
+fn alert_of(domain: &str, descriptor: &Descriptor, rule: &Rule, subject: &Subject) -> Option<std::sync::Arc<str>> {
+    let label = rule_alert_label(rule)?;
+    match &descriptor.target {
+        Target::Entries(_) if !subject.as_key().starts_with('#') => Some(label),
+        Target::Entries(entries) => full_alert_label(domain, entries, rule),
         Target::Named { subject, limit } => {
             let entries = [
                 ("limit".to_owned(), limit.clone()),
                 ("subject".to_owned(), subject.clone()),
             ];
-            alert_label(domain, &entries, &rule.path, window)
+            full_alert_label(domain, &entries, rule)
         }
-    })
+    }
 }

@@ -278,8 +278,10 @@ impl Service {
             }
             listings += 1;
             let pattern = SubjectPattern::new(
-                std::iter::once(Some(domain))
-                    .chain(path.iter().flat_map(|(key, value)| [Some(key.as_str()), value.as_deref()])),
+                std::iter::once(Some(domain)).chain(
+                    path.iter()
+                        .flat_map(|(key, value)| [Some(key.as_str()), value.as_deref()]),
+                ),
             );
             let listed = self
                 .store()
@@ -300,7 +302,11 @@ impl Service {
             // A subject of the shape may be another rule's (one whose value
             // is fixed, or an override's): only the varying rule's are its.
             let peeked = self.peek(domain, descriptors).await?;
-            usage.extend(peeked.into_iter().filter(|row| row.rule.as_deref() == Some(rule.as_str())));
+            usage.extend(
+                peeked
+                    .into_iter()
+                    .filter(|row| row.rule.as_deref() == Some(rule.as_str())),
+            );
             at = match listed.cursor {
                 Some(next) => Cursor::Varying(*index, Some(next)),
                 None => Cursor::Varying(index + 1, None),

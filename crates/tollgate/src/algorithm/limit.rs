@@ -33,11 +33,27 @@ pub struct Limit {
     pub(super) durability: Option<Durability>,
     /// [`Limit::alerting`]: thresholds (percent of the limit, rising) whose
     /// crossing a decision reports.
-    alerts: Box<[u8]>,
+    alerts: Thresholds,
 }
 
 /// The most thresholds one limit alerts at.
 pub const MOST_ALERTS: usize = 8;
+
+/// A limit's alert thresholds, held inline: a limit is cloned per
+/// decision in places, and this costs no allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Thresholds {
+    len: u8,
+    at: [u8; MOST_ALERTS],
+}
+
+impl std::ops::Deref for Thresholds {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.at[..usize::from(self.len)]
+    }
+}
 
 impl LimitSpec {
     /// Validates the parameters into a [`Limit`].
@@ -54,7 +70,7 @@ impl LimitSpec {
             lease: None,
             records_overage: false,
             durability: None,
-            alerts: Box::default(),
+            alerts: Thresholds::default(),
         })
     }
 
@@ -461,7 +477,12 @@ impl Limit {
                 "alerts: a leased limit hands out its blocks without the store, so it cannot report crossings",
             ));
         }
-        self.alerts = alerts.into_boxed_slice();
+        let mut at = [0; MOST_ALERTS];
+        at[..alerts.len()].copy_from_slice(&alerts);
+        self.alerts = Thresholds {
+            len: u8::try_from(alerts.len()).unwrap_or(0),
+            at,
+        };
         Ok(self)
     }
 

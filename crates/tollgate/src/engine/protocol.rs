@@ -273,7 +273,7 @@ impl<'a> Head<'a> {
     }
 
     /// Appends its arguments to `args`.
-    pub fn encode(&self, args: &mut Vec<String>) {
+    pub fn encode<A: From<String>>(&self, args: &mut Vec<A>) {
         // Numbers written with itoa into strings sized once: a head is
         // built per decision, and `format!` was a tenth of the client's CPU.
         let mut text = String::with_capacity(64);
@@ -294,14 +294,14 @@ impl<'a> Head<'a> {
         if self.outbox {
             text.push_str(":1");
         }
-        args.push(text);
+        args.push(A::from(text));
         if self.op.carries_lease() {
-            args.push(self.lease.unwrap_or_default().to_owned());
+            args.push(A::from(self.lease.unwrap_or_default().to_owned()));
         }
         if self.op.carries_refund_instant() {
             let mut at = String::with_capacity(20);
             push_number(&mut at, self.refund_at);
-            args.push(at);
+            args.push(A::from(at));
         }
     }
 

@@ -45,7 +45,12 @@ impl Position {
 /// Adds the fitting subjects of one step (in the order the step gave
 /// them) to `page`, past the `skip` already listed, up to `limit`; where
 /// the next page starts if this step was not taken whole.
-pub(crate) fn take_step(page: &mut Vec<Vec<String>>, fitting: Vec<Vec<String>>, at: Position, limit: usize) -> Option<Position> {
+pub(crate) fn take_step(
+    page: &mut Vec<Vec<String>>,
+    fitting: Vec<Vec<String>>,
+    at: Position,
+    limit: usize,
+) -> Option<Position> {
     let wanted = limit.saturating_sub(page.len());
     let left = fitting.len().saturating_sub(at.skip);
     page.extend(fitting.into_iter().skip(at.skip).take(wanted));

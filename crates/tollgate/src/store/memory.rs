@@ -696,8 +696,16 @@ impl Shard {
             let subject = std::str::from_utf8(subject).ok()?;
             pattern.matches(subject).then(|| subject_parts(subject)).flatten()
         };
-        let tats = self.tats.iter().filter(|slot| tat_expires(slot.tat) > now).map(|slot| &slot.key);
-        let slots = self.slots.iter().filter(|slot| slot.expires > now).map(|slot| &slot.key);
+        let tats = self
+            .tats
+            .iter()
+            .filter(|slot| tat_expires(slot.tat) > now)
+            .map(|slot| &slot.key);
+        let slots = self
+            .slots
+            .iter()
+            .filter(|slot| slot.expires > now)
+            .map(|slot| &slot.key);
         tats.chain(slots).filter_map(fits).collect()
     }
 

@@ -45,7 +45,7 @@ pub struct Spread {
     policy: Policy,
     costs: Vec<u64>,
     /// Row `i`'s alert label ([`Request::labels`]; `None`: none).
-    labels: Option<Arc<[String]>>,
+    labels: Option<Arc<[Arc<str>]>>,
     /// The instant to decide at (`None`: the store's time).
     now: Option<Timestamp>,
 }
@@ -56,7 +56,7 @@ pub struct SpreadBuilder {
     subjects: Vec<Subject>,
     limits: Vec<(String, Limit)>,
     costs: Vec<u64>,
-    labels: Vec<String>,
+    labels: Vec<Arc<str>>,
 }
 
 impl SpreadBuilder {
@@ -81,10 +81,10 @@ impl SpreadBuilder {
 
     /// Labels `row`'s alert crossings `label` in a store's outbox
     /// ([`Request::labels`]).
-    pub fn label(&mut self, row: usize, label: String) {
+    pub fn label(&mut self, row: usize, label: Arc<str>) {
         // Made only when a row is labelled: most spreads have none.
         if row < self.costs.len() {
-            self.labels.resize(self.costs.len(), String::new());
+            self.labels.resize(self.costs.len(), Arc::from(""));
             self.labels[row] = label;
         }
     }
@@ -129,6 +129,12 @@ impl Spread {
     /// Row `i`'s subject.
     pub fn subjects(&self) -> &[Subject] {
         &self.subjects
+    }
+
+    /// Row `row`'s alert label ([`SpreadBuilder::label`]), if it has one.
+    pub fn label(&self, row: usize) -> Option<&str> {
+        let label = self.labels.as_ref()?.get(row)?;
+        (!label.is_empty()).then_some(&**label)
     }
 
     /// The limits, row by row, as one policy.

@@ -92,7 +92,7 @@ fn a_head_is_written_as_the_library_reads_it() {
         lease: "job-7".to_owned(),
         max_wait: Some(Duration::from_millis(5)),
     };
-    let mut args = Vec::new();
+    let mut args: Vec<String> = Vec::new();
     Head::new(&op, 2, 3, None).encode(&mut args);
     Head::reset(1, Some(42)).encode(&mut args);
     let refund = Op::Refund {

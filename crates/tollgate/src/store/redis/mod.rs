@@ -160,7 +160,7 @@ struct Inner {
     clock: Option<CallerClock>,
     /// [`RedisStoreBuilder::alert_outbox`]: the stream, and its length cap
     /// as an argument.
-    outbox: Option<(String, String)>,
+    outbox: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// The connection and the library on it.
@@ -183,9 +183,34 @@ struct Client {
 /// One decision, encoded for the library.
 struct Encoded {
     keys: Vec<String>,
-    args: Vec<String>,
+    args: Vec<Arg>,
     /// How many integers its reply holds.
     reply_len: usize,
+}
+
+/// One argument of a call: made for it, or shared with other calls (the
+/// outbox's stream and cap, a label), so that none is copied per call.
+enum Arg {
+    Owned(String),
+    Shared(Arc<str>),
+}
+
+impl From<String> for Arg {
+    fn from(text: String) -> Self {
+        Self::Owned(text)
+    }
+}
+
+impl redis::ToRedisArgs for Arg {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        out.write_arg(match self {
+            Self::Owned(text) => text.as_bytes(),
+            Self::Shared(text) => text.as_bytes(),
+        });
+    }
 }
 
 /// A decision waiting for the batcher, and where its reply goes.
@@ -322,9 +347,12 @@ impl RedisStoreBuilder {
                 "an alert outbox needs one Redis server or Sentinel, not a Cluster (its stream is in one slot)",
             ));
         }
-        let outbox = self
-            .outbox
-            .map(|max_len| (format!("{}:alerts", self.prefix), max_len.to_string()));
+        let outbox = self.outbox.map(|max_len| {
+            (
+                Arc::from(format!("{}:alerts", self.prefix)),
+                Arc::from(max_len.to_string()),
+            )
+        });
         let engine = tokio::time::timeout(self.connect_timeout, connection.load_engine(choice))
             .await
             .map_err(|_| Error::new(ErrorKind::Timeout, "redis: no answer while loading the library"))??;
@@ -793,16 +821,19 @@ impl RedisStore {
             .as_ref()
             .filter(|_| op != OpCode::Reset && policy.limits().any(|(_, limit)| !limit.alerts().is_empty()));
         head.outbox = outbox.is_some();
-        let mut args = Vec::with_capacity(3 + policy.len());
+        let mut args: Vec<Arg> = Vec::with_capacity(3 + 3 * policy.len());
         head.encode(&mut args);
         for (index, (_, limit)) in policy.limits().enumerate() {
             let now = || now.unwrap_or_else(|| SystemClock.now().as_micros());
-            args.push(limit_argument(limit, request.cost_of(index), now));
+            args.push(Arg::Owned(limit_argument(limit, request.cost_of(index), now)));
         }
         if let Some((stream, max_len)) = outbox {
-            args.push(stream.clone());
-            args.push(max_len.clone());
-            args.extend((0..policy.len()).map(|index| request.label_of(index).to_owned()));
+            args.push(Arg::Shared(Arc::clone(stream)));
+            args.push(Arg::Shared(Arc::clone(max_len)));
+            args.extend((0..policy.len()).map(|index| match request.label_of(index) {
+                Some(label) => Arg::Shared(Arc::clone(label)),
+                None => Arg::Owned(String::new()),
+            }));
         }
         Encoded {
             keys,

@@ -49,7 +49,7 @@ impl RedisStore {
         let (stream, _) = self.inner.outbox.as_ref()?;
         Some(Outbox {
             store: self.clone(),
-            stream: stream.clone(),
+            stream: stream.to_string(),
             group: group.to_owned(),
         })
     }

@@ -52,7 +52,12 @@ impl RedisStore {
         let mut page = SubjectPage::default();
         for _ in 0..SCAN_STEPS {
             let mut command = redis::cmd("SCAN");
-            command.arg(at.step).arg("MATCH").arg(&glob).arg("COUNT").arg(SCAN_COUNT);
+            command
+                .arg(at.step)
+                .arg("MATCH")
+                .arg(&glob)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
             let (next, keys): (u64, Vec<String>) = tokio::time::timeout(timeout, connection.query(&command))
                 .await
                 .map_err(|_| Error::new(ErrorKind::Timeout, format!("redis: no answer within {timeout:?}")))?
