@@ -144,6 +144,11 @@ pub struct Args {
     /// outbox meanwhile.
     #[arg(long, value_name = "URL", value_parser = webhook_url)]
     alert_webhook: Option<String>,
+    /// Trust an `https://` alert webhook whose certificate chains to a CA
+    /// in this PEM file (a private CA), beside the public roots (or
+    /// `TOLLGATE_ALERT_WEBHOOK_CA`).
+    #[arg(long, value_name = "PATH")]
+    alert_webhook_ca: Option<PathBuf>,
     /// How long an alert a replica was given may wait undelivered (the
     /// replica stopped, or cannot reach the webhook) before another replica
     /// on the same Redis takes it over.
@@ -267,6 +272,7 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
             .with_context(|| format!("cannot listen on {grpc_address}"))?;
         let options = Options {
             alert_webhook: webhook,
+            alert_webhook_roots: alert_webhook_roots(args)?,
             ..options(args, settings)
         };
         let rlqs = rlqs(args)?;
@@ -422,12 +428,24 @@ fn alert_webhook(args: &Args) -> Result<Option<String>, UsageError> {
 /// The environment variable naming the alert webhook.
 pub const ALERT_WEBHOOK_ENV: &str = "TOLLGATE_ALERT_WEBHOOK";
 
-/// An `http://` URL (`https://` is not supported yet: a relay on the same
-/// host forwards to one).
+/// The environment variable naming the alert webhook's CA file.
+pub const ALERT_WEBHOOK_CA_ENV: &str = "TOLLGATE_ALERT_WEBHOOK_CA";
+
+/// The certificates of `--alert-webhook-ca` (else its variable's file).
+fn alert_webhook_roots(args: &Args) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, UsageError> {
+    let (path, source) = match (&args.alert_webhook_ca, std::env::var_os(ALERT_WEBHOOK_CA_ENV)) {
+        (Some(path), _) => (path.clone(), "--alert-webhook-ca"),
+        (None, Some(path)) if !path.is_empty() => (PathBuf::from(path), ALERT_WEBHOOK_CA_ENV),
+        _ => return Ok(Vec::new()),
+    };
+    tollgate_server::tls::ca_certificates(&path).map_err(|error| UsageError(format!("{source}: {error}")))
+}
+
+/// An `http://` or `https://` URL with a host.
 fn webhook_url(text: &str) -> Result<String, String> {
     let parsed = reqwest::Url::parse(text).map_err(|error| format!("\"{text}\" is not a URL: {error}"))?;
-    if parsed.scheme() != "http" || parsed.host_str().is_none() {
-        return Err(format!("\"{text}\": expected an http:// URL with a host"));
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(format!("\"{text}\": expected an http:// or https:// URL with a host"));
     }
     Ok(text.to_owned())
 }
@@ -484,8 +502,9 @@ fn options(args: &Args, settings: &Settings) -> Options {
         health_checks_store: args.health_check_store || settings.health_checks_store,
         stop_increment_when_over: settings.stop_increment_when_over,
         log_refusals: args.log_refusals.unwrap_or(0),
-        // Set by `run` from --alert-webhook or its variable, once read.
+        // Set by `run` from --alert-webhook(-ca) or their variables, once read.
         alert_webhook: None,
+        alert_webhook_roots: Vec::new(),
         alert_take_over: args.alert_take_over,
         // Kept only where a token opens /v1/top.
         track_top: args.admin_token_file.is_some()

@@ -72,6 +72,16 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certificates)
 }
 
+/// The certificates of the PEM file at `path` (a CA's, to trust).
+///
+/// # Errors
+///
+/// A file that cannot be read or holds no PEM certificate: the message
+/// names the file.
+pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    certificates(path)
+}
+
 fn roots(path: &Path) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     for certificate in certificates(path)? {

@@ -94,6 +94,59 @@ async fn serve_webhook(received: Received) -> (String, Arc<Received>) {
     (url, received)
 }
 
+/// TLS connections on a TCP listener, handshaken one at a time.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, address)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(stream) = self.acceptor.accept(stream).await {
+                return (stream, address);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// The webhook over TLS, with a certificate for 127.0.0.1 that a test CA
+/// signed: its `https://` URL, what it received, and the CA.
+async fn https_webhook() -> (String, Arc<Received>, common::certs::Authority) {
+    let authority = common::certs::Authority::new();
+    let leaf = authority.leaf("webhook", &[]);
+    let tls = tollgate_server::tls::ServerTls {
+        cert: leaf.cert,
+        key: leaf.key,
+        client_ca: None,
+        client_san: None,
+    };
+    let mut config = tls.server_config().unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let received = Arc::new(Received::default());
+    let router = Router::new()
+        .route("/alerts", post(receive))
+        .with_state(Arc::clone(&received));
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}/alerts", tcp.local_addr().unwrap());
+    let listener = TlsListener {
+        tcp,
+        acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+    };
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (url, received, authority)
+}
+
 async fn serve(store: AnyStore, webhook: &str) -> OnPort0 {
     let options = Options {
         alert_webhook: Some(webhook.to_owned()),
@@ -231,5 +284,59 @@ fn the_memory_store_delivers_each_crossing_once() {
         let taken = taken(&received).await;
         check_alerts(&taken, &tenant, &received);
         assert!(received.posts.lock().unwrap().len() >= 5);
+    });
+}
+
+#[test]
+fn an_https_webhook_signed_by_a_private_ca_is_delivered_to() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (url, received, authority) = https_webhook().await;
+        let roots = tollgate_server::tls::ca_certificates(&authority.ca()).unwrap();
+        let options = Options {
+            alert_webhook: Some(url.clone()),
+            alert_webhook_roots: roots,
+            ..Options::default()
+        };
+        let one = on_port_0(Server::new(
+            config(CONFIG),
+            None,
+            AnyStore::Memory(MemoryStore::new()),
+            options,
+        ))
+        .await;
+        spend(&[&one], "acme").await;
+        let taken = taken(&received).await;
+        check_alerts(&taken, "acme", &received);
+
+        // Without the CA, the webhook's certificate is not trusted: each
+        // attempt fails its handshake, and the webhook sees no POST.
+        let (untrusted_url, untrusted, _authority) = https_webhook().await;
+        let untrusting = Options {
+            alert_webhook: Some(untrusted_url),
+            ..Options::default()
+        };
+        let two = on_port_0(Server::new(
+            config(CONFIG),
+            None,
+            AnyStore::Memory(MemoryStore::new()),
+            untrusting,
+        ))
+        .await;
+        spend(&[&two], "beta").await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let metrics = two.text("/metrics").await;
+            if metrics.contains("tollgate_alert_deliveries_total{result=\"failed\"}") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no delivery was attempted: {metrics}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(untrusted.posts.lock().unwrap().is_empty());
     });
 }

@@ -41,6 +41,77 @@ const MOST_BACK_OFF: Duration = Duration::from_secs(30);
 /// How long one delivery may take.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The client alerts are POSTed with, to `http://` or to `https://` whose
+/// certificate chains to a public root (webpki-roots) or to one of the
+/// roots given: hyper's, over rustls with the ring provider.
+#[derive(Clone)]
+pub struct WebhookClient {
+    client: hyper_util::client::legacy::Client<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+        http_body_util::Full<bytes::Bytes>,
+    >,
+}
+
+impl WebhookClient {
+    /// A client trusting the public roots and `roots`.
+    ///
+    /// # Errors
+    ///
+    /// A root that is not a CA certificate rustls can use.
+    pub fn new(roots: &[rustls::pki_types::CertificateDer<'static>]) -> Result<Self, WebhookError> {
+        let mut store = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        for root in roots {
+            store.add(root.clone()).map_err(WebhookError::Root)?;
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(WebhookError::Tls)?
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+        Ok(Self { client })
+    }
+
+    /// POSTs `alert` to `url` as JSON with its id as `Idempotency-Key`,
+    /// within [`DELIVERY_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// What went wrong, in words: no answer, or one that is not a 2xx.
+    pub async fn post(&self, url: &str, alert: &Alert) -> Result<(), String> {
+        let body = serde_json::to_vec(alert).map_err(|error| format!("the alert could not be written: {error}"))?;
+        let request = http::Request::post(url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("Idempotency-Key", &alert.id)
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|error| format!("the webhook URL {url}: {error}"))?;
+        match tokio::time::timeout(DELIVERY_TIMEOUT, self.client.request(request)).await {
+            Ok(Ok(response)) if response.status().is_success() => Ok(()),
+            Ok(Ok(response)) => Err(format!("the webhook answered {}", response.status())),
+            Ok(Err(error)) => Err(format!("the webhook could not be reached: {error:?}")),
+            Err(_) => Err(format!("the webhook did not answer within {DELIVERY_TIMEOUT:?}")),
+        }
+    }
+}
+
+/// Why no webhook client could be made ([`WebhookClient::new`]).
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// A CA certificate given for the webhook cannot be used.
+    #[error("a webhook CA certificate cannot be used: {0}")]
+    Root(rustls::Error),
+    /// The TLS settings were refused.
+    #[error("the webhook's TLS settings: {0}")]
+    Tls(rustls::Error),
+}
+
 /// What an alert names, carried with the crossing (in the outbox, as
 /// JSON): sent with every decision of a limit that alerts, read for a
 /// crossing. The rule's, made once per rule and shared by its decisions:
@@ -322,7 +393,7 @@ impl Service {
         let Some(webhook) = self.options.alert_webhook.clone() else {
             return;
         };
-        let client = match reqwest::Client::builder().timeout(DELIVERY_TIMEOUT).build() {
+        let client = match WebhookClient::new(&self.options.alert_webhook_roots) {
             Ok(client) => client,
             Err(error) => {
                 tracing::error!(%error, "alerts: no HTTP client; alerts are not delivered");
@@ -331,19 +402,7 @@ impl Service {
         };
         let deliver = |alert: Alert| {
             let (client, webhook) = (client.clone(), webhook.clone());
-            async move {
-                let sent = client
-                    .post(&webhook)
-                    .header("Idempotency-Key", &alert.id)
-                    .json(&alert)
-                    .send()
-                    .await;
-                match sent {
-                    Ok(response) if response.status().is_success() => Ok(()),
-                    Ok(response) => Err(format!("the webhook answered {}", response.status())),
-                    Err(error) => Err(format!("the webhook could not be reached: {error}")),
-                }
-            }
+            async move { client.post(&webhook, &alert).await }
         };
         let outbox = self.outbox();
         let consumer = self.top.replica().to_owned();

@@ -48,6 +48,9 @@ pub struct Options {
     /// Where alerts are delivered: a URL each is POSTed to as JSON
     /// (`--alert-webhook`); none: alerts are counted and shown, not sent.
     pub alert_webhook: Option<String>,
+    /// Certificates an `https://` webhook's may chain to, beside the
+    /// public roots (webpki-roots): a private CA's (`--alert-webhook-ca`).
+    pub alert_webhook_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// How long an alert a replica was given may wait undelivered before
     /// another replica takes it over (`--alert-take-over`; 30 s).
     pub alert_take_over: std::time::Duration,
@@ -73,6 +76,7 @@ impl Default for Options {
             log_refusals: 0,
             track_top: false,
             alert_webhook: None,
+            alert_webhook_roots: Vec::new(),
             alert_take_over: std::time::Duration::from_secs(30),
         }
     }
