@@ -438,7 +438,13 @@ fn alert_webhook_roots(args: &Args) -> Result<Vec<rustls::pki_types::Certificate
         (None, Some(path)) if !path.is_empty() => (PathBuf::from(path), ALERT_WEBHOOK_CA_ENV),
         _ => return Ok(Vec::new()),
     };
-    tollgate_server::tls::ca_certificates(&path).map_err(|error| UsageError(format!("{source}: {error}")))
+    let roots =
+        tollgate_server::tls::ca_certificates(&path).map_err(|error| UsageError(format!("{source}: {error}")))?;
+    // A certificate rustls cannot take as a root is refused now, not at the
+    // first alert.
+    tollgate_server::service::WebhookClient::new(&roots)
+        .map_err(|error| UsageError(format!("{source} {}: {error}", path.display())))?;
+    Ok(roots)
 }
 
 /// An `http://` or `https://` URL with a host.
