@@ -299,7 +299,7 @@ impl Server {
             );
         let grpc_server: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
             if let Some(acceptor) = self.grpc_tls {
-                let incoming = tls_incoming(grpc, acceptor, stopped.clone());
+                let incoming = tls_incoming(grpc, acceptor, Arc::clone(&self.service), stopped.clone());
                 Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, wait(stopped)))
             } else {
                 let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
@@ -336,16 +336,55 @@ fn no_delay(listener: TcpListener) -> impl axum::serve::Listener<Addr = std::net
     })
 }
 
+/// TLS handshakes in progress at most on the gRPC listener: past it, the
+/// oldest unfinished one is dropped for the newest connection. A flood of
+/// connections that never finish a handshake then holds a bounded number of
+/// tasks, and a client that does finish one quickly still gets through.
+pub const MOST_HANDSHAKES: usize = 512;
+
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The handshakes in progress, oldest first, each with the handle that
+/// stops it.
+#[derive(Default)]
+struct Handshakes {
+    next: u64,
+    running: std::collections::BTreeMap<u64, tokio::task::AbortHandle>,
+}
+
+/// Removes a handshake from those in progress however its task ends
+/// (finished, failed, timed out, or aborted to make room).
+struct Finished {
+    handshakes: Arc<std::sync::Mutex<Handshakes>>,
+    id: u64,
+    service: Arc<Service>,
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        let mut handshakes = self
+            .handshakes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        handshakes.running.remove(&self.id);
+        self.service.metrics().tls().in_progress(handshakes.running.len());
+    }
+}
+
 /// The connections `listener` accepts, once their TLS handshake (each in a
-/// task of its own, so a slow client delays no other) has succeeded; a
-/// failed handshake (no client certificate, an untrusted one) is logged
+/// task of its own, so a slow client delays no other; at most
+/// [`MOST_HANDSHAKES`] at once, the oldest dropped past it) has succeeded;
+/// a failed handshake (no client certificate, an untrusted one) is logged
 /// and the connection dropped.
 fn tls_incoming(
     listener: TcpListener,
     acceptor: Arc<tls::Acceptor>,
+    service: Arc<Service>,
     mut stopped: watch::Receiver<bool>,
 ) -> impl tokio_stream::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
     let (accepted, incoming) = mpsc::channel(64);
+    let handshakes = Arc::new(std::sync::Mutex::new(Handshakes::default()));
     tokio::spawn(async move {
         loop {
             let (stream, peer) = tokio::select! {
@@ -361,8 +400,26 @@ fn tls_incoming(
             };
             let _ = stream.set_nodelay(true);
             let (acceptor, accepted) = (Arc::clone(&acceptor), accepted.clone());
-            tokio::spawn(async move {
-                let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await;
+            // Registered before the task can run, so that its end always
+            // finds it to remove.
+            let mut running = handshakes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if running.running.len() >= MOST_HANDSHAKES {
+                if let Some((_, oldest)) = running.running.pop_first() {
+                    oldest.abort();
+                    service.metrics().tls().evicted();
+                }
+            }
+            let id = running.next;
+            running.next += 1;
+            let finished = Finished {
+                handshakes: Arc::clone(&handshakes),
+                id,
+                service: Arc::clone(&service),
+            };
+            let task = tokio::spawn(async move {
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                // Done: no longer one to drop for room while it is handed on.
+                drop(finished);
                 match handshake {
                     Ok(Ok(stream)) => {
                         let _ = accepted.send(Ok(stream)).await;
@@ -371,6 +428,8 @@ fn tls_incoming(
                     Err(_) => tracing::warn!(%peer, "gRPC TLS: handshake timed out"),
                 }
             });
+            running.running.insert(id, task.abort_handle());
+            service.metrics().tls().in_progress(running.running.len());
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(incoming)

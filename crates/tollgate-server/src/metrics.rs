@@ -38,12 +38,14 @@ mod overrides;
 mod persistence;
 mod quota;
 mod recent;
+mod tls;
 
 pub use alerts::AlertMetrics;
 pub use overrides::OverrideMetrics;
 pub use persistence::PersistenceMetrics;
 pub(crate) use quota::bucket_name;
 pub use quota::QuotaMetrics;
+pub use tls::TlsMetrics;
 
 use labels::{
     register_paths, upstream_labels, ConfigLabels, DomainLabels, EngineLabels, ErrorLabels, KeyLabels, RuleLabels,
@@ -126,6 +128,7 @@ pub struct Metrics {
     quota: QuotaMetrics,
     overrides: OverrideMetrics,
     persistence: PersistenceMetrics,
+    tls: TlsMetrics,
     alerts: AlertMetrics,
     /// The last minute's latencies, for the console.
     recent: recent::RecentLatency,
@@ -174,6 +177,7 @@ impl Metrics {
             quota: QuotaMetrics::default(),
             overrides: OverrideMetrics::default(),
             persistence: PersistenceMetrics::default(),
+            tls: TlsMetrics::default(),
             alerts: AlertMetrics::default(),
             recent: recent::RecentLatency::default(),
         };
@@ -222,6 +226,7 @@ impl Metrics {
         metrics.quota.register(tollgate);
         metrics.overrides.register(tollgate);
         metrics.persistence.register(tollgate);
+        metrics.tls.register(tollgate);
         metrics.alerts.register(tollgate);
         let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
         for (stat, family) in UPSTREAM_STATS.iter().zip(&metrics.upstream.rule) {
@@ -336,6 +341,11 @@ impl Metrics {
     /// One override change (`set`, `delete`, `expire`) in `domain`.
     pub fn override_change(&self, domain: &str, change: &'static str) {
         self.overrides.change(domain, change);
+    }
+
+    /// The gRPC listener's TLS handshakes.
+    pub fn tls(&self) -> &TlsMetrics {
+        &self.tls
     }
 
     /// The alerts' metrics.
