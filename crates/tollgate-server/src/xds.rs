@@ -171,7 +171,7 @@ impl Xds {
         }
     }
 
-    async fn try_connect(&self) -> Result<Channel, String> {
+    async fn try_connect(&self) -> Result<Channel, XdsError> {
         let tls = self.settings.tls.as_ref();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let url = if self.settings.server.contains("://") {
@@ -180,16 +180,17 @@ impl Xds {
             format!("{scheme}://{}", self.settings.server)
         };
         let mut endpoint = Endpoint::from_shared(url)
-            .map_err(|error| format!("CONFIG_GRPC_XDS_SERVER_URL: {error}"))?
+            .map_err(XdsError::Url)?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30));
         if let Some(tls) = tls {
-            endpoint = endpoint
-                .tls_config(tls.tonic_config()?)
-                .map_err(|error| error.to_string())?;
+            endpoint = endpoint.tls_config(tls.tonic_config()?).map_err(XdsError::TlsConfig)?;
         }
-        endpoint.connect().await.map_err(|error| one_line(&error))
+        endpoint
+            .connect()
+            .await
+            .map_err(|error| XdsError::Connect(one_line(&error)))
     }
 
     /// Follows one stream until it ends; true when a response came.
@@ -262,7 +263,7 @@ impl Xds {
         let merge = self.settings.merge_domains;
         let outcome = in_background(move || read(&response, merge))
             .await
-            .unwrap_or_else(|_| Err("reading the resources failed".to_owned()));
+            .unwrap_or(Err(ResponseError::Unread));
         match outcome {
             Ok(config) => {
                 let domains = config.domains.len();
@@ -278,7 +279,8 @@ impl Xds {
                 });
                 answer.version_info = version;
             }
-            Err(message) => {
+            Err(error) => {
+                let message = error.to_string();
                 self.service.metrics().config_loaded(false);
                 tracing::error!(%version, error = %message, "xds: configuration refused; the previous one stays in force");
                 self.service
@@ -327,23 +329,70 @@ impl Xds {
 /// A response of another type, a resource that is not a
 /// `RateLimitConfig` or does not decode, or one the reader refuses: the
 /// message names the resource (by its place, and its name once decoded).
-pub fn read(response: &DiscoveryResponse, merge_domains: bool) -> Result<Config, String> {
+pub fn read(response: &DiscoveryResponse, merge_domains: bool) -> Result<Config, ResponseError> {
     if response.type_url != TYPE_URL {
-        return Err(format!("type URL \"{}\", expected \"{TYPE_URL}\"", response.type_url));
+        return Err(ResponseError::TypeUrl(response.type_url.clone()));
     }
     let mut resources = Vec::with_capacity(response.resources.len());
     for (index, any) in response.resources.iter().enumerate() {
         if any.type_url != TYPE_URL {
-            return Err(format!(
-                "resources[{index}]: type URL \"{}\", expected \"{TYPE_URL}\"",
-                any.type_url
-            ));
+            return Err(ResponseError::ResourceTypeUrl {
+                index,
+                type_url: any.type_url.clone(),
+            });
         }
-        let resource = RateLimitConfig::decode(any.value.as_slice())
-            .map_err(|error| format!("resources[{index}]: not a RateLimitConfig: {error}"))?;
+        let resource =
+            RateLimitConfig::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode { index, source })?;
         resources.push(resource);
     }
-    Config::from_resources(&resources, merge_domains).map_err(|error| error.to_string())
+    Ok(Config::from_resources(&resources, merge_domains)?)
+}
+
+/// Why the control plane cannot be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum XdsError {
+    /// `CONFIG_GRPC_XDS_SERVER_URL` is not a URL.
+    #[error("CONFIG_GRPC_XDS_SERVER_URL: {0}")]
+    Url(tonic::transport::Error),
+    /// The client's TLS files cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// tonic refused the TLS configuration.
+    #[error("the xDS client's TLS: {0}")]
+    TlsConfig(tonic::transport::Error),
+    /// The connection failed (with its causes, on one line).
+    #[error("{0}")]
+    Connect(String),
+}
+
+/// Why a response is refused (NACKed), naming the resource at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ResponseError {
+    /// The response is not of rate limit configurations.
+    #[error("type URL \"{0}\", expected \"{TYPE_URL}\"")]
+    TypeUrl(String),
+    /// A resource is not a rate limit configuration.
+    #[error("resources[{index}]: type URL \"{type_url}\", expected \"{TYPE_URL}\"")]
+    ResourceTypeUrl {
+        /// Its place in the response.
+        index: usize,
+        /// Its type URL.
+        type_url: String,
+    },
+    /// A resource does not decode.
+    #[error("resources[{index}]: not a RateLimitConfig: {source}")]
+    Decode {
+        /// Its place in the response.
+        index: usize,
+        /// Why.
+        source: prost::DecodeError,
+    },
+    /// The thread reading them stopped without an answer.
+    #[error("reading the resources failed")]
+    Unread,
+    /// The configurations do not make a valid configuration.
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
 }
 
 /// Runs `work` on a thread of the lowest scheduling priority (SCHED_IDLE:

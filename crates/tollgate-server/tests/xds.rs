@@ -375,8 +375,8 @@ async fn a_restarted_control_plane_is_followed() {
     plane.stop().await;
 }
 
-/// The service's certificate replaced on disk is used for the next
-/// connection, without a restart.
+/// The service's certificate replaced on disk is used for new connections
+/// once the watcher saw it, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_certificate_is_taken_up() {
     let authority = Authority::new();
@@ -401,9 +401,16 @@ async fn a_rotated_certificate_is_taken_up() {
     let rotated = authority.leaf("rotated", &["after.test"]);
     rotate(&rotated.cert, &service.cert);
     rotate(&rotated.key, &service.key);
-    let mut client = envoy(server.grpc, Some((&authority, None, "after.test")))
-        .await
-        .unwrap();
+    // The file watcher reads them again: a new connection is served with
+    // them once it has (never a restart).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut client = loop {
+        match envoy(server.grpc, Some((&authority, None, "after.test"))).await {
+            Ok(client) => break client,
+            Err(error) => assert!(std::time::Instant::now() < deadline, "not taken up: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(decide(&mut client, "x").await.unwrap(), OK);
     plane.stop().await;
 }
