@@ -169,7 +169,7 @@ pub struct Args {
 /// An invalid configuration or environment setting (exit code 2), a store
 /// that cannot be reached, an address that cannot be bound.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let settings = Settings::from_env().map_err(UsageError)?;
+    let settings = Settings::from_env().map_err(|error| UsageError(error.to_string()))?;
     if let Some(xds) = xds_settings(args, &settings) {
         if args.check_config {
             return Err(UsageError("--check-config reads files; the limits come from xDS here".to_owned()).into());

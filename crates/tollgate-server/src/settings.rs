@@ -153,7 +153,7 @@ impl Settings {
     /// # Errors
     ///
     /// As [`Settings::from_lookup`].
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, SettingError> {
         let names: Vec<String> = std::env::vars_os()
             .filter_map(|(name, _)| name.into_string().ok())
             .collect();
@@ -169,7 +169,7 @@ impl Settings {
     /// a port that is not a number), or a setting asking for what is not
     /// supported here (another config type or backend, Redis Sentinel or
     /// Cluster, gRPC TLS or a Unix socket): the message names the variable.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, names: &[String]) -> Result<Self, String> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, names: &[String]) -> Result<Self, SettingError> {
         let env = Env(&lookup);
         let mut settings = Self {
             merge_domains: env.flag("MERGE_DOMAIN_CONFIG")?,
@@ -198,7 +198,10 @@ impl Settings {
 
         settings.http = env.listener("HOST", "PORT", 8080)?;
         if env.text("GRPC_UDS").is_some() {
-            return Err("GRPC_UDS: a gRPC Unix socket is not supported; use GRPC_HOST and GRPC_PORT".to_owned());
+            return Err(SettingError::Unsupported {
+                name: "GRPC_UDS",
+                reason: "a gRPC Unix socket is not supported; use GRPC_HOST and GRPC_PORT",
+            });
         }
         settings.read_tls(&env)?;
         settings.read_tracing(&env)?;
@@ -227,7 +230,7 @@ impl Settings {
                 .parse()
                 .ok()
                 .filter(|parsed: &f32| *parsed > 0.0 && *parsed <= 1.0)
-                .ok_or_else(|| format!("NEAR_LIMIT_RATIO={ratio}: not a number above 0 and at most 1"))?;
+                .ok_or_else(|| invalid("NEAR_LIMIT_RATIO", &ratio, "not a number above 0 and at most 1"))?;
             settings.near_limit_ratio = Some(parsed);
         }
         settings.healthy_with_config_only = env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
@@ -266,19 +269,19 @@ impl Settings {
 
 impl Settings {
     /// The store's settings: `BACKEND_TYPE`, `REDIS_*`, `MAX_DESCRIPTORS`.
-    fn read_store(&mut self, env: &Env<'_>) -> Result<(), String> {
+    fn read_store(&mut self, env: &Env<'_>) -> Result<(), SettingError> {
         let settings = self;
         if let Some(backend) = env.text("BACKEND_TYPE") {
             if !backend.eq_ignore_ascii_case("redis") {
-                return Err(format!("BACKEND_TYPE={backend}: only redis is supported"));
+                return Err(invalid("BACKEND_TYPE", &backend, "only redis is supported"));
             }
         }
         settings.redis = redis_url(env)?;
         if let Some(timeout) = env.text("REDIS_TIMEOUT") {
             let parsed = tollgate::duration::parse_duration(&timeout)
-                .map_err(|error| format!("REDIS_TIMEOUT={timeout}: {error}"))?;
+                .map_err(|error| invalid("REDIS_TIMEOUT", &timeout, error.to_string()))?;
             if parsed.is_zero() {
-                return Err(format!("REDIS_TIMEOUT={timeout}: must be more than zero"));
+                return Err(invalid("REDIS_TIMEOUT", &timeout, "must be more than zero"));
             }
             settings.store_timeout = Some(parsed);
         }
@@ -289,7 +292,7 @@ impl Settings {
                 .parse()
                 .ok()
                 .filter(|most| *most > 0)
-                .ok_or_else(|| format!("MAX_DESCRIPTORS={most}: not a whole number of at least 1"))?;
+                .ok_or_else(|| invalid("MAX_DESCRIPTORS", &most, "not a whole number of at least 1"))?;
             settings.max_descriptors = Some(parsed);
         }
         Ok(())
@@ -304,22 +307,22 @@ impl Env<'_> {
         (self.0)(name).filter(|value| !value.is_empty())
     }
 
-    fn flag(&self, name: &str) -> Result<bool, String> {
+    fn flag(&self, name: &str) -> Result<bool, SettingError> {
         self.flag_or(name, false)
     }
 
     /// A boolean as Go's `strconv.ParseBool` reads it.
-    fn flag_or(&self, name: &str, default: bool) -> Result<bool, String> {
+    fn flag_or(&self, name: &str, default: bool) -> Result<bool, SettingError> {
         match self.text(name).as_deref() {
             None => Ok(default),
             Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
             Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
-            Some(other) => Err(format!("{name}={other}: not a boolean (true or false)")),
+            Some(other) => Err(invalid(name, other, "not a boolean (true or false)")),
         }
     }
 
     /// `host` and `port` variables, when either is set.
-    fn listener(&self, host: &str, port: &str, default_port: u16) -> Result<Option<SocketAddr>, String> {
+    fn listener(&self, host: &str, port: &str, default_port: u16) -> Result<Option<SocketAddr>, SettingError> {
         let (host_value, port_value) = (self.text(host), self.text(port));
         if host_value.is_none() && port_value.is_none() {
             return Ok(None);
@@ -329,16 +332,14 @@ impl Env<'_> {
             None => IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
         let port_number = match port_value {
-            Some(value) => value
-                .parse()
-                .map_err(|_| format!("{port}={value}: not a port number"))?,
+            Some(value) => value.parse().map_err(|_| invalid(port, &value, "not a port number"))?,
             None => default_port,
         };
         Ok(Some(SocketAddr::new(ip, port_number)))
     }
 }
 
-fn parse_ip(name: &str, value: &str) -> Result<IpAddr, String> {
+fn parse_ip(name: &str, value: &str) -> Result<IpAddr, SettingError> {
     if value == "localhost" {
         return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
     }
@@ -346,15 +347,15 @@ fn parse_ip(name: &str, value: &str) -> Result<IpAddr, String> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .parse()
-        .map_err(|_| format!("{name}={value}: not an IP address"))
+        .map_err(|_| invalid(name, value, "not an IP address"))
 }
 
 /// `host:port`, where an empty host is `empty_host` (Go: every interface).
-fn parse_address(name: &str, value: &str, empty_host: Option<IpAddr>) -> Result<SocketAddr, String> {
+fn parse_address(name: &str, value: &str, empty_host: Option<IpAddr>) -> Result<SocketAddr, SettingError> {
     let (host, port) = value
         .rsplit_once(':')
-        .ok_or_else(|| format!("{name}={value}: expected host:port"))?;
-    let port: u16 = port.parse().map_err(|_| format!("{name}={value}: not a port number"))?;
+        .ok_or_else(|| invalid(name, value, "expected host:port"))?;
+    let port: u16 = port.parse().map_err(|_| invalid(name, value, "not a port number"))?;
     let ip = match (host, empty_host) {
         ("", Some(ip)) => ip,
         _ => parse_ip(name, host)?,
@@ -365,7 +366,7 @@ fn parse_address(name: &str, value: &str, empty_host: Option<IpAddr>) -> Result<
 /// A Redis URL from `REDIS_URL` (`host:port` or a socket path),
 /// `REDIS_SOCKET_TYPE`, `REDIS_AUTH` (`password` or `user:password`),
 /// `REDIS_TLS` and `REDIS_TYPE`.
-fn redis_url(env: &Env<'_>) -> Result<Option<String>, String> {
+fn redis_url(env: &Env<'_>) -> Result<Option<String>, SettingError> {
     let Some(address) = env.text("REDIS_URL") else {
         return Ok(None);
     };
@@ -374,7 +375,7 @@ fn redis_url(env: &Env<'_>) -> Result<Option<String>, String> {
         "single" => Kind::Single,
         "cluster" => Kind::Cluster,
         "sentinel" => Kind::Sentinel,
-        _ => return Err(format!("REDIS_TYPE={kind}: expected SINGLE, CLUSTER or SENTINEL")),
+        _ => return Err(invalid("REDIS_TYPE", &kind, "expected SINGLE, CLUSTER or SENTINEL")),
     };
     if address.contains("://") {
         return Ok(Some(address));
@@ -414,18 +415,67 @@ fn redis_url(env: &Env<'_>) -> Result<Option<String>, String> {
         Kind::Cluster => Ok(Some(format!("{scheme}+cluster://{credentials}{address}"))),
         Kind::Sentinel => {
             if tls {
-                return Err("REDIS_TLS: TLS to Sentinels is not supported".to_owned());
+                return Err(SettingError::Unsupported {
+                    name: "REDIS_TLS",
+                    reason: "TLS to Sentinels is not supported",
+                });
             }
             match address.split_once(',') {
                 Some((master, sentinels)) if !master.is_empty() && !sentinels.is_empty() => Ok(Some(format!(
                     "redis+sentinel://{credentials}{sentinels}/{}",
                     encode(master)
                 ))),
-                _ => Err(format!(
-                    "REDIS_URL={address}: with REDIS_TYPE=SENTINEL, expected <master name>,host:port[,host:port…]"
+                _ => Err(invalid(
+                    "REDIS_URL",
+                    &address,
+                    "with REDIS_TYPE=SENTINEL, expected <master name>,host:port[,host:port…]",
                 )),
             }
         }
+    }
+}
+
+/// A setting that cannot be used; each names the variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    /// A value that cannot be used (a boolean that is not one, a port that
+    /// is not a number, an unknown kind).
+    #[error("{name}={value}: {expected}")]
+    Invalid {
+        /// The variable.
+        name: String,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: String,
+    },
+    /// A setting asking for what is not supported here.
+    #[error("{name}: {reason}")]
+    Unsupported {
+        /// The variable.
+        name: &'static str,
+        /// What is not supported, and what to use instead.
+        reason: &'static str,
+    },
+    /// One variable of a pair set without the other.
+    #[error("{0} and {1} go together")]
+    Pair(&'static str, &'static str),
+    /// A variable that needs others.
+    #[error("{name}: needs {needs}")]
+    Needs {
+        /// The variable set.
+        name: &'static str,
+        /// What it needs.
+        needs: &'static str,
+    },
+}
+
+/// `name`'s `value` cannot be used: it should be `expected`.
+fn invalid(name: &str, value: &str, expected: impl Into<String>) -> SettingError {
+    SettingError::Invalid {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        expected: expected.into(),
     }
 }
 

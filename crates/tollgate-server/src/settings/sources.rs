@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Env, Settings};
+use super::{invalid, Env, SettingError, Settings};
 use crate::tls::{ClientTls, ServerTls};
 use crate::xds::XdsSettings;
 
@@ -39,10 +39,12 @@ impl Env<'_> {
     }
 
     /// A Go duration as envconfig reads it (`3s`, `500ms`, `1.5s`, `1m`).
-    fn duration(&self, name: &str, default: Duration) -> Result<Duration, String> {
+    fn duration(&self, name: &str, default: Duration) -> Result<Duration, SettingError> {
         match self.text(name) {
             None => Ok(default),
-            Some(text) => tollgate::duration::parse_duration(&text).map_err(|error| format!("{name}={text}: {error}")),
+            Some(text) => {
+                tollgate::duration::parse_duration(&text).map_err(|error| invalid(name, &text, error.to_string()))
+            }
         }
     }
 
@@ -62,13 +64,13 @@ impl Env<'_> {
 impl Settings {
     /// `CONFIG_TYPE` and, for `GRPC_XDS_SOTW`, the xDS client's settings.
     /// True when the configuration comes from files.
-    pub(super) fn read_source(&mut self, env: &Env<'_>) -> Result<bool, String> {
+    pub(super) fn read_source(&mut self, env: &Env<'_>) -> Result<bool, SettingError> {
         let kind = env.text("CONFIG_TYPE").unwrap_or_else(|| "FILE".to_owned());
         if kind.eq_ignore_ascii_case("FILE") {
             return Ok(true);
         }
         if !kind.eq_ignore_ascii_case("GRPC_XDS_SOTW") {
-            return Err(format!("CONFIG_TYPE={kind}: expected FILE or GRPC_XDS_SOTW"));
+            return Err(invalid("CONFIG_TYPE", &kind, "expected FILE or GRPC_XDS_SOTW"));
         }
         let defaults = XdsSettings::default();
         let tls = if env.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")? {
@@ -83,20 +85,19 @@ impl Settings {
         };
         if let Some(tls) = &tls {
             if tls.cert.is_some() != tls.key.is_some() {
-                return Err(
-                    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together".to_owned(),
-                );
+                return Err(SettingError::Pair(
+                    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+                    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+                ));
             }
         }
-        let max_message_bytes = match env.text("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES") {
-            None => None,
-            Some(text) => Some(
-                text.parse::<usize>()
-                    .ok()
-                    .filter(|bytes| *bytes > 0)
-                    .ok_or_else(|| format!("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={text}: not a whole number of bytes"))?,
-            ),
-        };
+        let max_message_bytes =
+            match env.text("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES") {
+                None => None,
+                Some(text) => Some(text.parse::<usize>().ok().filter(|bytes| *bytes > 0).ok_or_else(|| {
+                    invalid("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", &text, "not a whole number of bytes")
+                })?),
+            };
         let node_metadata = env.pairs("CONFIG_GRPC_XDS_NODE_METADATA", '=');
         self.xds = Some(XdsSettings {
             server: env.text("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or(defaults.server),
@@ -114,14 +115,16 @@ impl Settings {
     }
 
     /// `TRACING_*`.
-    pub(super) fn read_tracing(&mut self, env: &Env<'_>) -> Result<(), String> {
+    pub(super) fn read_tracing(&mut self, env: &Env<'_>) -> Result<(), SettingError> {
         if !env.flag("TRACING_ENABLED")? {
             return Ok(());
         }
         if let Some(protocol) = env.text("TRACING_EXPORTER_PROTOCOL") {
             if !protocol.eq_ignore_ascii_case("http") {
-                return Err(format!(
-                    "TRACING_EXPORTER_PROTOCOL={protocol}: only http (OTLP over HTTP, upstream's default) is supported"
+                return Err(invalid(
+                    "TRACING_EXPORTER_PROTOCOL",
+                    &protocol,
+                    "only http (OTLP over HTTP, upstream's default) is supported",
                 ));
             }
         }
@@ -131,7 +134,7 @@ impl Settings {
                 .parse::<f64>()
                 .ok()
                 .filter(|rate| (0.0..=1.0).contains(rate))
-                .ok_or_else(|| format!("TRACING_SAMPLING_RATE={text}: not a number from 0 to 1"))?,
+                .ok_or_else(|| invalid("TRACING_SAMPLING_RATE", &text, "not a number from 0 to 1"))?,
         };
         self.tracing = Some(TracingSettings {
             service_name: env
@@ -145,10 +148,13 @@ impl Settings {
     }
 
     /// `GRPC_SERVER_USE_TLS` and its files; `REDIS_TLS_*`.
-    pub(super) fn read_tls(&mut self, env: &Env<'_>) -> Result<(), String> {
+    pub(super) fn read_tls(&mut self, env: &Env<'_>) -> Result<(), SettingError> {
         if env.flag("GRPC_SERVER_USE_TLS")? {
             let (Some(cert), Some(key)) = (env.path("GRPC_SERVER_TLS_CERT"), env.path("GRPC_SERVER_TLS_KEY")) else {
-                return Err("GRPC_SERVER_USE_TLS: needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY".to_owned());
+                return Err(SettingError::Needs {
+                    name: "GRPC_SERVER_USE_TLS",
+                    needs: "GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+                });
             };
             self.grpc_tls = Some(ServerTls {
                 cert,
@@ -162,7 +168,7 @@ impl Settings {
         let client = match (env.path("REDIS_TLS_CLIENT_CERT"), env.path("REDIS_TLS_CLIENT_KEY")) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
-            _ => return Err("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together".to_owned()),
+            _ => return Err(SettingError::Pair("REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY")),
         };
         self.redis_tls = RedisTls {
             client,

@@ -8,7 +8,7 @@ fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
             .find(|(each, _)| *each == name)
             .map(|(_, value)| (*value).to_owned())
     };
-    Settings::from_lookup(lookup, &names)
+    Settings::from_lookup(lookup, &names).map_err(|error| error.to_string())
 }
 
 #[test]
