@@ -481,7 +481,8 @@ fn rlqs(args: &Args) -> Result<QuotaSettings, UsageError> {
     } else {
         Blanket::AllowAll
     };
-    QuotaSettings::new(args.rlqs_interval, args.rlqs_ttl, args.rlqs_abandon_after, unmatched).map_err(UsageError)
+    QuotaSettings::new(args.rlqs_interval, args.rlqs_ttl, args.rlqs_abandon_after, unmatched)
+        .map_err(|error| UsageError(error.to_string()))
 }
 
 /// The service's switches: flags, else envoyproxy/ratelimit's settings.

@@ -394,7 +394,13 @@ where
             };
             let headers = shared.headers(&outcome);
             if !outcome.decision.allowed {
-                let body = serde_json::to_string(&DecisionJson::from(&outcome.decision)).unwrap_or_default();
+                let body = match serde_json::to_string(&DecisionJson::from(&outcome.decision)) {
+                    Ok(body) => body,
+                    Err(error) => {
+                        let message = format!("the decision could not be written: {error}");
+                        return Ok(error_response(StatusCode::INTERNAL_SERVER_ERROR, &message));
+                    }
+                };
                 let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, body);
                 add_headers(&mut response, &headers);
                 return Ok(response);

@@ -70,6 +70,7 @@ use tollgate::{Limit, LimitSpec};
 pub use self::load::LoadOptions;
 pub use self::lookup::{exact_stat_key, wildcard_match, Below};
 pub(crate) use self::yaml::rule_from_json;
+pub use self::yaml::{RateLimitError, RuleJsonError};
 pub use crate::unit::Unit;
 
 /// A rule: what applies to the descriptors that reach one node.

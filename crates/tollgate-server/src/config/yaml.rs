@@ -374,24 +374,66 @@ impl<'de> DeserializeSeed<'de> for AlgorithmSeed {
     }
 }
 
+/// Why a `rate_limit` block given as JSON (an override's) is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleJsonError {
+    /// The block does not read (the reader's message, naming the field).
+    #[error("{0}")]
+    Read(String),
+    /// No block.
+    #[error("a rate_limit block is required")]
+    Missing,
+    /// `name` or `replaces`, which only a file's rules have.
+    #[error("name and replaces belong in a configuration file, not an override")]
+    NameInOverride,
+}
+
+/// Why a `rate_limit` block is refused (envoyproxy/ratelimit's checks, in
+/// its words where it has them).
+#[derive(Debug, thiserror::Error)]
+pub enum RateLimitError {
+    /// A unit beside `unlimited: true`.
+    #[error("should not specify rate limit unit when unlimited")]
+    UnitWhenUnlimited,
+    /// An algorithm beside `unlimited: true`.
+    #[error("rate_limit: unlimited cannot have an algorithm")]
+    AlgorithmWhenUnlimited,
+    /// A unit that is not one.
+    #[error("invalid rate limit unit \"{0}\" (expected second, minute, hour, day, week, month or year)")]
+    Unit(String),
+    /// A count the limit refuses.
+    #[error("rate_limit: requests_per_unit: {0}")]
+    RequestsPerUnit(tollgate::Error),
+    /// Alert thresholds the limit refuses.
+    #[error("rate_limit: {0}")]
+    Alerts(tollgate::Error),
+    /// Alerts without a limit to cross.
+    #[error("rate_limit: alerts need a limit (not unlimited, nor 0 requests)")]
+    AlertsWithoutLimit,
+    /// An empty `replaces` entry.
+    #[error("should not have an empty replaces entry")]
+    EmptyReplaces,
+    /// A rule replacing itself.
+    #[error("replaces should not contain name of same descriptor")]
+    ReplacesItself,
+}
+
 impl RawRateLimit {
     /// The block, with envoyproxy/ratelimit's checks.
-    fn check(self) -> Result<RateLimit, String> {
+    fn check(self) -> Result<RateLimit, RateLimitError> {
         let unit_text = self.unit.unwrap_or_default();
         let unit = Unit::parse(&unit_text);
         let limit = if self.unlimited {
             if unit.is_some() {
-                return Err("should not specify rate limit unit when unlimited".to_owned());
+                return Err(RateLimitError::UnitWhenUnlimited);
             }
             if self.algorithm.is_some() {
-                return Err("rate_limit: unlimited cannot have an algorithm".to_owned());
+                return Err(RateLimitError::AlgorithmWhenUnlimited);
             }
             RuleLimit::Unlimited
         } else {
             if unit.is_none() && (self.algorithm.is_none() || !unit_text.is_empty()) {
-                return Err(format!(
-                    "invalid rate limit unit \"{unit_text}\" (expected second, minute, hour, day, week, month or year)"
-                ));
+                return Err(RateLimitError::Unit(unit_text));
             }
             match (self.algorithm, unit) {
                 (Some(limit), _) => RuleLimit::Limited(limit),
@@ -402,7 +444,7 @@ impl RawRateLimit {
                     requests => RuleLimit::Limited(
                         Limit::fixed_window(requests, unit.duration())
                             .and_then(Limit::recording_overage)
-                            .map_err(|error| format!("rate_limit: requests_per_unit: {error}"))?,
+                            .map_err(RateLimitError::RequestsPerUnit)?,
                     ),
                 },
                 (None, None) => unreachable!("refused above"),
@@ -415,16 +457,16 @@ impl RawRateLimit {
                     .into_iter()
                     .map(|threshold| u8::try_from(threshold).unwrap_or(u8::MAX))
                     .collect::<Vec<u8>>();
-                RuleLimit::Limited(limit.alerting(alerts).map_err(|error| format!("rate_limit: {error}"))?)
+                RuleLimit::Limited(limit.alerting(alerts).map_err(RateLimitError::Alerts)?)
             }
-            (Some(_), _) => return Err("rate_limit: alerts need a limit (not unlimited, nor 0 requests)".to_owned()),
+            (Some(_), _) => return Err(RateLimitError::AlertsWithoutLimit),
         };
         for replaces in &self.replaces {
             if replaces.is_empty() {
-                return Err("should not have an empty replaces entry".to_owned());
+                return Err(RateLimitError::EmptyReplaces);
             }
             if *replaces == self.name {
-                return Err("replaces should not contain name of same descriptor".to_owned());
+                return Err(RateLimitError::ReplacesItself);
             }
         }
         Ok(RateLimit {
@@ -513,13 +555,13 @@ fn any_node(level: &Level, test: &dyn Fn(&Node) -> bool) -> bool {
 /// # Errors
 ///
 /// What a file's `rate_limit` block is refused for, as text.
-pub(crate) fn rule_from_json(value: &serde_json::Value, path: String) -> Result<Rule, String> {
+pub(crate) fn rule_from_json(value: &serde_json::Value, path: String) -> Result<Rule, RuleJsonError> {
     let read = RateLimitSeed
         .deserialize(value)
-        .map_err(|error| strip_location(&error.to_string()).replace('`', "\""))?
-        .ok_or_else(|| "a rate_limit block is required".to_owned())?;
+        .map_err(|error| RuleJsonError::Read(strip_location(&error.to_string()).replace('`', "\"")))?
+        .ok_or(RuleJsonError::Missing)?;
     if !read.name.is_empty() || !read.replaces.is_empty() {
-        return Err("name and replaces belong in a configuration file, not an override".to_owned());
+        return Err(RuleJsonError::NameInOverride);
     }
     Ok(Rule {
         path,

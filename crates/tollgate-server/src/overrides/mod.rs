@@ -21,7 +21,9 @@ use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 use tollgate::{AnyStore, Clock, SystemClock, TableChanges};
 
-pub use self::model::{describe_rule, format_instant, stat_key, Entry, Override, OverrideRequest, Stored};
+pub use self::model::{
+    describe_rule, format_instant, stat_key, Entry, InstantError, InvalidOverride, Override, OverrideRequest, Stored,
+};
 
 /// How often each replica asks the store whether overrides changed: a change
 /// made through another replica applies here within this, plus a round trip.
@@ -211,6 +213,9 @@ pub enum OverrideError {
     /// No Redis connection yet (a resilient store still connecting).
     #[error("the store is not connected yet")]
     NotConnected,
+    /// An override could not be written as JSON for the store.
+    #[error("an override could not be written: {0}")]
+    Encode(serde_json::Error),
 }
 
 impl Overrides {
@@ -294,7 +299,7 @@ impl Overrides {
         let new = Arc::new(new);
         let entries = new.entries();
         let previous = if let Some(table) = self.table(&domain)? {
-            let text = serde_json::to_string(&new.stored).unwrap_or_default();
+            let text = serde_json::to_string(&new.stored).map_err(OverrideError::Encode)?;
             let change = table.set(&field, &text).await?;
             self.apply(&domain, change.version, vec![(entries, Some(Arc::clone(&new)))]);
             read_stored(change.previous.as_deref())
@@ -441,7 +446,7 @@ impl Overrides {
                 .map(|held| held.iter().filter(|found| !found.in_force(now)).cloned().collect())
                 .unwrap_or_default();
             for found in expired {
-                let text = serde_json::to_string(&found.stored).unwrap_or_default();
+                let text = serde_json::to_string(&found.stored).map_err(OverrideError::Encode)?;
                 let field = Override::field(&found.stored.descriptor);
                 if let Some(change) = table.delete_if(&field, &text).await? {
                     self.apply(domain, change.version, vec![(found.entries(), None)]);
@@ -555,9 +560,10 @@ fn read_stored(text: Option<&str>) -> Option<Arc<Override>> {
 /// An override of `domain` read from the store; one that does not read
 /// (written by hand) is logged and left out.
 fn read_override(domain: &str, text: &str) -> Option<Arc<Override>> {
-    let read = serde_json::from_str::<Stored>(text)
-        .map_err(|error| error.to_string())
-        .and_then(Override::from_stored);
+    let read = match serde_json::from_str::<Stored>(text) {
+        Ok(stored) => Override::from_stored(stored).map_err(|error| error.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
     match read {
         Ok(found) => Some(Arc::new(found)),
         Err(error) => {

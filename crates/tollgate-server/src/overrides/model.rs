@@ -82,11 +82,17 @@ impl Override {
     /// The store's field for a descriptor: its entries as compact JSON
     /// (injective, and readable with `redis-cli`).
     pub fn field(descriptor: &[Entry]) -> String {
-        let pairs: Vec<[&str; 2]> = descriptor
+        // Built as a JSON value (its text cannot fail to write).
+        let pairs = descriptor
             .iter()
-            .map(|entry| [entry.key.as_str(), entry.value.as_str()])
+            .map(|entry| {
+                serde_json::Value::Array(vec![
+                    serde_json::Value::String(entry.key.clone()),
+                    serde_json::Value::String(entry.value.clone()),
+                ])
+            })
             .collect();
-        serde_json::to_string(&pairs).unwrap_or_default()
+        serde_json::Value::Array(pairs).to_string()
     }
 
     /// The descriptor's entries as requests carry them.
@@ -106,51 +112,51 @@ impl Override {
     /// The field at fault, and why: an unknown domain, an empty or too deep
     /// descriptor, a limit a file would refuse or of 0 without `unlimited`,
     /// an expiry in the past or given twice.
-    pub fn from_request(request: OverrideRequest, config: &Config, now: u64) -> Result<Self, String> {
+    pub fn from_request(request: OverrideRequest, config: &Config, now: u64) -> Result<Self, InvalidOverride> {
         let domain = config.domains.get(&request.domain).ok_or_else(|| {
             if request.domain.is_empty() {
-                "domain: must not be empty".to_owned()
+                InvalidOverride::NoDomain
             } else {
-                format!("domain: no domain \"{}\" is configured", request.domain)
+                InvalidOverride::UnknownDomain(request.domain.clone())
             }
         })?;
         check_descriptor(&request.descriptor)?;
         let deepest = domain.deepest_rule();
         if request.descriptor.len() > deepest {
-            return Err(format!(
-                "descriptor: {} entries, and no rule of domain \"{}\" is deeper than {deepest}",
-                request.descriptor.len(),
-                request.domain
-            ));
+            return Err(InvalidOverride::TooDeep {
+                entries: request.descriptor.len(),
+                domain: request.domain,
+                deepest,
+            });
         }
         let rate_limit = match (request.rate_limit, request.algorithm) {
             (Some(_), Some(_)) => {
-                return Err("algorithm: give the limit once, as rate_limit or as algorithm".to_owned());
+                return Err(InvalidOverride::LimitTwice);
             }
             (Some(rate_limit), None) => rate_limit,
             (None, Some(algorithm)) => serde_json::json!({ "algorithm": algorithm }),
-            (None, None) => return Err("rate_limit: required (or algorithm)".to_owned()),
+            (None, None) => return Err(InvalidOverride::NoLimit),
         };
         let expires_at = match (request.expires_at, request.ttl) {
-            (Some(_), Some(_)) => return Err("ttl: give expires_at or ttl, not both".to_owned()),
+            (Some(_), Some(_)) => return Err(InvalidOverride::ExpiryTwice),
             (Some(text), None) => {
-                let at = parse_instant(&text).map_err(|error| format!("expires_at: {error}"))?;
+                let at = parse_instant(&text).map_err(InvalidOverride::ExpiresAt)?;
                 if at <= now {
-                    return Err(format!("expires_at: {text} has passed"));
+                    return Err(InvalidOverride::Passed(text));
                 }
                 Some(at)
             }
             (None, Some(text)) => {
-                let ttl = parse_duration(&text).map_err(|error| format!("ttl: {error}"))?;
+                let ttl = parse_duration(&text).map_err(InvalidOverride::Ttl)?;
                 if ttl.is_zero() {
-                    return Err("ttl: must be more than 0".to_owned());
+                    return Err(InvalidOverride::ZeroTtl);
                 }
                 Some(now.saturating_add(micros(ttl)))
             }
             (None, None) => None,
         };
         if request.reason.as_ref().is_some_and(|reason| reason.len() > MAX_REASON) {
-            return Err(format!("reason: at most {MAX_REASON} bytes"));
+            return Err(InvalidOverride::LongReason);
         }
         let stored = Stored {
             domain: request.domain,
@@ -162,7 +168,7 @@ impl Override {
         };
         let read = Self::from_stored(stored)?;
         if matches!(read.rule.limit, RuleLimit::Blocked) {
-            return Err("rate_limit.requests_per_unit: must be at least 1 (or unlimited: true)".to_owned());
+            return Err(InvalidOverride::Blocks);
         }
         Ok(read)
     }
@@ -172,16 +178,16 @@ impl Override {
     /// # Errors
     ///
     /// A limit or an instant that does not read (a value written by hand).
-    pub fn from_stored(stored: Stored) -> Result<Self, String> {
+    pub fn from_stored(stored: Stored) -> Result<Self, InvalidOverride> {
         check_descriptor(&stored.descriptor)?;
         let path = stat_key(&stored.descriptor);
-        let rule = rule_from_json(&stored.rate_limit, path).map_err(|error| format!("rate_limit: {error}"))?;
+        let rule = rule_from_json(&stored.rate_limit, path).map_err(InvalidOverride::Limit)?;
         let expires_at = stored
             .expires_at
             .as_deref()
             .map(parse_instant)
             .transpose()
-            .map_err(|error| format!("expires_at: {error}"))?;
+            .map_err(InvalidOverride::ExpiresAt)?;
         Ok(Self {
             stored,
             rule,
@@ -205,18 +211,88 @@ pub fn describe_rule(rule: &Rule) -> String {
     match &rule.limit {
         RuleLimit::Unlimited => "unlimited".to_owned(),
         RuleLimit::Blocked => "0 (blocked)".to_owned(),
-        RuleLimit::Limited(limit) => serde_json::to_string(&limit.spec()).unwrap_or_default(),
+        RuleLimit::Limited(limit) => {
+            serde_json::to_string(&limit.spec()).unwrap_or_else(|_| format!("{:?}", limit.spec()))
+        }
     }
 }
 
-fn check_descriptor(descriptor: &[Entry]) -> Result<(), String> {
+fn check_descriptor(descriptor: &[Entry]) -> Result<(), InvalidOverride> {
     if descriptor.is_empty() {
-        return Err("descriptor: must have at least one entry".to_owned());
+        return Err(InvalidOverride::EmptyDescriptor);
     }
     if let Some(at) = descriptor.iter().position(|entry| entry.key.is_empty()) {
-        return Err(format!("descriptor[{at}].key: must not be empty"));
+        return Err(InvalidOverride::EmptyKey(at));
     }
     Ok(())
+}
+
+/// Why an override is refused; each names the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidOverride {
+    /// No domain given.
+    #[error("domain: must not be empty")]
+    NoDomain,
+    /// A domain the configuration does not have.
+    #[error("domain: no domain \"{0}\" is configured")]
+    UnknownDomain(String),
+    /// A descriptor without entries.
+    #[error("descriptor: must have at least one entry")]
+    EmptyDescriptor,
+    /// An entry without a key.
+    #[error("descriptor[{0}].key: must not be empty")]
+    EmptyKey(usize),
+    /// A descriptor deeper than any rule of its domain.
+    #[error("descriptor: {entries} entries, and no rule of domain \"{domain}\" is deeper than {deepest}")]
+    TooDeep {
+        /// The descriptor's entries.
+        entries: usize,
+        /// The domain.
+        domain: String,
+        /// Its deepest rule's.
+        deepest: usize,
+    },
+    /// Both `rate_limit` and `algorithm`.
+    #[error("algorithm: give the limit once, as rate_limit or as algorithm")]
+    LimitTwice,
+    /// Neither.
+    #[error("rate_limit: required (or algorithm)")]
+    NoLimit,
+    /// A limit a configuration file would refuse.
+    #[error("rate_limit: {0}")]
+    Limit(crate::config::RuleJsonError),
+    /// A limit of 0 that is not `unlimited`.
+    #[error("rate_limit.requests_per_unit: must be at least 1 (or unlimited: true)")]
+    Blocks,
+    /// Both `expires_at` and `ttl`.
+    #[error("ttl: give expires_at or ttl, not both")]
+    ExpiryTwice,
+    /// An `expires_at` that does not read.
+    #[error("expires_at: {0}")]
+    ExpiresAt(InstantError),
+    /// An `expires_at` that has passed.
+    #[error("expires_at: {0} has passed")]
+    Passed(String),
+    /// A `ttl` that does not read.
+    #[error("ttl: {0}")]
+    Ttl(tollgate::duration::DurationError),
+    /// A `ttl` of 0.
+    #[error("ttl: must be more than 0")]
+    ZeroTtl,
+    /// A reason too long.
+    #[error("reason: at most {MAX_REASON} bytes")]
+    LongReason,
+}
+
+/// Why an instant does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstantError {
+    /// Not RFC 3339.
+    #[error("\"{0}\" is not an RFC 3339 instant (2026-01-31T12:00:00Z)")]
+    NotRfc3339(String),
+    /// Before the Unix epoch.
+    #[error("\"{0}\" is before 1970")]
+    Before1970(String),
 }
 
 /// envoyproxy/ratelimit's stat key of a rule at exactly this descriptor
@@ -234,11 +310,9 @@ fn micros(duration: Duration) -> u64 {
 }
 
 /// An RFC 3339 instant, µs since the Unix epoch.
-fn parse_instant(text: &str) -> Result<u64, String> {
-    let at: jiff::Timestamp = text
-        .parse()
-        .map_err(|_| format!("\"{text}\" is not an RFC 3339 instant (2026-01-31T12:00:00Z)"))?;
-    u64::try_from(at.as_microsecond()).map_err(|_| format!("\"{text}\" is before 1970"))
+fn parse_instant(text: &str) -> Result<u64, InstantError> {
+    let at: jiff::Timestamp = text.parse().map_err(|_| InstantError::NotRfc3339(text.to_owned()))?;
+    u64::try_from(at.as_microsecond()).map_err(|_| InstantError::Before1970(text.to_owned()))
 }
 
 /// µs since the Unix epoch, as RFC 3339.

@@ -18,6 +18,20 @@ pub struct QuotaSettings {
     pub unmatched: Blanket,
 }
 
+/// RLQS settings that cannot be used, naming the setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaSettingsError {
+    /// The reporting interval.
+    #[error("rlqs interval must be a whole number of seconds, at least 1s")]
+    Interval,
+    /// The assignments' ttl.
+    #[error("rlqs ttl must be a whole number of seconds, at least the interval")]
+    Ttl,
+    /// When a silent Envoy's share is taken back.
+    #[error("rlqs abandon-after must be at least 10s (Envoy reports every 5 s)")]
+    AbandonAfter,
+}
+
 impl QuotaSettings {
     /// Settings of these values.
     ///
@@ -26,15 +40,20 @@ impl QuotaSettings {
     /// Naming the setting: an interval or ttl not in whole seconds (Envoy
     /// reads only those), an interval under one second, a ttl shorter than
     /// the interval, an abandon time shorter than Envoy's 5 s reports.
-    pub fn new(interval: Duration, ttl: Duration, abandon_after: Duration, unmatched: Blanket) -> Result<Self, String> {
+    pub fn new(
+        interval: Duration,
+        ttl: Duration,
+        abandon_after: Duration,
+        unmatched: Blanket,
+    ) -> Result<Self, QuotaSettingsError> {
         if interval < Duration::from_secs(1) || interval.subsec_nanos() != 0 {
-            return Err("rlqs interval must be a whole number of seconds, at least 1s".to_owned());
+            return Err(QuotaSettingsError::Interval);
         }
         if ttl < interval || ttl.subsec_nanos() != 0 {
-            return Err("rlqs ttl must be a whole number of seconds, at least the interval".to_owned());
+            return Err(QuotaSettingsError::Ttl);
         }
         if abandon_after < Duration::from_secs(10) {
-            return Err("rlqs abandon-after must be at least 10s (Envoy reports every 5 s)".to_owned());
+            return Err(QuotaSettingsError::AbandonAfter);
         }
         Ok(Self {
             interval,

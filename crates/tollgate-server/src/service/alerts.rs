@@ -84,21 +84,44 @@ impl WebhookClient {
     ///
     /// # Errors
     ///
-    /// What went wrong, in words: no answer, or one that is not a 2xx.
-    pub async fn post(&self, url: &str, alert: &Alert) -> Result<(), String> {
-        let body = serde_json::to_vec(alert).map_err(|error| format!("the alert could not be written: {error}"))?;
+    /// No answer, or one that is not a 2xx ([`DeliveryError`]).
+    pub async fn post(&self, url: &str, alert: &Alert) -> Result<(), DeliveryError> {
+        let body = serde_json::to_vec(alert).map_err(DeliveryError::Write)?;
         let request = http::Request::post(url)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", &alert.id)
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-            .map_err(|error| format!("the webhook URL {url}: {error}"))?;
+            .map_err(DeliveryError::Url)?;
         match tokio::time::timeout(DELIVERY_TIMEOUT, self.client.request(request)).await {
             Ok(Ok(response)) if response.status().is_success() => Ok(()),
-            Ok(Ok(response)) => Err(format!("the webhook answered {}", response.status())),
-            Ok(Err(error)) => Err(format!("the webhook could not be reached: {error:?}")),
-            Err(_) => Err(format!("the webhook did not answer within {DELIVERY_TIMEOUT:?}")),
+            Ok(Ok(response)) => Err(DeliveryError::Status(response.status())),
+            Ok(Err(error)) => Err(DeliveryError::Unreachable(error)),
+            Err(_) => Err(DeliveryError::Timeout),
         }
     }
+}
+
+/// Why an alert was not delivered (it is tried again).
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    /// The alert could not be written as JSON.
+    #[error("the alert could not be written: {0}")]
+    Write(serde_json::Error),
+    /// The webhook's URL does not make a request.
+    #[error("the webhook URL: {0}")]
+    Url(http::Error),
+    /// The webhook answered, but not with a 2xx.
+    #[error("the webhook answered {0}")]
+    Status(http::StatusCode),
+    /// The webhook could not be reached (its causes: `{:?}`).
+    #[error("the webhook could not be reached: {0:?}")]
+    Unreachable(hyper_util::client::legacy::Error),
+    /// No answer in time.
+    #[error("the webhook did not answer within {DELIVERY_TIMEOUT:?}")]
+    Timeout,
+    /// The outbox could not be read or acknowledged.
+    #[error("the outbox could not be read: {0}")]
+    Outbox(tollgate::Error),
 }
 
 /// Why no webhook client could be made ([`WebhookClient::new`]).
@@ -468,12 +491,17 @@ impl Service {
 /// Delivers the outbox's entries for `consumer`: those it left undelivered,
 /// those it takes over, then new ones; stops at the first failure (the
 /// entry stays pending, delivered again later).
-async fn deliver_outbox<F, Fut>(outbox: &Outbox, consumer: &str, deliver: &F, service: &Service) -> Result<(), String>
+async fn deliver_outbox<F, Fut>(
+    outbox: &Outbox,
+    consumer: &str,
+    deliver: &F,
+    service: &Service,
+) -> Result<(), DeliveryError>
 where
     F: Fn(Alert) -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
+    Fut: std::future::Future<Output = Result<(), DeliveryError>>,
 {
-    let store_error = |error: tollgate::Error| format!("the outbox could not be read: {error}");
+    let store_error = DeliveryError::Outbox;
     let take_over = service.options.alert_take_over;
     loop {
         let mut entries = outbox.pending(consumer, BATCH).await.map_err(store_error)?;

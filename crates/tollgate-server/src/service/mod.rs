@@ -66,7 +66,9 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tollgate::{AnyStore, LeasedStore, Op};
 
-pub use self::alerts::{Alert, AlertEntry, WebhookClient, WebhookError, GROUP as ALERT_GROUP, OUTBOX_KEPT};
+pub use self::alerts::{
+    Alert, AlertEntry, DeliveryError, WebhookClient, WebhookError, GROUP as ALERT_GROUP, OUTBOX_KEPT,
+};
 use self::answer::{dynamic_metadata, overall_code, unix_now};
 pub use self::answer::{envoy_headers, rate_limit_headers, restrictiveness, seconds};
 use self::deciding::set_decisions;

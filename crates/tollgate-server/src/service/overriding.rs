@@ -12,7 +12,9 @@ impl From<OverrideError> for ServiceError {
     fn from(error: OverrideError) -> Self {
         match error {
             OverrideError::Store(error) => Self::Library(error),
-            OverrideError::NotConnected => Self::Refused(Failure::Unavailable, error.to_string()),
+            OverrideError::NotConnected | OverrideError::Encode(_) => {
+                Self::Refused(Failure::Unavailable, error.to_string())
+            }
         }
     }
 }
@@ -27,7 +29,8 @@ impl Service {
     pub async fn set_override(&self, request: OverrideRequest) -> Result<Changed, ServiceError> {
         let now = self.overrides.now();
         let config = self.config.load();
-        let new = Override::from_request(request, &config, now).map_err(ServiceError::invalid)?;
+        let new =
+            Override::from_request(request, &config, now).map_err(|error| ServiceError::invalid(error.to_string()))?;
         let configured = config
             .domains
             .get(&new.stored.domain)

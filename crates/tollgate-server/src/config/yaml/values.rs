@@ -398,13 +398,24 @@ pub(super) fn path_of(full_key: &str) -> String {
     full_key.split_once('.').map_or(full_key, |(_, path)| path).to_owned()
 }
 
+/// Why YAML does not make JSON.
+#[derive(Debug, thiserror::Error)]
+pub enum YamlJsonError {
+    /// A number JSON cannot hold.
+    #[error("{0}")]
+    Number(serde_json::Error),
+    /// A mapping key that is not a scalar.
+    #[error("a metadata key must be a scalar")]
+    Key,
+}
+
 /// metadata as JSON (envoyproxy/ratelimit's `google.protobuf.Struct`).
-pub(super) fn yaml_to_json(value: &serde_yaml_ng::Value) -> Result<serde_json::Value, String> {
+pub(super) fn yaml_to_json(value: &serde_yaml_ng::Value) -> Result<serde_json::Value, YamlJsonError> {
     use serde_yaml_ng::Value as Yaml;
     Ok(match value {
         Yaml::Null => serde_json::Value::Null,
         Yaml::Bool(flag) => serde_json::Value::Bool(*flag),
-        Yaml::Number(number) => serde_json::to_value(number).map_err(|error| error.to_string())?,
+        Yaml::Number(number) => serde_json::to_value(number).map_err(YamlJsonError::Number)?,
         Yaml::String(text) => serde_json::Value::String(text.clone()),
         Yaml::Sequence(items) => serde_json::Value::Array(items.iter().map(yaml_to_json).collect::<Result<_, _>>()?),
         Yaml::Mapping(map) => {
@@ -415,7 +426,7 @@ pub(super) fn yaml_to_json(value: &serde_yaml_ng::Value) -> Result<serde_json::V
                     Yaml::Number(number) => number.to_string(),
                     Yaml::Bool(flag) => flag.to_string(),
                     Yaml::Null => "null".to_owned(),
-                    _ => return Err("a metadata key must be a scalar".to_owned()),
+                    _ => return Err(YamlJsonError::Key),
                 };
                 object.insert(key, yaml_to_json(value)?);
             }

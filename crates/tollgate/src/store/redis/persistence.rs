@@ -87,7 +87,7 @@ impl RedisStore {
             (Ok(appendonly), Ok(save)) => (appendonly, save),
             (Err(error), _) | (_, Err(error)) => {
                 let refused = matches!(error.code(), Some("NOPERM" | "ERR"))
-                    || error.to_string().to_ascii_lowercase().contains("unknown command");
+                    || super::connection::Fault::of(&error) == super::connection::Fault::UnknownCommand;
                 return if refused {
                     Ok(Persistence::Unknown(format!("CONFIG GET was refused ({error})")))
                 } else {
