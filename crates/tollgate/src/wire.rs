@@ -43,13 +43,13 @@ use crate::decision::Decision;
 pub struct HeaderLimit<'a> {
     /// The limit's name (the policy item of `RateLimit-Policy`).
     pub name: &'a str,
-    /// The quota (`q`): units the limit admits.
-    pub quota: u64,
-    /// The window (`w`) the quota applies to, when the limit has one.
+    /// The limit (`q`): units it admits.
+    pub limit: u64,
+    /// The window (`w`) the limit applies to, when it has one.
     pub window: Option<Duration>,
     /// Units left (`r`).
     pub remaining: u64,
-    /// Until the limit frees quota (`t`): when over, until this request would
+    /// Until the limit frees units (`t`): when over, until this request would
     /// pass; otherwise until the limit is full again.
     pub reset: Duration,
     /// The limit refused the request.
@@ -57,13 +57,13 @@ pub struct HeaderLimit<'a> {
 }
 
 impl<'a> HeaderLimit<'a> {
-    /// `name`'s limit as `decision` left it: quota `decision.limit`, no
+    /// `name`'s limit as `decision` left it: `decision.limit` units, no
     /// window, `reset` the `retry_after` when denied (its `reset_after` when
     /// never admissible) and the `reset_after` when allowed.
     pub fn new(name: &'a str, decision: &Decision) -> Self {
         Self {
             name,
-            quota: decision.limit,
+            limit: decision.limit,
             window: None,
             remaining: decision.remaining,
             reset: if decision.allowed {
@@ -78,7 +78,7 @@ impl<'a> HeaderLimit<'a> {
     /// The same, with all fields given.
     pub fn from_parts(
         name: &'a str,
-        quota: u64,
+        limit: u64,
         window: Option<Duration>,
         remaining: u64,
         reset: Duration,
@@ -86,7 +86,7 @@ impl<'a> HeaderLimit<'a> {
     ) -> Self {
         Self {
             name,
-            quota,
+            limit,
             window,
             remaining,
             reset,
@@ -94,17 +94,17 @@ impl<'a> HeaderLimit<'a> {
         }
     }
 
-    /// The same, with the window `w` the quota applies to.
+    /// The same, with the window `w` the limit applies to.
     #[must_use]
     pub fn window(mut self, window: Duration) -> Self {
         self.window = Some(window);
         self
     }
 
-    /// The same, with another quota `q`.
+    /// The same, with another limit `q`.
     #[must_use]
-    pub fn quota(mut self, quota: u64) -> Self {
-        self.quota = quota;
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.limit = limit;
         self
     }
 }
@@ -135,7 +135,7 @@ pub fn rate_limit_headers(limits: &[HeaderLimit<'_>], denied: bool) -> Vec<(&'st
                 .window
                 .map(|window| format!(";w={}", window.as_secs()))
                 .unwrap_or_default();
-            format!("\"{}\";q={}{window}", limit.name, limit.quota)
+            format!("\"{}\";q={}{window}", limit.name, limit.limit)
         })
         .collect();
     let mut headers = vec![

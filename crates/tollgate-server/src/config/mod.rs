@@ -87,7 +87,6 @@ pub struct Rule {
     /// The request count per unit reported to Envoy.
     pub requests_per_unit: Option<u64>,
     /// What applies.
-    #[serde(rename = "quota")]
     pub limit: RuleLimit,
     /// Names of rules this one replaces when both match one request.
     pub replaces: Vec<String>,

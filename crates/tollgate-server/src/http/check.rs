@@ -167,7 +167,7 @@ impl CheckBody {
             }
             (None, Some(subject), Some(limit)) => {
                 let descriptor = Descriptor {
-                    target: Target::Named { subject, limit },
+                    target: Target::Named { subject, rule: limit },
                     ..Descriptor::default()
                 };
                 (vec![descriptor], true)

@@ -115,7 +115,7 @@ impl Service {
                         "descriptors[{index}] has an entry without a key"
                     )));
                 }
-                Target::Named { limit, .. } if limit.is_empty() => {
+                Target::Named { rule, .. } if rule.is_empty() => {
                     return Err(ServiceError::invalid("limit must not be empty"));
                 }
                 _ => {}
@@ -256,12 +256,12 @@ impl Service {
                     (rule, subject, RULE.to_owned(), stat_key)
                 }
             }
-            Target::Named { subject, limit } => {
-                let rule = domain.and_then(|domain| domain.named_rule(limit)).ok_or_else(|| {
-                    ServiceError::invalid(format!("domain \"{domain_name}\" has no limit named \"{limit}\""))
+            Target::Named { subject, rule: named } => {
+                let rule = domain.and_then(|domain| domain.named_rule(named)).ok_or_else(|| {
+                    ServiceError::invalid(format!("domain \"{domain_name}\" has no limit named \"{named}\""))
                 })?;
                 let subject = Subject::new(domain_name).and(subject);
-                let name = format!("named:{}", Subject::new(limit).as_key());
+                let name = format!("named:{}", Subject::new(named).as_key());
                 (rule, subject, name, Cow::Borrowed(rule.path.as_str()))
             }
         };
@@ -329,9 +329,9 @@ fn alert_of(domain: &str, descriptor: &Descriptor, rule: &Rule, subject: &Subjec
     match &descriptor.target {
         Target::Entries(_) if !subject.as_key().starts_with('#') => Some(label),
         Target::Entries(entries) => full_alert_label(domain, entries, rule),
-        Target::Named { subject, limit } => {
+        Target::Named { subject, rule: named } => {
             let entries = [
-                ("limit".to_owned(), limit.clone()),
+                ("limit".to_owned(), named.clone()),
                 ("subject".to_owned(), subject.clone()),
             ];
             full_alert_label(domain, &entries, rule)

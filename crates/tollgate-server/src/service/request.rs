@@ -18,7 +18,7 @@ pub enum Target {
         /// Whom the limit is kept for.
         subject: String,
         /// The rule's `name`.
-        limit: String,
+        rule: String,
     },
 }
 

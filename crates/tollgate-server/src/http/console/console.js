@@ -185,10 +185,10 @@ async function renderRules() {
     const rows = rulesOf(domain, []).map((rule) => {
       const flags = el("span");
       if (rule.shadow_mode) flags.append(el("span", { class: "flag" }, "shadow"));
-      if (rule.quota === "unlimited") flags.append(el("span", { class: "flag" }, "unlimited"));
-      if (rule.quota === "blocked") flags.append(el("span", { class: "flag" }, "blocks"));
+      if (rule.limit === "unlimited") flags.append(el("span", { class: "flag" }, "unlimited"));
+      if (rule.limit === "blocked") flags.append(el("span", { class: "flag" }, "blocks"));
       if ((rule.replaces || []).length) flags.append(el("span", { class: "flag" }, "replaces " + rule.replaces.join(", ")));
-      const limit = typeof rule.quota === "object" ? rule.quota : null;
+      const limit = typeof rule.limit === "object" ? rule.limit : null;
       const points = series.get(rule.path) || [];
       const hits = points.reduce((sum, point) => sum + point[1], 0);
       const refused = points.reduce((sum, point) => sum + point[2], 0);
