@@ -2,11 +2,10 @@
 //! failover (acknowledged by a replica) or a crash (fsynced to the
 //! append-only file) before the call answers.
 
-use super::limit::Limit;
 use crate::error::{Error, Result};
 
 /// What a durable limit's counts must reach before a call that counted
-/// answers ([`Limit::durable`]).
+/// answers ([`Limit::durable`](super::Limit::durable)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Durability {
     /// At least one replica has it (`WAIT 1`): a failover to that replica
@@ -41,25 +40,5 @@ impl Durability {
             "fsynced" => Ok(Self::Fsynced),
             _ => Err(Error::invalid_limit(Self::EXPECTED)),
         }
-    }
-}
-
-impl Limit {
-    /// This limit, made durable: on a Redis store, a call that counts units
-    /// of it (a check that consumes, a record, a settlement) answers only
-    /// once what it counted is replicated or fsynced, as `durability` says,
-    /// within the store's timeout; past it the call is an error
-    /// ([`ErrorKind::NotDurable`](crate::ErrorKind::NotDurable)), and what it
-    /// counted stays counted on the master. Peeks never wait; the memory
-    /// store has nothing to wait for.
-    #[must_use]
-    pub fn durable(mut self, durability: Durability) -> Self {
-        self.durability = Some(durability);
-        self
-    }
-
-    /// The durability of [`Limit::durable`], if any.
-    pub fn durability(&self) -> Option<Durability> {
-        self.durability
     }
 }

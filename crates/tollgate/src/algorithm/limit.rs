@@ -30,7 +30,7 @@ pub struct Limit {
     /// [`Limit::recording_overage`]: a check it refuses still counts.
     records_overage: bool,
     /// [`Limit::durable`]: what it counts is made durable before the answer.
-    pub(super) durability: Option<Durability>,
+    durability: Option<Durability>,
     /// [`Limit::alerting`]: thresholds (percent of the limit, rising) whose
     /// crossing a decision reports.
     alerts: Thresholds,
@@ -484,6 +484,24 @@ impl Limit {
             at,
         };
         Ok(self)
+    }
+
+    /// This limit, made durable: on a Redis store, a call that counts units
+    /// of it (a check that consumes, a record, a settlement) answers only
+    /// once what it counted is replicated or fsynced, as `durability` says,
+    /// within the store's timeout; past it the call is an error
+    /// ([`ErrorKind::NotDurable`](crate::ErrorKind::NotDurable)), and what it
+    /// counted stays counted on the master. Peeks never wait; the memory
+    /// store has nothing to wait for.
+    #[must_use]
+    pub fn durable(mut self, durability: Durability) -> Self {
+        self.durability = Some(durability);
+        self
+    }
+
+    /// The durability of [`Limit::durable`], if any.
+    pub fn durability(&self) -> Option<Durability> {
+        self.durability
     }
 
     /// The thresholds this limit alerts at, rising ([`Limit::alerting`]).
