@@ -733,7 +733,7 @@ mod tests {
 #[cfg(all(test, feature = "engine"))]
 mod engine_tests {
     use super::*;
-    use crate::algorithm::encoding::testing::{self, from_params, known, written_zset as written};
+    use crate::algorithm::testing::{self, from_params, known, written_zset as written};
 
     const T0: u64 = 1_700_000_000_000_000;
 

@@ -66,6 +66,8 @@ pub(crate) mod token_bucket;
 
 #[cfg(test)]
 pub(crate) mod properties;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use self::calendar::Period;
 pub use self::concurrency::ConcurrencySpec;

@@ -332,7 +332,7 @@ impl Algorithm for SlidingWindow {
 #[cfg(all(test, feature = "engine"))]
 mod engine_tests {
     use super::*;
-    use crate::algorithm::encoding::testing::{self, from_params, known};
+    use crate::algorithm::testing::{self, from_params, known};
     use crate::decision::Decision;
 
     const T0: u64 = 1_700_000_000_000_000;
