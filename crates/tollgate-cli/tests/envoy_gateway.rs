@@ -5,8 +5,7 @@
 //! (`examples/envoy-gateway`). The controller here is a Tollgate publishing
 //! the translator-shaped files (`serve --publish-xds`).
 
-#[path = "../../tollgate-server/tests/common/certs.rs"]
-mod certs;
+use tollgate_testkit::certs;
 mod common;
 
 use std::collections::HashMap;

@@ -14,9 +14,7 @@
 // The service's futures nest deeply (as in the server crate itself).
 #![recursion_limit = "256"]
 
-#[path = "../../tollgate/tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -5,9 +5,7 @@
 //! (`console/*.png`).
 
 mod common;
-#[path = "../../tollgate/tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

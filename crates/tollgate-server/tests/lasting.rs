@@ -4,9 +4,7 @@
 //! restart.
 
 mod common;
-#[path = "../../tollgate/tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 use common::config;
 use redis_server::RedisServer;

@@ -3,9 +3,7 @@
 //! Redis by every replica, kept across restarts, safe by default.
 
 mod common;
-#[path = "../../tollgate/tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 use std::sync::Arc;
 use std::time::Duration;

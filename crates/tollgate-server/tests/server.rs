@@ -2,9 +2,7 @@
 //! and a real HTTP client, on the memory store and on a spawned redis-server.
 
 mod common;
-#[path = "../../tollgate/tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 use std::path::Path;
 use std::time::Duration;

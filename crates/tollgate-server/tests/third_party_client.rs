@@ -6,8 +6,7 @@
 //! under Cargo's target directory the first time; without `python3` (and
 //! its `venv` module) or PyPI, the test fails and says why. It never skips.
 
-#[path = "../../tollgate/tests/common/python_venv.rs"]
-mod python_venv;
+use tollgate_testkit::python_venv;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

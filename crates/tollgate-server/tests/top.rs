@@ -2,9 +2,7 @@
 //! replicas on one Redis, the merged answer against the truth.
 
 mod common;
-#[path = "../../tollgate/tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 use std::collections::HashMap;
 use std::sync::Arc;

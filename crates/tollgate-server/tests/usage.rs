@@ -3,9 +3,7 @@
 //! time; who may read it.
 
 mod common;
-#[path = "../../tollgate/tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 use common::{call, config, on_port_0, OnPort0};
 use redis_server::RedisServer;

@@ -11,12 +11,8 @@
 //! on a durable limit without pause; the checks' count and latency each
 //! time (a record's wait must hold up no other decision).
 
-#[path = "../tests/common/redis_cluster.rs"]
-#[allow(dead_code)]
-mod redis_cluster;
-#[path = "../tests/common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_cluster;
+use tollgate_testkit::redis_server;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -3,9 +3,7 @@
 //! store's clock, so a delayed request moves the clock instead of sleeping.
 
 #[cfg(feature = "redis")]
-#[path = "common/redis_server.rs"]
-#[allow(dead_code)]
-mod redis_server;
+use tollgate_testkit::redis_server;
 
 #[path = "../examples/axum.rs"]
 #[allow(dead_code)]

@@ -1,14 +1,8 @@
 //! Shared test code: a real `redis-server` (or Cluster) per test, and the binary.
-#![allow(dead_code)]
+// Each test binary uses a part of it (the kit's modules re-exported too).
+#![allow(dead_code, unused_imports)]
 
-#[path = "../../../tollgate/tests/common/redis_server.rs"]
-pub mod redis_server;
-
-#[path = "../../../tollgate/tests/common/redis_cluster.rs"]
-pub mod redis_cluster;
-
-#[path = "../../../tollgate/tests/common/python_venv.rs"]
-pub mod python_venv;
+pub use tollgate_testkit::{python_venv, redis_cluster, redis_server};
 
 pub mod envoy;
 pub mod tcp_proxy;

@@ -18,6 +18,12 @@ pub struct Leaf {
     pub key: PathBuf,
 }
 
+impl Default for Authority {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Authority {
     pub fn new() -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();

@@ -40,9 +40,9 @@ fn redis_server_binary() -> PathBuf {
 
 /// Tollgate's Redis module (`libtollgate_redis_module.so`):
 /// `TOLLGATE_REDIS_MODULE` when set (scripts/test builds it and sets it),
-/// else built here once, into this test target's own directory (the
-/// outer `cargo test` holds the workspace's), which needs libclang (Debian:
-/// `apt-get install -y libclang-dev`).
+/// else built here once, into the workspace's `target/tmp/module-build`
+/// (the outer `cargo test` holds `target` itself), which needs libclang
+/// (Debian: `apt-get install -y libclang-dev`).
 pub fn module_path() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
@@ -50,7 +50,9 @@ pub fn module_path() -> PathBuf {
             if let Some(path) = std::env::var_os("TOLLGATE_REDIS_MODULE") {
                 return PathBuf::from(path);
             }
-            let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("module-build");
+            // The workspace's target directory, beside the one the outer
+            // `cargo test` holds.
+            let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tmp/module-build");
             let status = Command::new(option_env!("CARGO").unwrap_or("cargo"))
                 .args(["build", "--locked", "-p", "tollgate-redis-module", "--target-dir"])
                 .arg(&target)
@@ -284,6 +286,12 @@ impl RedisServer {
 /// directory (kept while this lives).
 pub struct TestCa {
     dir: tempfile::TempDir,
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl TestCa {
