@@ -80,6 +80,16 @@ pub use store::{
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+/// The Rust blocks of the library's guide, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryDoctests;
+
+/// The Rust blocks of the overrides' guide, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../../../docs/overrides.md")]
+pub struct OverridesDoctests;
+
 #[cfg(feature = "redis")]
 pub use store::{
     EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, SharedTable,
