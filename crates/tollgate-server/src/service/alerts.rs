@@ -80,7 +80,7 @@ impl WebhookClient {
     }
 
     /// POSTs `alert` to `url` as JSON with its id as `Idempotency-Key`,
-    /// within [`DELIVERY_TIMEOUT`].
+    /// within 10 s.
     ///
     /// # Errors
     ///

@@ -222,7 +222,7 @@ impl Service {
     /// for each deeper rule whose values vary, the descriptors the store
     /// holds state for; a page of at most `limit` from `cursor`, each
     /// peeked as [`Service::usage`] does. A page costs one store call for
-    /// the peek and at most [`LISTINGS_PER_PAGE`] bounded store listings
+    /// the peek and at most two bounded store listings
     /// ([`tollgate::AnyStore::subjects`]), whatever the size of the store:
     /// a page may hold fewer than `limit`, even none, and still have a
     /// cursor.

@@ -607,7 +607,7 @@ impl MemoryStore {
     /// under the limit `name`, a page of at most `limit` from `cursor` (a
     /// page's [`SubjectPage::cursor`]; none: from the start). A page looks
     /// through whole shards, under each one's lock in turn, until it has
-    /// looked at [`EXAMINED_PER_PAGE`] states (or found `limit`): about as
+    /// looked at 10 000 states (or found `limit`): about as
     /// much work at a million states as at ten thousand. A state written
     /// while the listing goes on may be left out.
     ///

@@ -18,7 +18,7 @@ impl RedisStore {
     /// The subjects that fit `pattern` this store holds a key for under
     /// the limit `name`, a page of at most `limit` from `cursor` (a page's
     /// [`SubjectPage::cursor`]; none: from the start): at most
-    /// [`SCAN_STEPS`] `SCAN` steps of [`SCAN_COUNT`] keys each, so a page
+    /// 20 `SCAN` steps of 250 keys each, so a page
     /// costs Redis about as much at a million keys as at a hundred (it may
     /// then hold few subjects, or none, with a cursor to follow). As `SCAN`:
     /// a key held from the listing's start to its end is listed; one
