@@ -66,7 +66,7 @@ pub(crate) mod token_bucket;
 
 #[cfg(test)]
 pub(crate) mod properties;
-#[cfg(test)]
+#[cfg(all(test, feature = "engine"))]
 pub(crate) mod testing;
 
 pub use self::calendar::Period;
