@@ -146,11 +146,30 @@ async fn https_webhook() -> (String, Arc<Received>, common::certs::Authority) {
 }
 
 async fn serve(store: AnyStore, webhook: &str) -> OnPort0 {
+    serve_trusting(store, webhook, Vec::new()).await
+}
+
+/// A replica alerting to `webhook`, trusting `roots` beside the public ones.
+async fn serve_trusting(
+    store: AnyStore,
+    webhook: &str,
+    roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+) -> OnPort0 {
     let options = Options {
         alert_webhook: Some(webhook.to_owned()),
+        alert_webhook_roots: roots,
         ..Options::default()
     };
     on_port_0(Server::new(config(CONFIG), None, store, options)).await
+}
+
+/// The runtime each test runs its replicas on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Eight clients spend more than tenant `tenant`'s 1 000 a day, 1 to 3
@@ -234,11 +253,7 @@ const OUTAGE: Duration = Duration::from_secs(10);
 #[test]
 fn two_replicas_on_one_redis_deliver_each_crossing_once_through_a_failing_webhook() {
     let server = RedisServer::start_with_module(&[]);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     runtime.block_on(async {
         for engine in ["module", "lua"] {
             let (url, received) = webhook_down_for(OUTAGE).await;
@@ -267,11 +282,7 @@ fn two_replicas_on_one_redis_deliver_each_crossing_once_through_a_failing_webhoo
 
 #[test]
 fn the_memory_store_delivers_each_crossing_once() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     runtime.block_on(async {
         let (url, received) = webhook(2).await;
         let one = serve(AnyStore::Memory(MemoryStore::new()), &url).await;
@@ -287,26 +298,11 @@ fn the_memory_store_delivers_each_crossing_once() {
 
 #[test]
 fn an_https_webhook_signed_by_a_private_ca_is_delivered_to() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     runtime.block_on(async {
         let (url, received, authority) = https_webhook().await;
         let roots = tollgate_server::tls::ca_certificates(&authority.ca()).unwrap();
-        let options = Options {
-            alert_webhook: Some(url.clone()),
-            alert_webhook_roots: roots,
-            ..Options::default()
-        };
-        let one = on_port_0(Server::new(
-            config(CONFIG),
-            None,
-            AnyStore::Memory(MemoryStore::new()),
-            options,
-        ))
-        .await;
+        let one = serve_trusting(AnyStore::Memory(MemoryStore::new()), &url, roots).await;
         spend(&[&one], "acme").await;
         let taken = taken(&received).await;
         check_alerts(&taken, "acme", &received);
@@ -314,17 +310,7 @@ fn an_https_webhook_signed_by_a_private_ca_is_delivered_to() {
         // Without the CA, the webhook's certificate is not trusted: each
         // attempt fails its handshake, and the webhook sees no POST.
         let (untrusted_url, untrusted, _authority) = https_webhook().await;
-        let untrusting = Options {
-            alert_webhook: Some(untrusted_url),
-            ..Options::default()
-        };
-        let two = on_port_0(Server::new(
-            config(CONFIG),
-            None,
-            AnyStore::Memory(MemoryStore::new()),
-            untrusting,
-        ))
-        .await;
+        let two = serve(AnyStore::Memory(MemoryStore::new()), &untrusted_url).await;
         spend(&[&two], "beta").await;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
