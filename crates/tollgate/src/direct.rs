@@ -2,19 +2,17 @@
 //!
 //! A [`DirectLimiter`] holds the state of one policy for one subject (a
 //! whole service's limit, one client's connection): no key to hash, no
-//! table to look it up in. A policy of one GCRA limit whose emission
-//! interval is whole microseconds (100 per second, not 7) keeps its TAT in
-//! one atomic word, updated by compare-and-swap: no lock is taken, and a
-//! denial writes nothing. Any other policy keeps its states behind one lock,
-//! held for a decision as a memory store shard's is. The decisions are the
+//! table to look it up in. A policy of one limit whose algorithm decides on
+//! a state of one word (the library's guide says which do) keeps that word
+//! in an atomic, updated by compare-and-swap: no lock is taken, and a
+//! denial writes nothing. Any other policy keeps its states behind one
+//! lock, held for a decision as a memory store shard's is. The decisions are the
 //! memory store's, made by the same policy code on the same states.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::algorithm::gcra::Gcra;
-use crate::algorithm::rate::Tat;
-use crate::algorithm::{Algorithm, Change, State};
+use crate::algorithm::{Change, State, WordKernel};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
@@ -40,8 +38,9 @@ pub struct DirectLimiter {
 
 /// Where the states live.
 enum Cell {
-    /// A single GCRA limit's TAT, µs since the epoch (zero: none).
-    Tat(Gcra, AtomicU64),
+    /// The state of a limit offering a one-word kernel, as that word
+    /// (zero: none).
+    Word(WordKernel, AtomicU64),
     /// Each limit's state, in the policy's order.
     Locked(spin::mutex::SpinMutex<Vec<Held>, spin::relax::Yield>),
 }
@@ -87,13 +86,8 @@ impl DirectLimiter {
     /// [`ManualClock`](crate::ManualClock) in tests).
     pub fn with_clock(policy: impl Into<Policy>, clock: impl Clock) -> Self {
         let policy = policy.into();
-        let single_gcra = policy
-            .limits()
-            .next()
-            .and_then(|(_, limit)| limit.as_gcra())
-            .filter(|gcra| policy.len() == 1 && gcra.whole_micros());
-        let cell = match single_gcra {
-            Some(gcra) => Cell::Tat(*gcra, AtomicU64::new(0)),
+        let cell = match policy.kernel() {
+            Some(kernel) => Cell::Word(*kernel, AtomicU64::new(0)),
             None => Cell::Locked(spin::mutex::SpinMutex::new(
                 (0..policy.len()).map(|_| Held::default()).collect(),
             )),
@@ -123,8 +117,8 @@ impl DirectLimiter {
 
     /// Checks `cost` units at `now` (tests, simulations, replays), as
     /// [`DirectLimiter::decide_now`] decides a check at that instant. A
-    /// single GCRA limit that does not record its overage is checked on its
-    /// TAT at once, without a request or an outcome to build.
+    /// limit with a one-word kernel that does not record its overage is
+    /// checked on its word at once, without a request or an outcome to build.
     ///
     /// # Errors
     ///
@@ -132,7 +126,7 @@ impl DirectLimiter {
     #[inline]
     pub fn check_at(&self, cost: u64, now: Timestamp) -> Result<Decision> {
         match &self.cell {
-            Cell::Tat(gcra, tat) if !self.records_overage => Ok(check_tat(gcra, tat, now.as_micros(), cost)),
+            Cell::Word(kernel, word) if !self.records_overage => Ok(check_word(kernel, word, now.as_micros(), cost)),
             _ => self.check_request(cost, now),
         }
     }
@@ -157,33 +151,26 @@ impl DirectLimiter {
         self.policy.validate(request)?;
         let now = request.now.unwrap_or_else(|| self.clock.now()).as_micros();
         match &self.cell {
-            Cell::Tat(gcra, tat) => Ok(self.decide_tat(gcra, tat, request, now)),
+            Cell::Word(kernel, word) => Ok(self.decide_word(kernel, word, request, now)),
             Cell::Locked(held) => Ok(self.decide_locked(&mut held.lock(), request, now)),
         }
     }
 
-    /// A single GCRA limit: the TAT read, decided on, and swapped for the
-    /// new one if no other decision swapped it meanwhile (else decided
-    /// again on that one).
+    /// A limit with a one-word kernel: the word read, decided on, and
+    /// swapped for the new one if no other decision swapped it meanwhile
+    /// (else decided again on that one).
     #[inline]
-    fn decide_tat(&self, gcra: &Gcra, tat: &AtomicU64, request: &Request, now: u64) -> Outcome {
+    fn decide_word(&self, kernel: &WordKernel, word: &AtomicU64, request: &Request, now: u64) -> Outcome {
         loop {
-            let seen = tat.load(Ordering::Acquire);
-            // A TAT that has passed says nothing, like none at all.
-            let state = (seen > 0).then_some(Tat { at: seen, frac: 0 });
-            let single = self.policy.single_step(
-                request,
-                || gcra.available(state.as_ref(), now),
-                #[inline(always)]
-                |action, cost| gcra.step(state.as_ref(), now, action, cost),
-            );
-            if !swapped(tat, seen, single.step.change) {
-                continue;
+            // A word whose instant has passed says nothing, like none at all.
+            let seen = word.load(Ordering::Acquire);
+            let mut lost = false;
+            let outcome = self.policy.decide_word(kernel, seen, now, request, |new| {
+                lost = !swapped(word, seen, Some(new));
+            });
+            if !lost {
+                return outcome;
             }
-            let decisions = std::iter::once(single.step.decision);
-            return self
-                .policy
-                .outcome(&request.op, single.allowed, single.cost, now, decisions);
         }
     }
 
@@ -217,30 +204,29 @@ impl DirectLimiter {
     /// Forgets every limit's state.
     pub fn reset(&self) {
         match &self.cell {
-            Cell::Tat(_, tat) => tat.store(0, Ordering::Release),
+            Cell::Word(_, word) => word.store(0, Ordering::Release),
             Cell::Locked(held) => held.lock().iter_mut().for_each(|held| *held = Held::default()),
         }
     }
 }
 
-/// Whether `tat`, seen holding `seen`, now holds `change` (a decision that
+/// Whether `word`, seen holding `seen`, now holds `change` (a decision that
 /// changed nothing has nothing to swap).
 #[inline]
-fn swapped(tat: &AtomicU64, seen: u64, change: Option<Tat>) -> bool {
+fn swapped(word: &AtomicU64, seen: u64, change: Option<u64>) -> bool {
     change.is_none_or(|new| {
-        tat.compare_exchange_weak(seen, new.at, Ordering::AcqRel, Ordering::Acquire)
+        word.compare_exchange_weak(seen, new, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     })
 }
 
-/// A check of `cost` cells of a single GCRA limit on the TAT in `tat`.
+/// A check of `cost` units by `kernel` on the state in `word`.
 #[inline]
-fn check_tat(gcra: &Gcra, tat: &AtomicU64, now: u64, cost: u64) -> Decision {
+fn check_word(kernel: &WordKernel, word: &AtomicU64, now: u64, cost: u64) -> Decision {
     loop {
-        let seen = tat.load(Ordering::Acquire);
-        let state = (seen > 0).then_some(Tat { at: seen, frac: 0 });
-        let step = gcra.check(state.as_ref(), now, cost);
-        if swapped(tat, seen, step.change) {
+        let seen = word.load(Ordering::Acquire);
+        let step = kernel.check(seen, now, cost);
+        if swapped(word, seen, step.change) {
             return step.decision;
         }
     }
@@ -250,7 +236,7 @@ impl std::fmt::Debug for DirectLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectLimiter")
             .field("policy", &self.policy)
-            .field("lock_free", &matches!(self.cell, Cell::Tat(..)))
+            .field("lock_free", &matches!(self.cell, Cell::Word(..)))
             .finish_non_exhaustive()
     }
 }
@@ -313,7 +299,8 @@ mod tests {
 
     proptest! {
         /// Whatever the policy and the requests, a direct limiter decides
-        /// as a memory store does for one subject, outcome for outcome.
+        /// as a memory store does for one subject by the general step,
+        /// outcome for outcome: its one-word path included.
         #[test]
         fn decides_as_the_memory_store_does(
             policy in 0..11usize,
@@ -321,6 +308,9 @@ mod tests {
         ) {
             let policy = &policies()[policy];
             let direct = DirectLimiter::with_clock(policy.clone(), ManualClock::new(Timestamp::EPOCH));
+            // The store decides by the general step alone: the direct
+            // limiter's word is held to that step.
+            let general = policy.clone().without_kernel();
             let store = MemoryStore::with_clock(ManualClock::new(Timestamp::EPOCH));
             let subject = Subject::new("one");
             let mut now = T0;
@@ -328,7 +318,7 @@ mod tests {
                 now += dt;
                 let request = request(ask, cost, now, lease);
                 // Outcomes, or the errors' messages (an operation refused).
-                let expected = store.decide_now(&subject, policy, &request).map_err(|error| error.to_string());
+                let expected = store.decide_now(&subject, &general, &request).map_err(|error| error.to_string());
                 if ask == 0 {
                     // A check by `check_at`: the decision of the same outcome.
                     let got = direct.check_at(cost, Timestamp::from_micros(now)).map_err(|error| error.to_string());
@@ -343,7 +333,7 @@ mod tests {
 
     #[test]
     fn whole_microsecond_gcra_is_lock_free_and_others_are_not() {
-        let lock_free = |policy: &Policy| matches!(DirectLimiter::new(policy.clone()).cell, Cell::Tat(..));
+        let lock_free = |policy: &Policy| matches!(DirectLimiter::new(policy.clone()).cell, Cell::Word(..));
         let policies = policies();
         assert!(lock_free(&policies[0]) && lock_free(&policies[1]));
         assert!(policies[2..].iter().all(|policy| !lock_free(policy)));

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Action, Change, Limit, State, Step};
+use crate::algorithm::{Action, Change, Limit, State, Step, WordKernel};
 use crate::clock::{micros, Timestamp};
 use crate::decision::{Crossing, Decision, Outcome, Path};
 use crate::error::{Error, Result};
@@ -188,6 +188,9 @@ pub struct Policy {
     name_hashes: Vec<u64>,
     /// Built from named limits: outcomes list each limit's decision.
     named: bool,
+    /// The one-word kernel of a policy of one limit whose algorithm offers
+    /// one, found once here ([`Policy::kernel`]).
+    kernel: Option<WordKernel>,
 }
 
 /// The hash of a limit's name, the same in every run: names come from the
@@ -226,10 +229,15 @@ impl Policy {
     /// limit's decision.
     fn of(limits: Vec<(String, Limit)>, named: bool) -> Self {
         let name_hashes = limits.iter().map(|(name, _)| name_hash(name.as_bytes())).collect();
+        let kernel = match limits.as_slice() {
+            [(_, limit)] => limit.word_kernel(),
+            _ => None,
+        };
         Self {
             limits,
             name_hashes,
             named,
+            kernel,
         }
     }
 
@@ -456,28 +464,17 @@ impl Policy {
         Ok(())
     }
 
-    /// Decides `request` over every limit, all-or-nothing.
+    /// Decides `request`, already validated ([`Policy::validate`]), over
+    /// every limit, all-or-nothing: the one decision of every store.
     ///
     /// `states[i]` is the stored state of limit `i`; `write(i, change, ttl)`
     /// is called for each state that changed, with the change to commit to
     /// `states[i]` (`ttl`: µs until it carries no information; zero to drop
     /// it). Nothing is committed here: the states are only read. The Lua
-    /// function `decide` in the Redis store's script mirrors this one.
-    #[cfg(any(feature = "engine", test))]
-    #[inline]
-    pub(crate) fn decide<'r>(
-        &self,
-        states: &[Option<&State>],
-        now: u64,
-        request: &'r Request,
-        write: impl FnMut(usize, Change<'r>, u64),
-    ) -> Result<Outcome> {
-        self.validate(request)?;
-        Ok(self.decide_validated(states, now, request, write))
-    }
-
-    /// [`Policy::decide`] for a request already validated
-    /// ([`Policy::validate`]).
+    /// function `decide` in the Redis store's script mirrors this one. A
+    /// store holding the state of a policy with a [`Policy::kernel`] as one
+    /// word decides it with [`Policy::decide_word`] instead, to the same
+    /// outcome.
     #[inline]
     pub(crate) fn decide_validated<'r>(
         &self,
@@ -589,6 +586,63 @@ impl Policy {
         outcome
     }
 
+    /// The first limit's name and its [`name_hash`] (a policy has one at
+    /// least): a one-limit policy's.
+    #[inline]
+    pub(crate) fn first_name(&self) -> (&str, u64) {
+        (&self.limits[0].0, self.name_hashes[0])
+    }
+
+    /// The one-word kernel of this policy's one limit, when its algorithm
+    /// offers one ([`WordKernel`]): a store may then hold the limit's state
+    /// as one word and decide it with [`Policy::decide_word`].
+    #[inline]
+    pub(crate) fn kernel(&self) -> Option<&WordKernel> {
+        self.kernel.as_ref()
+    }
+
+    /// This policy with no kernel: decided by the general step alone, for
+    /// the tests that hold the two equal.
+    #[cfg(test)]
+    pub(crate) fn without_kernel(mut self) -> Self {
+        self.kernel = None;
+        self
+    }
+
+    /// The kernel by which a check alone may be decided on the word
+    /// ([`WordKernel::check`]) with the outcome left unbuilt: none when the
+    /// limit counts a refused check's cost.
+    #[inline]
+    pub(crate) fn check_kernel(&self) -> Option<&WordKernel> {
+        self.kernel.as_ref().filter(|_| !self.limits[0].1.records_overage())
+    }
+
+    /// The single-limit inline path: `request` (validated) decided by
+    /// `kernel`, this policy's [`Policy::kernel`], on the state held as
+    /// `word`, to the outcome [`Policy::decide_validated`] gives;
+    /// `commit(word)` is called with the new word when it changed, before
+    /// the outcome is built (a store that commits by compare-and-swap and
+    /// lost the race drops that outcome and decides again).
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn decide_word(
+        &self,
+        kernel: &WordKernel,
+        word: u64,
+        now: u64,
+        request: &Request,
+        commit: impl FnOnce(u64),
+    ) -> Outcome {
+        self.decide_single(
+            request,
+            now,
+            || kernel.available(word, now),
+            #[inline(always)]
+            |action, cost| kernel.step(word, now, action, cost),
+            |word, _| commit(word),
+        )
+    }
+
     /// A policy of one limit, whose decision is the policy's: `available()`
     /// and `decide(action, cost)` run that limit on its state, and
     /// `write(change, ttl)` commits the change to its state (`ttl`: µs until
@@ -596,7 +650,7 @@ impl Policy {
     /// validated.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    pub(crate) fn decide_single<'r, C>(
+    fn decide_single<'r, C>(
         &self,
         request: &'r Request,
         now: u64,
@@ -617,12 +671,10 @@ impl Policy {
         )
     }
 
-    /// [`Policy::decide_single`] up to its change, not yet committed: for
-    /// a store that commits by compare-and-swap and decides again when
-    /// another decision committed first.
+    /// [`Policy::decide_single`] up to its change, not yet committed.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    pub(crate) fn single_step<'r, C>(
+    fn single_step<'r, C>(
         &self,
         request: &'r Request,
         available: impl FnOnce() -> u64,
@@ -707,7 +759,7 @@ impl Policy {
 }
 
 /// A policy of one limit decided, its change not yet committed.
-pub(crate) struct SingleStep<C> {
+struct SingleStep<C> {
     /// The limit's decision and change.
     pub step: Step<C>,
     /// Whether the request was admitted (before a refused check's overage
@@ -785,9 +837,9 @@ mod tests {
                 let before = [gcra.available(refs[0], now), window.available(refs[1], now)];
                 let request = crate::Request::new(Op::Check, step.cost);
                 let mut writes = Vec::new();
-                let outcome = policy
-                    .decide(&refs, now, &request, |index, change, ttl| writes.push((index, change, ttl)))
-                    .unwrap();
+                policy.validate(&request).unwrap();
+                let outcome =
+                    policy.decide_validated(&refs, now, &request, |index, change, ttl| writes.push((index, change, ttl)));
                 for (index, change, ttl) in writes {
                     commit(&mut states[index], Some(change));
                     states[index] = states[index].take().filter(|_| ttl > 0);
@@ -840,9 +892,8 @@ mod tests {
             let request = Request::new(Op::Check, debt);
             let mut checked = recorded.clone();
             let mut write = None;
-            let outcome = policy
-                .decide(&[checked.as_ref()], START, &request, |_, change, _| write = Some(change))
-                .unwrap();
+            policy.validate(&request).unwrap();
+            let outcome = policy.decide_validated(&[checked.as_ref()], START, &request, |_, change, _| write = Some(change));
             commit(&mut checked, write);
             let record = limit.decide(recorded.as_ref(), START, Action::Record, debt);
             commit(&mut recorded, record.change);

@@ -77,10 +77,19 @@ impl Gcra {
     #[inline(always)]
     pub(crate) fn check(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Step<GcraState> {
         let ticks = self.ticks;
-        let horizon = self.horizon();
         // How far the TAT runs ahead of now, in ticks (max(TAT, now) − now);
         // beyond the horizon after a record, by the debt.
         let ahead = state.map_or(0, |tat| tat.backlog(now, ticks));
+        self.check_ahead(ahead, cost, |new_ahead| Tat::after(now, new_ahead, ticks))
+    }
+
+    /// [`Gcra::check`] of a TAT `ahead` ticks ahead of now; `change(ahead)`
+    /// is the new state of a TAT `ahead` ticks ahead of now.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    fn check_ahead<C>(&self, ahead: u64, cost: u64, change: impl FnOnce(u64) -> C) -> Step<C> {
+        let ticks = self.ticks;
+        let horizon = self.horizon();
         let remaining = || ticks.units(horizon.saturating_sub(ahead));
         if cost > self.burst {
             return Step::unchanged(Decision::deny(self.burst, remaining(), None, ticks.micros(ahead)));
@@ -99,24 +108,40 @@ impl Gcra {
         if cost == 0 {
             return Step::unchanged(decision);
         }
-        Step::changed(decision, Tat::after(now, new_ahead, ticks))
-    }
-
-    /// The decision of `action` on `state`, with the whole new TAT when it
-    /// changes: what a store that keeps TATs apart from other states runs.
-    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
-    #[inline(always)]
-    pub(crate) fn step(&self, state: Option<&GcraState>, now: u64, action: Action<'_>, cost: u64) -> Step<GcraState> {
-        match action {
-            Action::Refund { .. } | Action::Record => self.decide(state, now, action, cost).map(Update::into_whole),
-            _ => self.check(state, now, action.check_cost(cost)),
-        }
+        Step::changed(decision, change(new_ahead))
     }
 
     /// True when every TAT of this limit falls on a whole microsecond (its
-    /// emission interval is whole microseconds): one word holds it.
+    /// emission interval is whole microseconds): one word holds it, the
+    /// instant in µs since the epoch (zero: no state).
     pub(crate) fn whole_micros(&self) -> bool {
         self.ticks.per_micro == 1
+    }
+
+    /// [`Gcra::check`] on a TAT held as one word ([`Gcra::whole_micros`]).
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn check_word(&self, word: u64, now: u64, cost: u64) -> Step<u64> {
+        // A tick is a microsecond: the word runs `word − now` ticks ahead.
+        self.check_ahead(word.saturating_sub(now), cost, |new_ahead| now + new_ahead)
+    }
+
+    /// The decision of `action` on a TAT held as one word, with the new
+    /// word when it changes.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    pub(crate) fn step_word(&self, word: u64, now: u64, action: Action<'_>, cost: u64) -> Step<u64> {
+        match action {
+            Action::Refund { .. } | Action::Record => self
+                .decide(word_tat(word).as_ref(), now, action, cost)
+                .map(|update| update.into_whole().at),
+            _ => self.check_word(word, now, action.check_cost(cost)),
+        }
+    }
+
+    /// [`Algorithm::available`] on a TAT held as one word.
+    pub(crate) fn available_word(&self, word: u64, now: u64) -> u64 {
+        self.available(word_tat(word).as_ref(), now)
     }
 
     /// Gives back `cost` cells: the TAT moves back by their emission time,
@@ -124,6 +149,12 @@ impl Gcra {
     pub(crate) fn refunded(&self, state: Option<&GcraState>, now: u64, cost: u64) -> Option<GcraState> {
         Tat::refunded(state, now, cost, self.ticks, u64::MAX)
     }
+}
+
+/// The TAT a word holds (zero: none).
+#[inline]
+fn word_tat(word: u64) -> Option<Tat> {
+    (word > 0).then_some(Tat { at: word, frac: 0 })
 }
 
 impl Algorithm for Gcra {

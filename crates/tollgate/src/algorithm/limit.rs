@@ -10,7 +10,7 @@ use super::durability::Durability;
 #[cfg(feature = "engine")]
 use super::encoding::{Encoded, Loaded, Members, SortedSet, Value};
 use super::fixed_window::FixedWindowSpec;
-use super::gcra::Gcra;
+use super::kernel::WordKernel;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, Refill, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
 use crate::clock::Timestamp;
@@ -635,15 +635,10 @@ impl Limit {
         dispatch!(&self.kind, p => leases(p))
     }
 
-    /// The parameters of a GCRA limit, whose whole state is one instant (the
-    /// memory store keeps those instants in a table of small slots).
-    /// Its GCRA, for a store's table of TATs decided in place: none when
+    /// The one-word kernel its algorithm offers ([`WordKernel`]): none when
     /// it alerts (crossings are found on the general step).
-    pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
-        match &self.kind {
-            Kind::Gcra(gcra) if self.alerts.is_empty() => Some(gcra),
-            _ => None,
-        }
+    pub(crate) fn word_kernel(&self) -> Option<WordKernel> {
+        WordKernel::of(&self.kind).filter(|_| self.alerts.is_empty())
     }
 
     #[cfg(test)]

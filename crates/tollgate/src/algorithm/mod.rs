@@ -51,6 +51,7 @@ pub(crate) mod encoding;
 #[macro_use]
 pub(crate) mod registry;
 mod durability;
+mod kernel;
 mod lifetime;
 mod limit;
 
@@ -72,7 +73,7 @@ pub(crate) mod testing;
 pub use self::calendar::Period;
 pub use self::concurrency::ConcurrencySpec;
 pub use self::core::WindowSpec;
-pub(crate) use self::core::{Action, Algorithm, Step};
+pub(crate) use self::core::{Action, Step};
 pub use self::durability::Durability;
 #[cfg(feature = "engine")]
 pub(crate) use self::encoding::{number, Encoded, Loaded, DERIVED};
@@ -80,6 +81,7 @@ pub(crate) use self::encoding::{number, Encoded, Loaded, DERIVED};
 pub use self::encoding::{Members, Scores, SortedSet, Value, Visit};
 pub use self::fixed_window::FixedWindowSpec;
 pub use self::gcra::GcraSpec;
+pub(crate) use self::kernel::WordKernel;
 pub use self::leaky_bucket::LeakyBucketSpec;
 pub use self::limit::{Limit, MOST_ALERTS};
 #[cfg(feature = "redis")]

@@ -230,9 +230,10 @@ fn decide_policy(
     }
     let held: Inline<Option<&State>> = states.iter().map(Option::as_ref).collect();
     let mut writes: Inline<_> = SmallVec::new();
-    let outcome = policy.decide(&held, now, request, |index, change, ttl| {
+    policy.validate(request)?;
+    let outcome = policy.decide_validated(&held, now, request, |index, change, ttl| {
         writes.push((index, change, ttl));
-    })?;
+    });
     drop(held);
     let explicit_now = head.now.is_some();
     for (index, change, ttl) in writes {

@@ -6,9 +6,10 @@
 //! a policy is decided under one lock. Inside a shard, hash tables hold a slot
 //! per `(subject, limit name)`, so a subject with very many limits (a server
 //! domain with a limit per descriptor) costs no more per lookup than a subject
-//! with one. GCRA states (one instant each) have a table of their own with
-//! 40-byte slots, so that many keys stay in the CPU's caches. A decision
-//! holds one shard lock for well under a microsecond.
+//! with one. Every algorithm's states share that one table of 64-byte slots;
+//! a policy whose limit offers a one-word kernel (see `Policy::kernel`) is
+//! decided on its slot's word in place, any other by the policy's general
+//! step. A decision holds one shard lock for well under a microsecond.
 //!
 //! State that carries no information any more (a full bucket, a past window)
 //! is dropped as soon as a decision notices, and each shard sweeps out expired
@@ -23,9 +24,7 @@ use hashbrown::hash_table::HashTable;
 
 use super::listing::{take_step, Position, SubjectPage};
 use super::Store;
-use crate::algorithm::gcra::Gcra;
-use crate::algorithm::rate::Tat;
-use crate::algorithm::{Algorithm, Change, State};
+use crate::algorithm::{Change, State, WordKernel};
 use crate::clock::{micros, Clock, Sleep, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
@@ -59,9 +58,7 @@ struct Inner {
 struct Padded(ShardLock);
 
 struct Shard {
-    /// GCRA states.
-    tats: HashTable<TatSlot>,
-    /// The states of every other algorithm.
+    /// The states of every limit of every subject of the shard.
     slots: HashTable<Slot>,
     next_sweep: u64,
     sweep_above: usize,
@@ -79,7 +76,6 @@ enum Key {
 }
 
 const _: () = assert!(size_of::<Key>() == 24);
-const _: () = assert!(size_of::<TatSlot>() == 40);
 const _: () = assert!(size_of::<Slot>() == 64);
 
 impl Key {
@@ -153,7 +149,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     words_equal && a_words.remainder().iter().zip(b_words.remainder()).all(|(x, y)| x == y)
 }
 
-/// The state of one limit of one subject, for any algorithm but GCRA.
+/// The state of one limit of one subject.
 struct Slot {
     key: Key,
     state: State,
@@ -168,37 +164,36 @@ impl Slot {
         change.apply(&mut self.state);
         self.expires = expires;
     }
-}
 
-/// The TAT of one GCRA limit of one subject.
-struct TatSlot {
-    tat: Tat,
-    key: Key,
-}
-
-impl TatSlot {
-    /// Decides a one-limit GCRA policy (the request validated), updating
-    /// the TAT in place.
+    /// Decides a policy of one limit offering `kernel` (the request
+    /// validated) on this slot's word, committing the new word in place. A
+    /// word whose instant has passed says nothing, like no state at all: it
+    /// stays until the next sweep.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    fn decide(&mut self, gcra: &Gcra, policy: &Policy, request: &Request, now: u64) -> Outcome {
-        let tat = self.tat;
-        // A TAT that has passed says nothing, like no state at all: it stays
-        // until the next sweep.
-        policy.decide_single(
-            request,
-            now,
-            || gcra.available(Some(&tat), now),
-            #[inline(always)]
-            |action, cost| gcra.step(Some(&tat), now, action, cost),
-            |tat, _| self.tat = tat,
-        )
+    fn decide_word(&mut self, kernel: &WordKernel, policy: &Policy, request: &Request, now: u64) -> Outcome {
+        let word = kernel.word(&self.state);
+        policy.decide_word(kernel, word, now, request, |word| self.put_word(kernel, word))
     }
-}
 
-/// When a TAT stops carrying information: once it has passed.
-fn tat_expires(tat: Tat) -> u64 {
-    tat.at + u64::from(tat.frac > 0)
+    /// [`Slot::decide_word`] for a check alone: the decision, the outcome
+    /// left unbuilt.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    fn check_word(&mut self, kernel: &WordKernel, now: u64, cost: u64) -> Decision {
+        let step = kernel.check(kernel.word(&self.state), now, cost);
+        if let Some(word) = step.change {
+            self.put_word(kernel, word);
+        }
+        step.decision
+    }
+
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    fn put_word(&mut self, kernel: &WordKernel, word: u64) {
+        kernel.put(&mut self.state, word);
+        self.expires = kernel.expires(word);
+    }
 }
 
 /// Options for a [`MemoryStore`].
@@ -241,7 +236,6 @@ impl MemoryStoreBuilder {
                 shards: (0..shards)
                     .map(|_| {
                         Padded(ShardLock::new(Shard {
-                            tats: HashTable::new(),
                             slots: HashTable::new(),
                             next_sweep: 0,
                             sweep_above: 64,
@@ -330,11 +324,11 @@ impl MemoryStore {
         let single = policy.hashed_limits().next().filter(|_| policy.len() == 1);
         let mut shard = shard.lock();
         shard.sweep_if_due(now, self.inner.sweep_every);
-        if let Some((name, name_hash, limit)) = single {
+        if let Some((name, name_hash, _)) = single {
             let place = Self::place(subject_hash, key, name, name_hash);
-            if let Some(gcra) = limit.as_gcra() {
-                if let Some(slot) = shard.tats.find_mut(place.hash, |slot| place.holds(&slot.key)) {
-                    return slot.decide(gcra, policy, request, now);
+            if let Some(kernel) = policy.kernel() {
+                if let Some(slot) = shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
+                    return slot.decide_word(kernel, policy, request, now);
                 }
                 return self.decide_new(&mut shard, place, policy, request, now);
             }
@@ -367,44 +361,30 @@ impl MemoryStore {
 
     /// Checks `cost` units for `subject` at `now` (tests, simulations,
     /// replays): the decision of [`MemoryStore::decide_now`]'s check at that
-    /// instant. A one-limit GCRA policy that does not record its overage is
-    /// checked on its TAT in place, without a request or an outcome to build.
+    /// instant. A policy with a one-word kernel that does not record its
+    /// overage is checked on its word in place, without a request or an
+    /// outcome to build.
     ///
     /// # Errors
     ///
     /// As [`MemoryStore::decide_now`].
     #[inline]
     pub fn check_at(&self, subject: &Subject, policy: &Policy, cost: u64, now: Timestamp) -> Result<Decision> {
-        let single = policy.hashed_limits().next().filter(|_| policy.len() == 1);
-        if let Some((name, name_hash, limit)) = single.filter(|(_, _, limit)| !limit.records_overage()) {
-            if let Some(gcra) = limit.as_gcra() {
-                return Ok(self.check_tat(subject, policy, (name, name_hash, gcra), cost, now.as_micros()));
-            }
+        if let Some(kernel) = policy.check_kernel() {
+            return Ok(self.check_word(subject, policy, kernel, cost, now.as_micros()));
         }
         self.check_request(subject, policy, cost, now)
     }
 
-    /// A check of `cost` cells of `policy`'s one limit, the GCRA `gcra`
-    /// named `name` (hashed to `name_hash`), for `subject`: on its TAT in
-    /// place.
-    fn check_tat(
-        &self,
-        subject: &Subject,
-        policy: &Policy,
-        (name, name_hash, gcra): (&str, u64, &Gcra),
-        cost: u64,
-        now: u64,
-    ) -> Decision {
+    /// A check of `cost` units of `policy`'s one limit, decided by its
+    /// `kernel`, for `subject`: on its word in place.
+    fn check_word(&self, subject: &Subject, policy: &Policy, kernel: &WordKernel, cost: u64, now: u64) -> Decision {
         let key = subject.as_key();
         let (subject_hash, mut shard) = self.lock_shard(key, now);
+        let (name, name_hash) = policy.first_name();
         let place = Self::place(subject_hash, key, name, name_hash);
-        if let Some(slot) = shard.tats.find_mut(place.hash, |slot| place.holds(&slot.key)) {
-            // A TAT that has passed says nothing, like no state at all.
-            let step = gcra.check(Some(&slot.tat), now, cost);
-            if let Some(tat) = step.change {
-                slot.tat = tat;
-            }
-            return step.decision;
+        if let Some(slot) = shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
+            return slot.check_word(kernel, now, cost);
         }
         let request = Request::new(Op::Check, cost).at(Timestamp::from_micros(now));
         self.decide_new(&mut shard, place, policy, &request, now).decision
@@ -420,8 +400,8 @@ impl MemoryStore {
         Ok(self.decide_validated(subject, policy, &request).decision)
     }
 
-    /// A policy of one limit other than GCRA: one lookup, and the state
-    /// updated in place.
+    /// A policy of one limit without a one-word kernel: one lookup, and the
+    /// state updated in place by the general step.
     #[inline(never)]
     fn decide_one(&self, shard: &mut Shard, place: Place<'_>, policy: &Policy, request: &Request, now: u64) -> Outcome {
         let Some(slot) = shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) else {
@@ -463,27 +443,6 @@ impl MemoryStore {
     ) -> Outcome {
         const INLINE_LIMITS: usize = 4;
         let count = policy.len();
-        // GCRA states are copied out of their slots into `tats`; the others
-        // are borrowed.
-        let mut inline_tats: [Option<State>; INLINE_LIMITS] = Default::default();
-        let mut spilled_tats: Vec<Option<State>>;
-        let tats: &mut [Option<State>] = if count <= INLINE_LIMITS {
-            &mut inline_tats[..count]
-        } else {
-            spilled_tats = (0..count).map(|_| None).collect();
-            &mut spilled_tats
-        };
-        for ((name, name_hash, limit), tat) in policy.hashed_limits().zip(tats.iter_mut()) {
-            if limit.as_gcra().is_some() {
-                let place = Self::place(subject_hash, key, name, name_hash);
-                *tat = shard
-                    .tats
-                    .find(place.hash, |slot| place.holds(&slot.key))
-                    .map(|slot| slot.tat)
-                    .filter(|&tat| tat_expires(tat) > now)
-                    .map(State::Gcra);
-            }
-        }
         let mut inline: [Option<&State>; INLINE_LIMITS] = [None; INLINE_LIMITS];
         let mut spilled: Vec<Option<&State>>;
         let states: &mut [Option<&State>] = if count <= INLINE_LIMITS {
@@ -492,17 +451,13 @@ impl MemoryStore {
             spilled = vec![None; count];
             &mut spilled
         };
-        for (((name, name_hash, limit), tat), state) in policy.hashed_limits().zip(tats.iter()).zip(states.iter_mut()) {
-            *state = if limit.as_gcra().is_some() {
-                tat.as_ref()
-            } else {
-                let place = Self::place(subject_hash, key, name, name_hash);
-                shard
-                    .slots
-                    .find(place.hash, |slot| place.holds(&slot.key))
-                    .filter(|slot| slot.expires > now)
-                    .map(|slot| &slot.state)
-            };
+        for ((name, name_hash, _), state) in policy.hashed_limits().zip(states.iter_mut()) {
+            let place = Self::place(subject_hash, key, name, name_hash);
+            *state = shard
+                .slots
+                .find(place.hash, |slot| place.holds(&slot.key))
+                .filter(|slot| slot.expires > now)
+                .map(|slot| &slot.state);
         }
         let mut writes = Vec::new();
         let outcome = policy.decide_validated(states, now, request, |index, change, ttl| {
@@ -517,18 +472,9 @@ impl MemoryStore {
     }
 
     /// Commits `change` to the state of `(key, name)` it was decided on, for
-    /// `ttl` µs (none: drops it), in the table of its algorithm.
+    /// `ttl` µs (none: drops it).
     fn put(&self, shard: &mut Shard, place: Place<'_>, change: Change<'_>, ttl: u64, now: u64) {
-        if let Change::Put(State::Gcra(tat)) = change {
-            if let Ok(mut slot) = shard.tats.find_entry(place.hash, |slot| place.holds(&slot.key)) {
-                if ttl == 0 {
-                    slot.remove();
-                } else {
-                    slot.get_mut().tat = tat;
-                }
-                return;
-            }
-        } else if let Ok(mut slot) = shard.slots.find_entry(place.hash, |slot| place.holds(&slot.key)) {
+        if let Ok(mut slot) = shard.slots.find_entry(place.hash, |slot| place.holds(&slot.key)) {
             if ttl == 0 {
                 slot.remove();
             } else {
@@ -539,39 +485,24 @@ impl MemoryStore {
         self.put_new(shard, place, change, ttl, now);
     }
 
-    /// [`MemoryStore::put`] for a key its table does not hold. A key lives in
-    /// one table at most, so a state left in the other by an earlier
-    /// definition of the limit is dropped.
+    /// [`MemoryStore::put`] for a key the table does not hold.
     fn put_new(&self, shard: &mut Shard, place: Place<'_>, change: Change<'_>, ttl: u64, now: u64) {
+        if ttl == 0 {
+            return;
+        }
         // A change decided on no state is a whole new state.
         let Some(state) = change.into_state() else {
             debug_assert!(false, "an edit of a state that is not stored");
             return;
         };
-        let Place { hash, key, name } = place;
-        let is = |slot_key: &Key| place.holds(slot_key);
-        let rehash = |slot_key: &Key| self.key_hash(slot_key);
-        let Shard { tats, slots, .. } = shard;
-        if let State::Gcra(tat) = state {
-            remove(slots, hash, |slot| is(&slot.key));
-            if ttl > 0 {
-                let slot = TatSlot {
-                    tat,
-                    key: Key::new(key, name),
-                };
-                tats.insert_unique(hash, slot, |slot| rehash(&slot.key));
-            }
-            return;
-        }
-        remove(tats, hash, |slot| is(&slot.key));
-        if ttl > 0 {
-            let slot = Slot {
-                key: Key::new(key, name),
-                state,
-                expires: now + ttl,
-            };
-            slots.insert_unique(hash, slot, |slot| rehash(&slot.key));
-        }
+        let slot = Slot {
+            key: Key::new(place.key, place.name),
+            state,
+            expires: now + ttl,
+        };
+        shard
+            .slots
+            .insert_unique(place.hash, slot, |slot| self.key_hash(&slot.key));
     }
 
     /// Forgets `subject`'s state for every limit of `policy`.
@@ -582,20 +513,12 @@ impl MemoryStore {
         for (name, name_hash, _) in policy.hashed_limits() {
             let place = Self::place(subject_hash, key, name, name_hash);
             remove(&mut shard.slots, place.hash, |slot| place.holds(&slot.key));
-            remove(&mut shard.tats, place.hash, |slot| place.holds(&slot.key));
         }
     }
 
     /// How many `(subject, limit)` states the store holds, expired or not.
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|shard| {
-                let shard = shard.0.lock();
-                shard.slots.len() + shard.tats.len()
-            })
-            .sum()
+        self.inner.shards.iter().map(|shard| shard.0.lock().slots.len()).sum()
     }
 
     /// True when the store holds no state.
@@ -632,7 +555,7 @@ impl MemoryStore {
             };
             let fitting = {
                 let shard = shard.0.lock();
-                examined += shard.slots.len() + shard.tats.len();
+                examined += shard.slots.len();
                 shard.subjects(pattern, name.as_bytes(), now)
             };
             if let Some(next) = take_step(&mut page.subjects, fitting, at, limit) {
@@ -696,22 +619,16 @@ impl Shard {
             let subject = std::str::from_utf8(subject).ok()?;
             pattern.matches(subject).then(|| subject_parts(subject)).flatten()
         };
-        let tats = self
-            .tats
-            .iter()
-            .filter(|slot| tat_expires(slot.tat) > now)
-            .map(|slot| &slot.key);
-        let slots = self
-            .slots
+        self.slots
             .iter()
             .filter(|slot| slot.expires > now)
-            .map(|slot| &slot.key);
-        tats.chain(slots).filter_map(fits).collect()
+            .filter_map(|slot| fits(&slot.key))
+            .collect()
     }
 
     /// True when a period has passed or the shard has doubled since the last sweep.
     fn sweep_due(&self, now: u64) -> bool {
-        now >= self.next_sweep || self.slots.len() + self.tats.len() > self.sweep_above
+        now >= self.next_sweep || self.slots.len() > self.sweep_above
     }
 
     fn sweep_if_due(&mut self, now: u64, every: u64) {
@@ -727,9 +644,8 @@ impl Shard {
     /// over and over, each sweep leaving the shard nearly empty.
     #[inline(never)]
     fn sweep(&mut self, now: u64, every: u64) {
-        let held = self.slots.len() + self.tats.len();
+        let held = self.slots.len();
         self.slots.retain(|slot| slot.expires > now);
-        self.tats.retain(|slot| tat_expires(slot.tat) > now);
         self.next_sweep = now.saturating_add(every);
         self.sweep_above = (held * 2).max(64);
     }
@@ -761,3 +677,6 @@ impl std::fmt::Debug for MemoryStore {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;
