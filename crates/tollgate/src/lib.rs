@@ -50,6 +50,7 @@ pub mod duration;
 #[cfg(feature = "engine")]
 pub mod engine;
 mod error;
+mod follower;
 mod limiter;
 mod overrides;
 mod policy;
@@ -68,6 +69,7 @@ pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
 pub use decision::{Crossing, Decision, Outcome, Path, Restrictiveness};
 pub use direct::DirectLimiter;
 pub use error::{Error, ErrorKind, Result};
+pub use follower::{Applied, Followed, FollowedMap, TableFollower};
 pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
 pub use overrides::PolicyOverrides;
 pub use policy::{Op, Policy, Request};

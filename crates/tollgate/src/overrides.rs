@@ -16,35 +16,24 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use parking_lot::Mutex;
-
 use crate::error::Result;
+use crate::follower::TableFollower;
 use crate::policy::Policy;
 use crate::subject::Subject;
 
 type BySubject = HashMap<String, Arc<Policy>, foldhash::fast::RandomState>;
 
-/// The overrides in force, and the version of the table they are of.
-#[derive(Default)]
-struct Held {
-    version: u64,
-    by_subject: BySubject,
-}
-
 /// Policies by subject, in place of a limiter's own.
 pub struct PolicyOverrides {
     #[cfg(feature = "redis")]
     table: Option<crate::store::SharedTable>,
-    in_force: ArcSwap<Held>,
-    /// Serialises the writers of `in_force`.
-    writing: Mutex<()>,
+    in_force: TableFollower<BySubject>,
 }
 
 impl std::fmt::Debug for PolicyOverrides {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PolicyOverrides")
-            .field("overrides", &self.in_force.load().by_subject.len())
+            .field("overrides", &self.len())
             .finish_non_exhaustive()
     }
 }
@@ -55,8 +44,7 @@ impl PolicyOverrides {
         Self {
             #[cfg(feature = "redis")]
             table: None,
-            in_force: ArcSwap::from_pointee(Held::default()),
-            writing: Mutex::new(()),
+            in_force: TableFollower::new(),
         }
     }
 
@@ -73,42 +61,20 @@ impl PolicyOverrides {
     /// The policy in force for `subject`, if it has an override.
     pub fn get(&self, subject: &Subject) -> Option<Arc<Policy>> {
         let held = self.in_force.load();
-        if held.by_subject.is_empty() {
+        if held.is_empty() {
             return None;
         }
-        held.by_subject.get(subject.as_key()).cloned()
+        held.get(subject.as_key()).cloned()
     }
 
     /// How many subjects have an override.
     pub fn len(&self) -> usize {
-        self.in_force.load().by_subject.len()
+        self.in_force.load().len()
     }
 
     /// True when no subject has one.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Applies `changes` (a subject's key, its policy or none) that bring the
-    /// overrides from `from` to `to`; `None` for `from`: whatever is held.
-    fn apply(&self, from: Option<u64>, to: u64, changes: Vec<(String, Option<Arc<Policy>>)>) {
-        let _writing = self.writing.lock();
-        let held = self.in_force.load_full();
-        if from.is_some_and(|from| from != held.version) {
-            // Another change came between: the next refresh reads them all.
-            return;
-        }
-        let mut by_subject = held.by_subject.clone();
-        for (key, policy) in changes {
-            match policy {
-                Some(policy) => by_subject.insert(key, policy),
-                None => by_subject.remove(&key),
-            };
-        }
-        self.in_force.store(Arc::new(Held {
-            version: to,
-            by_subject,
-        }));
     }
 
     /// Decides `subject` by `policy` from now on; answers the override it
@@ -122,19 +88,20 @@ impl PolicyOverrides {
     pub async fn set(&self, subject: &Subject, policy: Policy) -> Result<Option<Arc<Policy>>> {
         let key = subject.as_key().to_owned();
         let policy = Arc::new(policy);
-        let previous = self.get(subject);
         #[cfg(feature = "redis")]
         if let Some(table) = &self.table {
             let change = table.set(&key, &policy.to_value().to_string()).await?;
-            self.apply(Some(change.version - 1), change.version, vec![(key, Some(policy))]);
+            self.in_force
+                .apply(change.version - 1, change.version, vec![(key, Some(policy))]);
             return Ok(change
                 .previous
                 .and_then(|text| Policy::from_json(&text).ok())
                 .map(Arc::new));
         }
-        let version = self.in_force.load().version + 1;
-        self.apply(None, version, vec![(key, Some(policy))]);
-        Ok(previous)
+        Ok(self
+            .in_force
+            .edit(|by_subject| Some(by_subject.insert(key, policy)))
+            .flatten())
     }
 
     /// Removes `subject`'s override (its limiter's own policy applies
@@ -146,23 +113,19 @@ impl PolicyOverrides {
     #[cfg_attr(not(feature = "redis"), allow(clippy::unused_async))] // the store is awaited when shared
     pub async fn remove(&self, subject: &Subject) -> Result<Option<Arc<Policy>>> {
         let key = subject.as_key().to_owned();
-        let previous = self.get(subject);
         #[cfg(feature = "redis")]
         if let Some(table) = &self.table {
             let change = table.delete(&key).await?;
             if change.previous.is_some() {
-                self.apply(Some(change.version - 1), change.version, vec![(key, None)]);
+                self.in_force
+                    .apply(change.version - 1, change.version, vec![(key, None)]);
             }
             return Ok(change
                 .previous
                 .and_then(|text| Policy::from_json(&text).ok())
                 .map(Arc::new));
         }
-        if previous.is_some() {
-            let version = self.in_force.load().version + 1;
-            self.apply(None, version, vec![(key, None)]);
-        }
-        Ok(previous)
+        Ok(self.in_force.edit(|by_subject| by_subject.remove(&key)))
     }
 
     /// Brings the overrides up to date with the store (nothing to do in
@@ -177,30 +140,12 @@ impl PolicyOverrides {
     pub async fn refresh(&self) -> Result<()> {
         #[cfg(feature = "redis")]
         if let Some(table) = &self.table {
-            let read = |text: &str| Policy::from_json(text).ok().map(Arc::new);
-            let held = self.in_force.load().version;
-            match table.changes_since(held).await? {
-                crate::store::TableChanges::None => {}
-                crate::store::TableChanges::Some { version, fields } => {
-                    let changes = fields
-                        .into_iter()
-                        .map(|(key, text)| {
-                            let policy = text.as_deref().and_then(read);
-                            (key, policy)
-                        })
-                        .collect();
-                    self.apply(Some(held), version, changes);
-                }
-                crate::store::TableChanges::Reload => {
-                    let (version, fields) = table.load().await?;
-                    let by_subject = fields
-                        .into_iter()
-                        .filter_map(|(key, text)| Some((key, read(&text)?)))
-                        .collect();
-                    let _writing = self.writing.lock();
-                    self.in_force.store(Arc::new(Held { version, by_subject }));
-                }
-            }
+            // A value that does not read as a policy counts as none.
+            let read = |key: &str, text: Option<&str>| {
+                let policy = text.and_then(|text| Policy::from_json(text).ok()).map(Arc::new);
+                Some((key.to_owned(), policy))
+            };
+            self.in_force.refresh(table, read).await?;
         }
         Ok(())
     }

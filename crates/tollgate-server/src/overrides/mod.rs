@@ -6,8 +6,9 @@
 //! so every replica on that Redis applies a change and a restart keeps it.
 //! On the memory store they live in this process. Either way a decision
 //! never waits for them: each replica keeps the overrides in force in
-//! memory ([`Overrides::domain`], one atomic load), and follows the store
-//! every [`REFRESH`], reading only what changed since the version it holds.
+//! memory ([`Overrides::domain`], two atomic loads), each domain's with a
+//! [`TableFollower`] of its table, and follows the store every
+//! [`REFRESH`], reading only what changed since the version it holds.
 //! An expired override stops applying at its instant, whoever looks; the
 //! first replica to notice removes it from the store.
 
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use hashbrown::HashTable;
-use tollgate::{AnyStore, Clock, SystemClock, TableChanges};
+use tollgate::{AnyStore, Clock, Followed, FollowedMap, SystemClock, TableFollower};
 
 pub use self::model::{
     describe_rule, format_instant, stat_key, Entry, InstantError, InvalidOverride, Override, OverrideRequest, Stored,
@@ -29,20 +30,15 @@ pub use self::model::{
 /// made through another replica applies here within this, plus a round trip.
 pub const REFRESH: Duration = Duration::from_millis(200);
 
-/// The overrides in force, by domain.
-pub type Domains = HashMap<String, Arc<DomainOverrides>, foldhash::fast::RandomState>;
+/// Each domain's follower of its overrides.
+type Domains = HashMap<String, Arc<TableFollower<Table>>, foldhash::fast::RandomState>;
 
 /// A descriptor's entries, outermost first.
 type Entries = Vec<(String, String)>;
 
-/// The overrides of one domain in force.
-#[derive(Debug, Default)]
-pub struct DomainOverrides {
-    /// The store's version of the domain's table they are of.
-    version: u64,
-    /// By the descriptor's entries, outermost first.
-    by_entries: Table,
-}
+/// The overrides of one domain in force, and the version of the domain's
+/// table they are of.
+pub type DomainOverrides = Followed<Table>;
 
 /// Shards of a domain's overrides: a change copies one shard (a 256th of the
 /// domain) rather than the whole domain, so that a domain of 100 000
@@ -56,7 +52,7 @@ type Shard = HashTable<(Entries, Arc<Override>)>;
 /// Overrides by their descriptor's entries, in [`SHARDS`] shards. One hash
 /// of the entries picks the shard (its top bits) and the slot in it.
 #[derive(Debug, Clone)]
-struct Table {
+pub struct Table {
     shards: Vec<Arc<Shard>>,
     len: usize,
 }
@@ -84,7 +80,7 @@ impl Table {
         (hash >> 32) as usize % SHARDS
     }
 
-    fn get(&self, entries: &[(String, String)]) -> Option<&Arc<Override>> {
+    fn find(&self, entries: &[(String, String)]) -> Option<&Arc<Override>> {
         let hash = Self::hash(entries);
         self.shards[Self::shard(hash)]
             .find(hash, |(held, _)| held.as_slice() == entries)
@@ -117,22 +113,46 @@ impl Table {
         Some(removed.1)
     }
 
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&Entries, &Arc<Override>)> {
+    fn entries(&self) -> impl Iterator<Item = (&Entries, &Arc<Override>)> {
         self.shards
             .iter()
             .flat_map(|shard| shard.iter().map(|(entries, found)| (entries, found)))
     }
 
-    fn values(&self) -> impl Iterator<Item = &Arc<Override>> {
-        self.iter().map(|(_, found)| found)
+    /// The override in force at `now` (µs since the Unix epoch, read only
+    /// when an override with an end is found) for exactly these entries.
+    pub fn get(&self, entries: &[(String, String)], now: impl FnOnce() -> u64) -> Option<&Override> {
+        self.find(entries)
+            .map(AsRef::as_ref)
+            .filter(|found| found.expires_at.is_none() || found.in_force(now()))
+    }
+
+    /// How many it holds (expired ones not yet removed included).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every one, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Override>> {
+        self.entries().map(|(_, found)| found)
+    }
+}
+
+impl FollowedMap for Table {
+    type Key = Entries;
+    type Value = Arc<Override>;
+
+    fn insert(&mut self, key: Entries, value: Arc<Override>) -> Option<Arc<Override>> {
+        Table::insert(self, key, value)
+    }
+
+    fn remove(&mut self, key: &Entries) -> Option<Arc<Override>> {
+        Table::remove(self, key)
     }
 }
 
@@ -143,32 +163,6 @@ impl FromIterator<(Entries, Arc<Override>)> for Table {
             table.insert(entries, found);
         }
         table
-    }
-}
-
-impl DomainOverrides {
-    /// The override in force at `now` (µs since the Unix epoch, read only
-    /// when an override with an end is found) for exactly these entries.
-    pub fn get(&self, entries: &[(String, String)], now: impl FnOnce() -> u64) -> Option<&Override> {
-        self.by_entries
-            .get(entries)
-            .map(AsRef::as_ref)
-            .filter(|found| found.expires_at.is_none() || found.in_force(now()))
-    }
-
-    /// How many it holds (expired ones not yet removed included).
-    pub fn len(&self) -> usize {
-        self.by_entries.len()
-    }
-
-    /// True when it holds none.
-    pub fn is_empty(&self) -> bool {
-        self.by_entries.is_empty()
-    }
-
-    /// Every one, in no order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Override>> {
-        self.by_entries.values()
     }
 }
 
@@ -198,7 +192,8 @@ pub struct Overrides {
     backend: Backend,
     /// By domain: what decisions read.
     in_force: ArcSwap<Domains>,
-    /// Serialises the writers of `in_force` (changes made here, refreshes).
+    /// Serialises the writers of `in_force` (a domain added or dropped);
+    /// each domain's follower serialises its own.
     writing: Mutex<()>,
     clock: Arc<dyn Clock>,
 }
@@ -251,15 +246,38 @@ impl Overrides {
         matches!(self.backend, Backend::Shared(_))
     }
 
-    /// The overrides in force in `domain`, if it has any: one atomic load.
+    /// The overrides in force in `domain`, if it has any: two atomic
+    /// loads (the domain's follower, its map).
     pub fn domain(&self, domain: &str) -> Option<Arc<DomainOverrides>> {
         let in_force = self.in_force.load();
-        in_force.get(domain).filter(|found| !found.is_empty()).cloned()
+        let held = in_force.get(domain)?.load_full();
+        (!held.is_empty()).then_some(held)
     }
 
     /// Every domain's overrides in force.
-    pub fn all(&self) -> Arc<Domains> {
-        self.in_force.load_full()
+    pub fn all(&self) -> Vec<(String, Arc<DomainOverrides>)> {
+        self.in_force
+            .load()
+            .iter()
+            .map(|(domain, follower)| (domain.clone(), follower.load_full()))
+            .collect()
+    }
+
+    /// `domain`'s follower, added when it has none.
+    fn follower(&self, domain: &str) -> Arc<TableFollower<Table>> {
+        if let Some(follower) = self.in_force.load().get(domain) {
+            return Arc::clone(follower);
+        }
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.in_force.load_full();
+        if let Some(follower) = current.get(domain) {
+            return Arc::clone(follower);
+        }
+        let follower = Arc::new(TableFollower::new());
+        let mut next = Domains::clone(&current);
+        next.insert(domain.to_owned(), Arc::clone(&follower));
+        self.in_force.store(Arc::new(next));
+        follower
     }
 
     fn table(&self, domain: &str) -> Result<Option<tollgate::SharedTable>, OverrideError> {
@@ -274,20 +292,6 @@ impl Overrides {
         Ok(Some(redis.table(&format!("overrides:{domain}"))))
     }
 
-    /// Replaces `domain`'s overrides in force with what `change` makes of
-    /// them.
-    fn install(&self, domain: &str, change: impl FnOnce(&DomainOverrides) -> Option<DomainOverrides>) {
-        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-        let current = self.in_force.load_full();
-        let empty = DomainOverrides::default();
-        let old = current.get(domain).map_or(&empty, AsRef::as_ref);
-        if let Some(new) = change(old) {
-            let mut next = Domains::clone(&current);
-            next.insert(domain.to_owned(), Arc::new(new));
-            self.in_force.store(Arc::new(next));
-        }
-    }
-
     /// Puts `new` in force for its descriptor, in the store first.
     ///
     /// # Errors
@@ -298,25 +302,20 @@ impl Overrides {
         let field = Override::field(&new.stored.descriptor);
         let new = Arc::new(new);
         let entries = new.entries();
+        let follower = self.follower(&domain);
         let previous = if let Some(table) = self.table(&domain)? {
             let text = serde_json::to_string(&new.stored).map_err(OverrideError::Encode)?;
             let change = table.set(&field, &text).await?;
-            self.apply(&domain, change.version, vec![(entries, Some(Arc::clone(&new)))]);
+            follower.apply(
+                change.version - 1,
+                change.version,
+                vec![(entries, Some(Arc::clone(&new)))],
+            );
             read_stored(change.previous.as_deref())
         } else {
-            {
-                let mut previous = None;
-                self.install(&domain, |old| {
-                    previous = old.by_entries.get(&entries).cloned();
-                    let mut by_entries = old.by_entries.clone();
-                    by_entries.insert(entries, Arc::clone(&new));
-                    Some(DomainOverrides {
-                        version: old.version + 1,
-                        by_entries,
-                    })
-                });
-                previous
-            }
+            follower
+                .edit(|map| Some(map.insert(entries, Arc::clone(&new))))
+                .flatten()
         };
         Ok(Changed {
             domain,
@@ -337,27 +336,15 @@ impl Overrides {
             .iter()
             .map(|entry| (entry.key.clone(), entry.value.clone()))
             .collect();
+        let follower = self.follower(domain);
         let previous = if let Some(table) = self.table(domain)? {
             let change = table.delete(&Override::field(descriptor)).await?;
             if change.previous.is_some() {
-                self.apply(domain, change.version, vec![(entries, None)]);
+                follower.apply(change.version - 1, change.version, vec![(entries, None)]);
             }
             read_stored(change.previous.as_deref())
         } else {
-            {
-                let mut previous = None;
-                self.install(domain, |old| {
-                    previous = old.by_entries.get(&entries).cloned();
-                    previous.as_ref()?;
-                    let mut by_entries = old.by_entries.clone();
-                    by_entries.remove(&entries);
-                    Some(DomainOverrides {
-                        version: old.version + 1,
-                        by_entries,
-                    })
-                });
-                previous
-            }
+            follower.edit(|map| map.remove(&entries))
         };
         Ok(Changed {
             domain: domain.to_owned(),
@@ -365,26 +352,6 @@ impl Overrides {
             current: None,
             expired_here: false,
         })
-    }
-
-    /// Applies changes read from the store that bring `domain` to
-    /// `version`: in place when they follow the version held, else by
-    /// reading the domain again at the next refresh.
-    fn apply(&self, domain: &str, version: u64, changes: Vec<(Entries, Option<Arc<Override>>)>) {
-        self.install(domain, |old| {
-            if old.version + 1 != version {
-                // Another change came between: the next refresh reads them all.
-                return None;
-            }
-            let mut by_entries = old.by_entries.clone();
-            for (entries, current) in changes {
-                match current {
-                    Some(current) => by_entries.insert(entries, current),
-                    None => by_entries.remove(&entries),
-                };
-            }
-            Some(DomainOverrides { version, by_entries })
-        });
     }
 
     /// Brings the overrides of `domains` up to date with the store, drops
@@ -404,52 +371,33 @@ impl Overrides {
                 changed.extend(self.expire_local(domain, now));
                 continue;
             };
-            let held = self.in_force.load().get(domain).map_or(0, |held| held.version);
-            let present = self.in_force.load().contains_key(domain);
-            match table.changes_since(held).await? {
-                TableChanges::None if present => {}
-                TableChanges::Some { version, fields } if present => {
-                    let old = self.in_force.load().get(domain).cloned().unwrap_or_default();
-                    let mut by_entries = old.by_entries.clone();
-                    for (field, value) in fields {
-                        let Some(entries) = entries_of_field(&field) else {
-                            continue;
-                        };
-                        let current = value.as_deref().and_then(|text| read_override(domain, text));
-                        let previous = match &current {
-                            Some(current) => by_entries.insert(entries, Arc::clone(current)),
-                            None => by_entries.remove(&entries),
-                        };
-                        changed.push(Changed {
-                            domain: domain.to_owned(),
-                            previous,
-                            current,
-                            expired_here: false,
-                        });
-                    }
-                    self.install(domain, |held| {
-                        (held.version == old.version).then(|| DomainOverrides { version, by_entries })
-                    });
-                }
-                _ => {
-                    let (version, fields) = table.load().await?;
-                    let by_entries = fields
-                        .into_iter()
-                        .filter_map(|(field, text)| Some((entries_of_field(&field)?, read_override(domain, &text)?)))
-                        .collect();
-                    self.install(domain, |_| Some(DomainOverrides { version, by_entries }));
-                }
+            let follower = self.follower(domain);
+            // A field that does not read as a descriptor is left out; a
+            // value that does not read as an override counts as none.
+            let read = |field: &str, text: Option<&str>| {
+                let current = text.and_then(|text| read_override(domain, text));
+                Some((entries_of_field(field)?, current))
+            };
+            for applied in follower.refresh(&table, read).await? {
+                changed.push(Changed {
+                    domain: domain.to_owned(),
+                    previous: applied.previous,
+                    current: applied.current,
+                    expired_here: false,
+                });
             }
             // Expired ones leave the store (only if nobody replaced them).
-            let expired: Vec<Arc<Override>> = self
-                .domain(domain)
-                .map(|held| held.iter().filter(|found| !found.in_force(now)).cloned().collect())
-                .unwrap_or_default();
+            let expired: Vec<Arc<Override>> = follower
+                .load()
+                .iter()
+                .filter(|found| !found.in_force(now))
+                .cloned()
+                .collect();
             for found in expired {
                 let text = serde_json::to_string(&found.stored).map_err(OverrideError::Encode)?;
                 let field = Override::field(&found.stored.descriptor);
                 if let Some(change) = table.delete_if(&field, &text).await? {
-                    self.apply(domain, change.version, vec![(found.entries(), None)]);
+                    follower.apply(change.version - 1, change.version, vec![(found.entries(), None)]);
                     changed.push(Changed {
                         domain: domain.to_owned(),
                         previous: Some(found),
@@ -475,32 +423,29 @@ impl Overrides {
 
     /// Drops the expired overrides of `domain` kept in this process.
     fn expire_local(&self, domain: &str, now: u64) -> Vec<Changed> {
-        let mut changed = Vec::new();
-        self.install(domain, |old| {
-            let expired: Vec<_> = old
-                .by_entries
-                .iter()
-                .filter(|(_, found)| !found.in_force(now))
-                .map(|(entries, _)| entries.clone())
-                .collect();
-            if expired.is_empty() {
-                return None;
-            }
-            let mut by_entries = old.by_entries.clone();
-            for entries in expired {
-                changed.push(Changed {
-                    domain: domain.to_owned(),
-                    previous: by_entries.remove(&entries),
-                    current: None,
-                    expired_here: true,
-                });
-            }
-            Some(DomainOverrides {
-                version: old.version + 1,
-                by_entries,
+        let follower = self.follower(domain);
+        follower
+            .edit(|map| {
+                let expired: Vec<Entries> = map
+                    .entries()
+                    .filter(|(_, found)| !found.in_force(now))
+                    .map(|(entries, _)| entries.clone())
+                    .collect();
+                if expired.is_empty() {
+                    return None;
+                }
+                let changed = expired
+                    .into_iter()
+                    .map(|entries| Changed {
+                        domain: domain.to_owned(),
+                        previous: map.remove(&entries),
+                        current: None,
+                        expired_here: true,
+                    })
+                    .collect();
+                Some(changed)
             })
-        });
-        changed
+            .unwrap_or_default()
     }
 }
 

@@ -75,7 +75,7 @@ impl Service {
             persistence: self
                 .lasting()
                 .map(|lasting| lasting.describe().trim_start_matches("# store: ").trim().to_owned()),
-            overrides: self.overrides().all().values().map(|domain| domain.len()).sum(),
+            overrides: self.overrides().all().iter().map(|(_, domain)| domain.len()).sum(),
             alert_webhook: self.options.alert_webhook.clone(),
             alerts_waiting: self.alerts_waiting(),
             p99_ms: recent.map(|(p99, _)| p99.as_secs_f64() * 1_000.0),
