@@ -458,7 +458,7 @@ impl Overrides {
         let now = self.now();
         let all = self.all();
         let mut lines: Vec<String> = Vec::new();
-        for (domain, overrides) in all.iter() {
+        for (domain, overrides) in &all {
             for found in overrides.iter().filter(|found| found.in_force(now)) {
                 let mut line = found.rule.dump_line(domain);
                 line.push_str(", override");

@@ -167,7 +167,7 @@ impl Service {
 
     /// Publishes how many overrides each domain has in force.
     fn count_overrides(&self) {
-        for (domain, overrides) in self.overrides.all().iter() {
+        for (domain, overrides) in &self.overrides.all() {
             self.metrics.overrides_in_force(domain, overrides.len());
         }
     }
