@@ -2,10 +2,7 @@
 // Each test binary uses a part of it (the kit's modules re-exported too).
 #![allow(dead_code, unused_imports)]
 
-pub use tollgate_testkit::{python_venv, redis_cluster, redis_server};
-
-pub mod envoy;
-pub mod tcp_proxy;
+pub use tollgate_testkit::{envoy, python_venv, redis_cluster, redis_server, tcp_proxy};
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::Path;

