@@ -720,10 +720,10 @@ impl Worker {
                     let followed = if self.op == BenchOp::Settle {
                         // Through the settlement's own road (refunds of one
                         // subject under way together go as one).
-                        let actual = cost - follow_up.cost;
+                        let actual = cost - follow_up.units();
                         let settled = self.limiter.settle(subject, outcome.decided_at, cost, actual).await;
                         // The settlement gave back what it did not use.
-                        settled.map(|_| tally.units -= granted.min(follow_up.cost))
+                        settled.map(|_| tally.units -= granted.min(follow_up.units()))
                     } else {
                         let recorded = self.limiter.decide(subject, &follow_up).await;
                         recorded.map(|after| tally.units += after.granted)

@@ -72,7 +72,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use follower::{Applied, Followed, FollowedMap, TableFollower};
 pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
 pub use overrides::PolicyOverrides;
-pub use policy::{Op, Policy, Request};
+pub use policy::{Cost, Op, Policy, Request};
 pub use store::{
     AnyStore, LeaseStats, LeasedStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore,
     ResilientStoreBuilder, Spread, SpreadBuilder, Store, StoreConnector, SubjectPage,

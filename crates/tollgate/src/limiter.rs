@@ -308,9 +308,12 @@ impl<S: Store> Limiter<S> {
                 let refund =
                     |at, cost| async move { self.decision(subject, Op::Refund { at, lease: None }, cost).await };
                 let key = (subject.clone(), keys);
-                self.settling.refund(key, taken_at, settlement.cost, refund).await
+                self.settling.refund(key, taken_at, settlement.units(), refund).await
             }
-            _ => self.decision(subject, settlement.op, settlement.cost).await,
+            _ => {
+                let units = settlement.units();
+                self.decision(subject, settlement.op, units).await
+            }
         }
     }
 

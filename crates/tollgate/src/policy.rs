@@ -78,14 +78,10 @@ pub enum Op {
 pub struct Request {
     /// What to do.
     pub op: Op,
-    /// Units the request weighs.
-    pub cost: u64,
+    /// Units the request weighs on each limit of the policy.
+    pub cost: Cost,
     /// The instant to decide at; `None` asks the store.
     pub now: Option<Timestamp>,
-    /// A cost for each limit of the policy, in its order, instead of `cost`
-    /// for all (a gateway request weighing differently on each of its
-    /// descriptors). Empty: `cost` for every limit.
-    pub costs: Vec<u64>,
     /// For each limit of the policy, in its order, what a store's alert
     /// outbox writes with a crossing of one of its thresholds (who and what
     /// crossed, as the caller names them; shared, not copied, from call to
@@ -93,23 +89,69 @@ pub struct Request {
     pub labels: Option<Arc<[Arc<str>]>>,
 }
 
+/// What a request weighs on each limit of its policy: one cost for every
+/// limit, or one per limit (a row each). An admitted request grants
+/// [`Cost::units`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// The same units on every limit.
+    Same(u64),
+    /// `costs[i]` units on limit `i`, in the policy's order (a gateway
+    /// request weighing differently on each of its descriptors); as many as
+    /// the policy has limits.
+    PerLimit(Vec<u64>),
+}
+
+impl Cost {
+    /// The units the request weighs: the most any limit is asked.
+    #[inline]
+    pub fn units(&self) -> u64 {
+        match self {
+            Self::Same(units) => *units,
+            Self::PerLimit(costs) => costs.iter().copied().max().unwrap_or(0),
+        }
+    }
+
+    /// The units limit `index` is asked.
+    #[inline]
+    pub fn of(&self, index: usize) -> u64 {
+        match self {
+            Self::Same(units) => *units,
+            Self::PerLimit(costs) => costs.get(index).copied().unwrap_or(0),
+        }
+    }
+
+    /// True when each limit has a cost of its own.
+    #[inline]
+    pub fn is_per_limit(&self) -> bool {
+        matches!(self, Self::PerLimit(_))
+    }
+}
+
 impl Request {
-    /// A request for `op` weighing `cost`, decided at the store's time.
+    /// A request for `op` weighing `cost` on every limit, decided at the
+    /// store's time.
     pub fn new(op: Op, cost: u64) -> Self {
         Self {
             op,
-            cost,
+            cost: Cost::Same(cost),
             now: None,
-            costs: Vec::new(),
             labels: None,
         }
     }
 
-    /// Weighs the request `costs[i]` on limit `i` of the policy.
+    /// Weighs the request `costs[i]` on limit `i` of the policy
+    /// ([`Cost::PerLimit`]).
     #[must_use]
     pub fn with_costs(mut self, costs: Vec<u64>) -> Self {
-        self.costs = costs;
+        self.cost = Cost::PerLimit(costs);
         self
+    }
+
+    /// The units the request weighs ([`Cost::units`]).
+    #[inline]
+    pub fn units(&self) -> u64 {
+        self.cost.units()
     }
 
     /// Labels limit `i`'s alert crossings `labels[i]` in a store's outbox
@@ -126,17 +168,17 @@ impl Request {
     }
 
     /// The cost limit `index` sees.
+    #[inline]
     pub(crate) fn cost_of(&self, index: usize) -> u64 {
-        self.costs.get(index).copied().unwrap_or(self.cost)
+        self.cost.of(index)
     }
 
     /// This request as the limits at `indices` of its policy see it, with
     /// operation `op`.
     pub(crate) fn part(&self, op: Op, indices: &[usize]) -> Self {
-        let costs = if self.costs.is_empty() {
-            Vec::new()
-        } else {
-            indices.iter().map(|&index| self.cost_of(index)).collect()
+        let cost = match &self.cost {
+            Cost::Same(units) => Cost::Same(*units),
+            Cost::PerLimit(_) => Cost::PerLimit(indices.iter().map(|&index| self.cost_of(index)).collect()),
         };
         let labels = self.labels.as_ref().map(|_| {
             indices
@@ -146,9 +188,8 @@ impl Request {
         });
         Self {
             op,
-            cost: self.cost,
+            cost,
             now: self.now,
-            costs,
             labels,
         }
     }
@@ -428,7 +469,7 @@ impl Policy {
     #[inline]
     pub(crate) fn validate(&self, request: &Request) -> Result<()> {
         // The common case: every limit but a concurrency one takes a check.
-        if matches!(request.op, Op::Check) && request.costs.is_empty() && !self.has_concurrency() {
+        if matches!(request.op, Op::Check) && !request.cost.is_per_limit() && !self.has_concurrency() {
             return Ok(());
         }
         self.validate_each(request)
@@ -437,11 +478,11 @@ impl Policy {
     /// [`Policy::validate`] asking each limit.
     #[inline(never)]
     fn validate_each(&self, request: &Request) -> Result<()> {
-        if !request.costs.is_empty() {
-            if request.costs.len() != self.limits.len() {
+        if let Cost::PerLimit(costs) = &request.cost {
+            if costs.len() != self.limits.len() {
                 return Err(Error::invalid_argument(format!(
                     "costs has {} entries for a policy of {} limits",
-                    request.costs.len(),
+                    costs.len(),
                     self.limits.len()
                 )));
             }
@@ -516,7 +557,10 @@ impl Policy {
                 .min()
                 .unwrap_or(0)
         });
-        let cost_of = |index: usize| request.costs.get(index).copied().unwrap_or(cost);
+        let cost_of = |index: usize| match &request.cost {
+            Cost::Same(_) => cost,
+            Cost::PerLimit(costs) => costs.get(index).copied().unwrap_or(cost),
+        };
         let mut steps = Vec::with_capacity(self.limits.len());
         for (index, ((_, limit), state)) in self.limits.iter().zip(states).enumerate() {
             steps.push(limit.decide(*state, now, action, cost_of(index)));
@@ -682,7 +726,10 @@ impl Policy {
     ) -> SingleStep<C> {
         let cost = resolved_cost(request, available);
         let action = Self::action(&request.op);
-        let cost_seen = request.costs.first().copied().unwrap_or(cost);
+        let cost_seen = match &request.cost {
+            Cost::Same(_) => cost,
+            Cost::PerLimit(costs) => costs.first().copied().unwrap_or(cost),
+        };
         let mut step = decide(action, cost_seen);
         let allowed = step.decision.allowed;
         if !allowed && action == Action::Check && self.limits[0].1.records_overage() {
@@ -775,13 +822,14 @@ struct SingleStep<C> {
 /// will be.
 fn resolved_cost(request: &Request, available: impl FnOnce() -> u64) -> u64 {
     if !matches!(request.op, Op::CheckAtMost) {
-        return request.cost;
+        return request.units();
     }
     let available = available();
-    if available == 0 && request.cost > 0 {
+    let cost = request.units();
+    if available == 0 && cost > 0 {
         1
     } else {
-        available.min(request.cost)
+        available.min(cost)
     }
 }
 

@@ -202,7 +202,7 @@ impl Service {
             let taken_at = tollgate::Timestamp::from_micros(open.taken_at);
             let settlement = tollgate::Request::settlement(taken_at, estimate, actual);
             let request = CheckRequest {
-                cost: Some(settlement.cost),
+                cost: Some(settlement.units()),
                 ..open.request.clone()
             };
             self.adjust(&request, &settlement.op).await?

@@ -281,19 +281,19 @@ impl<S: Store> LeasedStore<S> {
         Arc::clone(entry)
     }
 
-    /// A leased check of `request.cost` units of `subject` under `policy`.
+    /// A leased check of `request.units()` units of `subject` under `policy`.
     async fn check(&self, subject: &Subject, policy: &Policy, request: &Request, lease: Duration) -> Result<Outcome> {
         let entry = self.entry(subject, policy, lease);
         self.check_entry(&entry, request).await
     }
 
-    /// A leased check of `request.cost` units on `entry`'s block (its
+    /// A leased check of `request.units()` units on `entry`'s block (its
     /// subject and policy are the request's). The caller holds `entry`, so
     /// no sweep forgets it before its block is recorded.
     async fn check_entry(&self, entry: &Entry, request: &Request) -> Result<Outcome> {
         let shared = &*self.shared;
         shared.decisions.fetch_add(1, Ordering::Relaxed);
-        let cost = request.cost;
+        let cost = request.units();
         let now = request.now.unwrap_or_else(|| shared.clock.now());
         if let Some(answer) = entry.block.lock().answer(cost, now) {
             return Ok(answer);
@@ -731,7 +731,9 @@ impl<S: Store> Store for LeasedStore<S> {
 
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         match policy.lease() {
-            Some(lease) if self.leasing && request.op == Op::Check && request.costs.is_empty() && request.cost > 0 => {
+            Some(lease)
+                if self.leasing && request.op == Op::Check && !request.cost.is_per_limit() && request.units() > 0 =>
+            {
                 policy.validate(request)?;
                 self.check(subject, policy, request, lease).await
             }

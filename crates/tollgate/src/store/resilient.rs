@@ -43,7 +43,7 @@ use super::{MemoryStore, Spread, Store};
 use crate::clock::{Clock as _, Sleep, SystemClock};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
-use crate::policy::{Op, Policy, Request};
+use crate::policy::{Cost, Op, Policy, Request};
 use crate::subject::Subject;
 
 /// What a decision is when the store fails (an error, a missed deadline, an
@@ -451,7 +451,7 @@ impl<S: Store> ResilientStore<S> {
                     }
                 });
                 let now = request.now.unwrap_or_else(|| SystemClock.now()).as_micros();
-                let mut outcome = policy.outcome(&request.op, allowed, request.cost, now, decisions);
+                let mut outcome = policy.outcome(&request.op, allowed, request.units(), now, decisions);
                 outcome.path = Path::Policy;
                 inner.counts.policy.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
@@ -677,8 +677,7 @@ struct Denial {
     subject: String,
     policy: Policy,
     op: Op,
-    cost: u64,
-    costs: Vec<u64>,
+    cost: Cost,
     outcome: Outcome,
     at: Instant,
     until: Instant,
@@ -728,7 +727,6 @@ impl DenyCache {
         let same = denial.subject == subject.as_key()
             && denial.op == request.op
             && denial.cost == request.cost
-            && denial.costs == request.costs
             && denial.policy == *policy;
         if !same {
             return None;
@@ -771,8 +769,7 @@ impl DenyCache {
                 subject: subject.as_key().to_owned(),
                 policy: policy.clone(),
                 op: request.op.clone(),
-                cost: request.cost,
-                costs: request.costs.clone(),
+                cost: request.cost.clone(),
                 outcome: outcome.clone(),
                 at,
                 until,

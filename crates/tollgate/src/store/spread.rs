@@ -282,7 +282,7 @@ where
     let mut outcome = policy.outcome(
         &request.op,
         allowed,
-        request.cost,
+        request.units(),
         decided_at.as_micros(),
         decisions.into_iter(),
     );

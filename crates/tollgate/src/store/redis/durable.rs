@@ -301,7 +301,7 @@ fn wait_error(error: redis::RedisError, durability: Durability) -> Error {
 /// True when `request` counts units (a durable limit then waits): not a
 /// peek, a reset or a release.
 pub(super) fn counts(request: &Request) -> bool {
-    request.cost > 0 && !matches!(request.op, Op::Release { .. })
+    request.units() > 0 && !matches!(request.op, Op::Release { .. })
 }
 
 /// The `WAIT 1 <ms>` or `WAITAOF 1 0 <ms>` that follows a durable record.

@@ -813,7 +813,7 @@ impl RedisStore {
             .map(|now| now.as_micros().min(i64::MAX.cast_unsigned()));
         let mut head = match op {
             OpCode::Reset => Head::reset(policy.len(), now),
-            _ => Head::new(&request.op, request.cost, policy.len(), now),
+            _ => Head::new(&request.op, request.units(), policy.len(), now),
         };
         let outbox = self
             .inner
