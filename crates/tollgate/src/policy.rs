@@ -91,40 +91,52 @@ pub struct Request {
 
 /// What a request weighs on each limit of its policy: one cost for every
 /// limit, or one per limit (a row each). An admitted request grants
-/// [`Cost::units`].
+/// [`Cost::units`], the most any limit is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cost {
-    /// The same units on every limit.
-    Same(u64),
-    /// `costs[i]` units on limit `i`, in the policy's order (a gateway
-    /// request weighing differently on each of its descriptors); as many as
-    /// the policy has limits.
-    PerLimit(Vec<u64>),
+pub struct Cost {
+    /// The most any limit is asked.
+    units: u64,
+    /// One cost per limit, in the policy's order; empty: `units` on every
+    /// limit.
+    per_limit: Vec<u64>,
 }
 
 impl Cost {
+    /// The same `units` on every limit.
+    #[inline]
+    pub fn same(units: u64) -> Self {
+        Self {
+            units,
+            per_limit: Vec::new(),
+        }
+    }
+
+    /// `costs[i]` units on limit `i`, in the policy's order (a gateway
+    /// request weighing differently on each of its descriptors); as many as
+    /// the policy has limits.
+    pub fn per_limit(costs: Vec<u64>) -> Self {
+        Self {
+            units: costs.iter().copied().max().unwrap_or(0),
+            per_limit: costs,
+        }
+    }
+
     /// The units the request weighs: the most any limit is asked.
     #[inline]
     pub fn units(&self) -> u64 {
-        match self {
-            Self::Same(units) => *units,
-            Self::PerLimit(costs) => costs.iter().copied().max().unwrap_or(0),
-        }
+        self.units
     }
 
     /// The units limit `index` is asked.
     #[inline]
     pub fn of(&self, index: usize) -> u64 {
-        match self {
-            Self::Same(units) => *units,
-            Self::PerLimit(costs) => costs.get(index).copied().unwrap_or(0),
-        }
+        self.per_limit.get(index).copied().unwrap_or(self.units)
     }
 
-    /// True when each limit has a cost of its own.
+    /// Each limit's cost, when they have one each.
     #[inline]
-    pub fn is_per_limit(&self) -> bool {
-        matches!(self, Self::PerLimit(_))
+    pub fn each(&self) -> Option<&[u64]> {
+        (!self.per_limit.is_empty()).then_some(self.per_limit.as_slice())
     }
 }
 
@@ -134,17 +146,17 @@ impl Request {
     pub fn new(op: Op, cost: u64) -> Self {
         Self {
             op,
-            cost: Cost::Same(cost),
+            cost: Cost::same(cost),
             now: None,
             labels: None,
         }
     }
 
     /// Weighs the request `costs[i]` on limit `i` of the policy
-    /// ([`Cost::PerLimit`]).
+    /// ([`Cost::per_limit`]).
     #[must_use]
     pub fn with_costs(mut self, costs: Vec<u64>) -> Self {
-        self.cost = Cost::PerLimit(costs);
+        self.cost = Cost::per_limit(costs);
         self
     }
 
@@ -176,9 +188,9 @@ impl Request {
     /// This request as the limits at `indices` of its policy see it, with
     /// operation `op`.
     pub(crate) fn part(&self, op: Op, indices: &[usize]) -> Self {
-        let cost = match &self.cost {
-            Cost::Same(units) => Cost::Same(*units),
-            Cost::PerLimit(_) => Cost::PerLimit(indices.iter().map(|&index| self.cost_of(index)).collect()),
+        let cost = match self.cost.each() {
+            None => self.cost.clone(),
+            Some(_) => Cost::per_limit(indices.iter().map(|&index| self.cost_of(index)).collect()),
         };
         let labels = self.labels.as_ref().map(|_| {
             indices
@@ -469,7 +481,7 @@ impl Policy {
     #[inline]
     pub(crate) fn validate(&self, request: &Request) -> Result<()> {
         // The common case: every limit but a concurrency one takes a check.
-        if matches!(request.op, Op::Check) && !request.cost.is_per_limit() && !self.has_concurrency() {
+        if matches!(request.op, Op::Check) && request.cost.each().is_none() && !self.has_concurrency() {
             return Ok(());
         }
         self.validate_each(request)
@@ -478,7 +490,7 @@ impl Policy {
     /// [`Policy::validate`] asking each limit.
     #[inline(never)]
     fn validate_each(&self, request: &Request) -> Result<()> {
-        if let Cost::PerLimit(costs) = &request.cost {
+        if let Some(costs) = request.cost.each() {
             if costs.len() != self.limits.len() {
                 return Err(Error::invalid_argument(format!(
                     "costs has {} entries for a policy of {} limits",
@@ -557,9 +569,12 @@ impl Policy {
                 .min()
                 .unwrap_or(0)
         });
-        let cost_of = |index: usize| match &request.cost {
-            Cost::Same(_) => cost,
-            Cost::PerLimit(costs) => costs.get(index).copied().unwrap_or(cost),
+        let cost_of = |index: usize| {
+            request
+                .cost
+                .each()
+                .and_then(|costs| costs.get(index).copied())
+                .unwrap_or(cost)
         };
         let mut steps = Vec::with_capacity(self.limits.len());
         for (index, ((_, limit), state)) in self.limits.iter().zip(states).enumerate() {
@@ -726,10 +741,11 @@ impl Policy {
     ) -> SingleStep<C> {
         let cost = resolved_cost(request, available);
         let action = Self::action(&request.op);
-        let cost_seen = match &request.cost {
-            Cost::Same(_) => cost,
-            Cost::PerLimit(costs) => costs.first().copied().unwrap_or(cost),
-        };
+        let cost_seen = request
+            .cost
+            .each()
+            .and_then(|costs| costs.first().copied())
+            .unwrap_or(cost);
         let mut step = decide(action, cost_seen);
         let allowed = step.decision.allowed;
         if !allowed && action == Action::Check && self.limits[0].1.records_overage() {
@@ -820,6 +836,7 @@ struct SingleStep<C> {
 /// `available()`, the least any limit has: as much of the cost as is
 /// available, or one unit when nothing is, so that the denial says when one
 /// will be.
+#[inline]
 fn resolved_cost(request: &Request, available: impl FnOnce() -> u64) -> u64 {
     if !matches!(request.op, Op::CheckAtMost) {
         return request.units();

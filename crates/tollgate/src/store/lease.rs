@@ -732,7 +732,7 @@ impl<S: Store> Store for LeasedStore<S> {
     async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
         match policy.lease() {
             Some(lease)
-                if self.leasing && request.op == Op::Check && !request.cost.is_per_limit() && request.units() > 0 =>
+                if self.leasing && request.op == Op::Check && request.cost.each().is_none() && request.units() > 0 =>
             {
                 policy.validate(request)?;
                 self.check(subject, policy, request, lease).await
