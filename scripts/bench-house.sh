@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # The in-process decision against a base commit: every benchmark of the
 # `keyed` and `algorithms` benches of this tree and of BASE (default
-# 7521433, built in a worktree), run in turn ROUNDS times, each side first
-# in every other round. Prints each benchmark's median of the per-round
+# 7521433, built in a worktree), benchmark by benchmark, the two sides in
+# turn ROUNDS times, each first in every other round. Prints each benchmark's median of the per-round
 # ratios (this tree / base), the worst per group, and this tree's fair
 # groups against governor (same run). Targets: every group within 1.05 ×
 # of base, the fair groups at or under governor.
 #
-# Usage: scripts/bench-house.sh [criterion filter]
-# Environment: BASE (7521433), ROUNDS (5), WARM (0.5 s), MEASURE (1 s);
+# Usage: scripts/bench-house.sh [regex of benchmark ids]
+# Environment: BASE (7521433), ROUNDS (4), WARM (0.3 s), MEASURE (0.7 s);
 # BASE_TREE and BASE_TARGET reuse a worktree and a target directory already
 # built (default: target/house/tree and target/house/target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BASE=${BASE:-7521433}
-ROUNDS=${ROUNDS:-5}
-WARM=${WARM:-0.5}
-MEASURE=${MEASURE:-1}
+ROUNDS=${ROUNDS:-4}
+WARM=${WARM:-0.3}
+MEASURE=${MEASURE:-0.7}
 FILTER=${1:-}
 BASE_TREE=${BASE_TREE:-target/house/tree}
 BASE_TARGET=${BASE_TARGET:-$PWD/target/house/target}
@@ -44,25 +44,36 @@ echo "building this tree and $BASE ..." >&2
 mapfile -t new_bins < <(bench_bins . "$PWD/target")
 mapfile -t base_bins < <(bench_bins "$BASE_TREE" "$BASE_TARGET")
 
-# Runs one side's benches into $OUT/<side>/<round>.
-run_side() {
-    local side=$1 round=$2
-    shift 2
-    for bin in "$@"; do
-        CRITERION_HOME="$OUT/$side/$round" "$bin" --bench --noplot --warm-up-time "$WARM" \
-            --measurement-time "$MEASURE" ${FILTER:+"$FILTER"} >/dev/null 2>&1
-    done
+# Each benchmark of each bench, matched by `^id$` (and FILTER), as the
+# bench lists it.
+benchmarks() {
+    "$1" --bench --list 2>/dev/null | sed -n 's/: benchmark$//p' | grep -E -- "${FILTER:-.}" || true
 }
 
-for round in $(seq 1 "$ROUNDS"); do
-    echo "round $round of $ROUNDS" >&2
-    if ((round % 2)); then
-        run_side new "$round" "${new_bins[@]}"
-        run_side base "$round" "${base_bins[@]}"
-    else
-        run_side base "$round" "${base_bins[@]}"
-        run_side new "$round" "${new_bins[@]}"
-    fi
+# Runs benchmark $4 of side $1's bench $3 into $OUT/<side>/<round $2>.
+run_one() {
+    CRITERION_HOME="$OUT/$1/$2" "$3" --bench --noplot --warm-up-time "$WARM" \
+        --measurement-time "$MEASURE" "^$(printf '%s' "$4" | sed 's/[][+.*^$()|?{}]/\\&/g')\$" >/dev/null 2>&1
+}
+
+# Benchmark by benchmark, the two sides in turn ROUNDS times (each first
+# in every other round), so that each pair of runs meets the machine in the
+# same state: its load drifts over minutes, more than the differences
+# measured.
+for index in "${!new_bins[@]}"; do
+    new_bin=${new_bins[$index]} base_bin=${base_bins[$index]}
+    while IFS= read -r id; do
+        echo "$id" >&2
+        for round in $(seq 1 "$ROUNDS"); do
+            if ((round % 2)); then
+                run_one new "$round" "$new_bin" "$id"
+                run_one base "$round" "$base_bin" "$id"
+            else
+                run_one base "$round" "$base_bin" "$id"
+                run_one new "$round" "$new_bin" "$id"
+            fi
+        done
+    done < <(benchmarks "$new_bin")
 done
 
 python3 - "$OUT" "$ROUNDS" <<'PY'

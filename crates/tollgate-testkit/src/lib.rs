@@ -2,13 +2,15 @@
 //! `redis-server` processes (one, a Cluster, a Sentinel set), each stopped
 //! by its pid when dropped; test certificates; Python virtual environments
 //! for third-party clients; a real Envoy; a TCP proxy that can cut a
-//! replication stream. A dev-dependency only.
+//! replication stream; a slow link (a one-way delay, and a cut) between
+//! places far apart. A dev-dependency only.
 
 pub mod certs;
 pub mod envoy;
 pub mod python_venv;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod slow_link;
 pub mod tcp_proxy;
 
 /// The target directory's `tmp` (what Cargo names `CARGO_TARGET_TMPDIR` to

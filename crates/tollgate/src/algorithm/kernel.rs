@@ -54,28 +54,26 @@ impl WordKernel {
         self.0.available_word(word, now)
     }
 
-    /// The word a stored state holds (zero: none, or a state of another
-    /// algorithm: the limit was redefined).
-    #[inline]
-    #[allow(clippy::unused_self)] // the kernel's own state layout, one algorithm's today
-    pub(crate) fn word(self, state: &State) -> u64 {
-        match state {
-            // A fraction of a microsecond (an earlier definition's) rounds up.
-            State::Gcra(tat) => tat.at + u64::from(tat.frac > 0),
-            _ => 0,
-        }
-    }
-
-    /// Puts `word` in a stored state, for a store that keeps every limit's
-    /// state alike: in place when it holds a word already (nothing to drop).
+    /// The word a stored state holds, to read and write in place: none
+    /// when the state is not one word of this kernel (a state of another
+    /// algorithm, or of an earlier definition off whole microseconds: the
+    /// limit was redefined), which counts as no state.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
     #[allow(clippy::unused_self)] // the kernel's own state layout, one algorithm's today
-    pub(crate) fn put(self, state: &mut State, word: u64) {
+    pub(crate) fn word_mut(self, state: &mut State) -> Option<&mut u64> {
         match state {
-            State::Gcra(tat) => *tat = Tat { at: word, frac: 0 },
-            state => *state = State::Gcra(Tat { at: word, frac: 0 }),
+            State::Gcra(Tat { at, frac: 0 }) => Some(at),
+            _ => None,
         }
+    }
+
+    /// The stored state of `word`, for a store that keeps every limit's
+    /// state alike.
+    #[inline]
+    #[allow(clippy::unused_self)] // the kernel's own state layout, one algorithm's today
+    pub(crate) fn state(self, word: u64) -> State {
+        State::Gcra(Tat { at: word, frac: 0 })
     }
 
     /// When a state of `word` stops carrying information (µs since the

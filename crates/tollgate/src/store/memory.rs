@@ -172,8 +172,19 @@ impl Slot {
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
     fn decide_word(&mut self, kernel: &WordKernel, policy: &Policy, request: &Request, now: u64) -> Outcome {
-        let word = kernel.word(&self.state);
-        policy.decide_word(kernel, word, now, request, |word| self.put_word(kernel, word))
+        let seen = kernel.word_mut(&mut self.state).map_or(0, |word| *word);
+        policy.decide_word(kernel, seen, now, request, |new| self.put_word(kernel, new))
+    }
+
+    /// Puts `new` in this slot's word: in place when it holds one.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    fn put_word(&mut self, kernel: &WordKernel, new: u64) {
+        match kernel.word_mut(&mut self.state) {
+            Some(word) => *word = new,
+            None => self.state = kernel.state(new),
+        }
+        self.expires = kernel.expires(new);
     }
 
     /// [`Slot::decide_word`] for a check alone: the decision, the outcome
@@ -181,18 +192,16 @@ impl Slot {
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
     fn check_word(&mut self, kernel: &WordKernel, now: u64, cost: u64) -> Decision {
-        let step = kernel.check(kernel.word(&self.state), now, cost);
-        if let Some(word) = step.change {
-            self.put_word(kernel, word);
+        let word = kernel.word_mut(&mut self.state);
+        let step = kernel.check(word.as_deref().copied().unwrap_or(0), now, cost);
+        if let Some(new) = step.change {
+            match word {
+                Some(word) => *word = new,
+                None => self.state = kernel.state(new),
+            }
+            self.expires = kernel.expires(new);
         }
         step.decision
-    }
-
-    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
-    #[inline(always)]
-    fn put_word(&mut self, kernel: &WordKernel, word: u64) {
-        kernel.put(&mut self.state, word);
-        self.expires = kernel.expires(word);
     }
 }
 
