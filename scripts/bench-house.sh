@@ -60,8 +60,10 @@ run_one() {
 # in every other round), so that each pair of runs meets the machine in the
 # same state: its load drifts over minutes, more than the differences
 # measured.
-for index in "${!new_bins[@]}"; do
-    new_bin=${new_bins[$index]} base_bin=${base_bins[$index]}
+for new_bin in "${new_bins[@]}"; do
+    # The base's executable of the same bench (`<bench>-<hash>`).
+    bench=$(basename "$new_bin")
+    base_bin=$(printf '%s\n' "${base_bins[@]}" | grep "/${bench%-*}-[0-9a-f]*$")
     while IFS= read -r id; do
         echo "$id" >&2
         for round in $(seq 1 "$ROUNDS"); do

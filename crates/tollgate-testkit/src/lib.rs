@@ -24,3 +24,47 @@ pub fn target_tmp() -> String {
         .expect("the test runs from <target>/<profile>/deps");
     target.join("tmp").to_string_lossy().into_owned()
 }
+
+/// A listener on a free port of 127.0.0.1 served by a runtime of its own
+/// (one worker thread), so that it outlives any test's runtime; the
+/// runtime, and every task on it, ends when this is dropped.
+pub struct Listening {
+    port: u16,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Listening {
+    /// Binds a free port and spawns `serve(listener)` on the runtime.
+    pub fn start<F>(serve: impl FnOnce(tokio::net::TcpListener) -> F) -> Self
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a listener's runtime");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("a free port of 127.0.0.1");
+        let port = listener.local_addr().expect("local address").port();
+        runtime.spawn(serve(listener));
+        Self {
+            port,
+            runtime: Some(runtime),
+        }
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}

@@ -12,40 +12,28 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::Listening;
+
 /// A link on a port of its own to the server at `upstream`; its runtime
 /// (and every connection) ends when it is dropped.
 pub struct SlowLink {
-    port: u16,
+    listening: Listening,
     /// True while the link is cut.
     cut: watch::Sender<bool>,
-    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl SlowLink {
     /// Listens on a free port of 127.0.0.1, relaying to `upstream` there,
     /// each byte `delay` after it was sent, each way.
     pub fn start(upstream: u16, delay: Duration) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("the link's runtime");
-        let listener = runtime
-            .block_on(TcpListener::bind("127.0.0.1:0"))
-            .expect("the link binds a port");
-        let port = listener.local_addr().expect("local address").port();
         let (cut, cuts) = watch::channel(false);
-        runtime.spawn(accept(listener, upstream, delay, cuts));
-        Self {
-            port,
-            cut,
-            runtime: Some(runtime),
-        }
+        let listening = Listening::start(|listener| accept(listener, upstream, delay, cuts));
+        Self { listening, cut }
     }
 
     /// The port clients connect to.
     pub fn port(&self) -> u16 {
-        self.port
+        self.listening.port()
     }
 
     /// Cuts the link: every connection is closed, and new ones are closed
@@ -57,14 +45,6 @@ impl SlowLink {
     /// Restores a cut link: new connections go through again.
     pub fn restore(&self) {
         self.cut.send_replace(false);
-    }
-}
-
-impl Drop for SlowLink {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
     }
 }
 

@@ -18,52 +18,33 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::Listening;
+
 /// A proxy on a port of its own, relaying to the server at `upstream`; its
 /// runtime (and every connection) ends when it is dropped.
 pub struct TcpProxy {
-    port: u16,
+    listening: Listening,
     cut: Arc<AtomicBool>,
-    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl TcpProxy {
     /// Listens on a free port of 127.0.0.1, relaying to `upstream` there.
     pub fn start(upstream: u16) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("the proxy's runtime");
-        let listener = runtime
-            .block_on(TcpListener::bind("127.0.0.1:0"))
-            .expect("the proxy binds a port");
-        let port = listener.local_addr().expect("local address").port();
         let cut = Arc::new(AtomicBool::new(false));
-        runtime.spawn(accept(listener, upstream, Arc::clone(&cut)));
-        Self {
-            port,
-            cut,
-            runtime: Some(runtime),
-        }
+        let cuts = Arc::clone(&cut);
+        let listening = Listening::start(move |listener| accept(listener, upstream, cuts));
+        Self { listening, cut }
     }
 
     /// The port clients connect to.
     pub fn port(&self) -> u16 {
-        self.port
+        self.listening.port()
     }
 
     /// From now on, drops what the server sends on replication connections
     /// (those open and those to come).
     pub fn cut_replication(&self) {
         self.cut.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
     }
 }
 
