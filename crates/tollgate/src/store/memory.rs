@@ -149,7 +149,10 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     words_equal && a_words.remainder().iter().zip(b_words.remainder()).all(|(x, y)| x == y)
 }
 
-/// The state of one limit of one subject.
+/// The state of one limit of one subject, on a cache line of its own: a
+/// lookup compares the key and reads or writes the state in one line (at
+/// 8-byte alignment most slots would straddle two).
+#[repr(align(64))]
 struct Slot {
     key: Key,
     state: State,
