@@ -49,7 +49,7 @@ const SHARDS: usize = 256;
 /// One shard: descriptors' entries and their overrides.
 type Shard = HashTable<(Entries, Arc<Override>)>;
 
-/// Overrides by their descriptor's entries, in [`SHARDS`] shards. One hash
+/// Overrides by their descriptor's entries, in 256 shards. One hash
 /// of the entries picks the shard (its top bits) and the slot in it.
 #[derive(Debug, Clone)]
 pub struct Table {
