@@ -163,15 +163,6 @@ async fn serve_trusting(
     on_port_0(Server::new(config(CONFIG), None, store, options)).await
 }
 
-/// The runtime each test runs its replicas on.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// Eight clients spend more than tenant `tenant`'s 1 000 a day, 1 to 3
 /// hits at a time, through `replicas` in turn.
 async fn spend(replicas: &[&OnPort0], tenant: &str) {
@@ -253,7 +244,7 @@ const OUTAGE: Duration = Duration::from_secs(10);
 #[test]
 fn two_replicas_on_one_redis_deliver_each_crossing_once_through_a_failing_webhook() {
     let server = RedisServer::start_with_module(&[]);
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     runtime.block_on(async {
         for engine in ["module", "lua"] {
             let (url, received) = webhook_down_for(OUTAGE).await;
@@ -282,7 +273,7 @@ fn two_replicas_on_one_redis_deliver_each_crossing_once_through_a_failing_webhoo
 
 #[test]
 fn the_memory_store_delivers_each_crossing_once() {
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     runtime.block_on(async {
         let (url, received) = webhook(2).await;
         let one = serve(AnyStore::Memory(MemoryStore::new()), &url).await;
@@ -298,7 +289,7 @@ fn the_memory_store_delivers_each_crossing_once() {
 
 #[test]
 fn an_https_webhook_signed_by_a_private_ca_is_delivered_to() {
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     runtime.block_on(async {
         let (url, received, authority) = https_webhook().await;
         let roots = tollgate_server::tls::ca_certificates(&authority.ca()).unwrap();

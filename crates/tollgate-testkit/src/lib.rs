@@ -25,6 +25,16 @@ pub fn target_tmp() -> String {
     target.join("tmp").to_string_lossy().into_owned()
 }
 
+/// A runtime of two worker threads, for a test that drives several
+/// clients (replicas, processes) from its own thread.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a test's runtime")
+}
+
 /// A listener on a free port of 127.0.0.1 served by a runtime of its own
 /// (one worker thread), so that it outlives any test's runtime; the
 /// runtime, and every task on it, ends when this is dropped.

@@ -141,11 +141,7 @@ proptest! {
 #[test]
 fn each_crossing_is_reported_once_across_processes() {
     let server = RedisServer::start_with_module(&[]);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tollgate_testkit::runtime();
     for engine in ["module", "lua"] {
         let url = format!("{}?engine={engine}", server.url());
         let crossings: Vec<Crossing> = runtime.block_on(async {

@@ -41,14 +41,6 @@ async fn store(url: &str) -> RedisStore {
         .expect("connect")
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// The Lua library's commands: FCALL, or EVALSHA before Redis 7.
 const LIBRARY: &[&str] = &["fcall", "evalsha"];
 
@@ -83,7 +75,7 @@ fn library_calls(cluster: &RedisCluster) -> u64 {
 fn cluster_store_conforms_and_decides_exactly_as_memory() {
     let _serial = one_at_a_time();
     let cluster = RedisCluster::start();
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let url = cluster.url();
     runtime.block_on(common::conformance::run_all(|| store(&url)));
     let redis = runtime.block_on(store(&url));
@@ -126,7 +118,7 @@ fn cluster_store_conforms_and_decides_exactly_as_memory() {
 fn the_library_is_on_every_master_and_reloaded_when_lost() {
     let _serial = one_at_a_time();
     let cluster = RedisCluster::start();
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let limiter = Limiter::new(
         runtime.block_on(store(&cluster.url())),
         Limit::gcra(100, Duration::from_secs(1), 100).unwrap(),
@@ -195,7 +187,7 @@ fn a_cluster_store_takes_the_module_only_when_every_master_has_it() {
         !cluster.node(0).cli(&["MODULE", "LIST"]).contains("tollgate"),
         "node 0 has the module: run this test without TOLLGATE_LOAD_MODULE=1"
     );
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let url = cluster.url();
 
     let lua = runtime.block_on(store(&format!("{url}?engine=auto")));
@@ -253,7 +245,7 @@ fn admits_exactly_its_limit(runtime: &tokio::runtime::Runtime, redis: &RedisStor
 fn concurrent_decisions_over_many_subjects_stay_exact() {
     let _serial = one_at_a_time();
     let cluster = RedisCluster::start();
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let policy = Policy::new([
         ("per_hour", Limit::sliding_log(7, Duration::from_secs(3_600)).unwrap()),
         (
@@ -304,7 +296,7 @@ fn concurrent_decisions_over_many_subjects_stay_exact() {
 fn a_decision_across_slots_is_refunded_when_one_slot_denies() {
     let _serial = one_at_a_time();
     let cluster = RedisCluster::start();
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let redis = runtime.block_on(store(&cluster.url()));
     let slot = |subject: &Subject| {
         cluster
@@ -367,7 +359,7 @@ fn a_decision_across_slots_is_refunded_when_one_slot_denies() {
 fn a_resharding_mid_run_raises_no_error() {
     let _serial = one_at_a_time();
     let cluster = RedisCluster::start();
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     // A slow answer is not what this test is about (a loaded machine can take
     // over a second while slots move): only redirections must not fail a call.
     let redis = runtime.block_on(async {
@@ -490,7 +482,7 @@ async fn decide_until_stopped(
 fn decisions_resume_after_a_master_fails_over() {
     let _serial = one_at_a_time();
     let mut cluster = RedisCluster::start();
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let redis = runtime.block_on(async {
         RedisStore::builder(cluster.url())
             .timeout(Duration::from_millis(500))
@@ -579,7 +571,7 @@ fn decisions_resume_after_a_master_fails_over() {
 fn sentinel_failover_is_followed() {
     let _serial = one_at_a_time();
     let mut set = SentinelSet::start("tollgate");
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     // Database 3: the master's settings go to each master found.
     let redis = runtime.block_on(async {
         RedisStore::builder(format!("{}?db=3", set.url()))
@@ -634,7 +626,7 @@ fn sentinel_failover_is_followed() {
 
 #[test]
 fn cluster_and_sentinel_urls_are_checked() {
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     for (url, expected) in [
         ("redis+cluster://", "host:port"),
         ("redis+cluster://127.0.0.1:1/2", "only database 0"),
@@ -670,7 +662,7 @@ fn cluster_and_sentinel_urls_are_checked() {
 fn sentinel_manual_failover_is_followed() {
     let _serial = one_at_a_time();
     let set = SentinelSet::start("manual");
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let limiter = Limiter::new(
         runtime.block_on(store(&set.url())),
         Limit::sliding_log(1_000, Duration::from_secs(3_600)).unwrap(),
@@ -702,7 +694,7 @@ fn sentinel_manual_failover_is_followed() {
 fn tls_cluster_with_a_private_ca() {
     let _serial = one_at_a_time();
     let (cluster, ca) = RedisCluster::start_tls();
-    let runtime = runtime();
+    let runtime = tollgate_testkit::runtime();
     let url = cluster.url();
     assert!(url.starts_with("rediss+cluster://"), "{url}");
     let redis = runtime.block_on(RedisStore::builder(url.as_str()).tls_root_certificate(ca).connect());

@@ -195,14 +195,10 @@ impl Slot {
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
     fn check_word(&mut self, kernel: &WordKernel, now: u64, cost: u64) -> Decision {
-        let word = kernel.word_mut(&mut self.state);
-        let step = kernel.check(word.as_deref().copied().unwrap_or(0), now, cost);
+        let seen = kernel.word_mut(&mut self.state).map_or(0, |word| *word);
+        let step = kernel.check(seen, now, cost);
         if let Some(new) = step.change {
-            match word {
-                Some(word) => *word = new,
-                None => self.state = kernel.state(new),
-            }
-            self.expires = kernel.expires(new);
+            self.put_word(kernel, new);
         }
         step.decision
     }
