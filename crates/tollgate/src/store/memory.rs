@@ -174,9 +174,24 @@ impl Slot {
     /// stays until the next sweep.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    fn decide_word(&mut self, kernel: &WordKernel, policy: &Policy, request: &Request, now: u64) -> Outcome {
-        let seen = kernel.word_mut(&mut self.state).map_or(0, |word| *word);
-        policy.decide_word(kernel, seen, now, request, |new| self.put_word(kernel, new))
+    fn decide_word(&mut self, kernel: &WordKernel, policy: &Policy, request: &Request, now: u64) -> Option<Outcome> {
+        let seen = self.word(kernel, now)?;
+        Some(policy.decide_word(kernel, seen, now, request, |new| self.put_word(kernel, new)))
+    }
+
+    /// The kernel's word in this slot: zero when the slot's state has
+    /// expired; none when it holds a live state the word cannot express (a
+    /// limit of the same name decided another way, or a GCRA instant with a
+    /// fraction of a microsecond), which only the general step reads right.
+    #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
+    #[inline(always)]
+    fn word(&mut self, kernel: &WordKernel, now: u64) -> Option<u64> {
+        let expired = self.expires <= now;
+        match kernel.word_mut(&mut self.state) {
+            Some(word) => Some(*word),
+            None if expired => Some(0),
+            None => None,
+        }
     }
 
     /// Puts `new` in this slot's word: in place when it holds one.
@@ -194,13 +209,13 @@ impl Slot {
     /// left unbuilt.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    fn check_word(&mut self, kernel: &WordKernel, now: u64, cost: u64) -> Decision {
-        let seen = kernel.word_mut(&mut self.state).map_or(0, |word| *word);
+    fn check_word(&mut self, kernel: &WordKernel, now: u64, cost: u64) -> Option<Decision> {
+        let seen = self.word(kernel, now)?;
         let step = kernel.check(seen, now, cost);
         if let Some(new) = step.change {
             self.put_word(kernel, new);
         }
-        step.decision
+        Some(step.decision)
     }
 }
 
@@ -335,10 +350,14 @@ impl MemoryStore {
         if let Some((name, name_hash, _)) = single {
             let place = Self::place(subject_hash, key, name, name_hash);
             if let Some(kernel) = policy.kernel() {
-                if let Some(slot) = shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
-                    return slot.decide_word(kernel, policy, request, now);
+                match shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
+                    Some(slot) => {
+                        if let Some(outcome) = slot.decide_word(kernel, policy, request, now) {
+                            return outcome;
+                        }
+                    }
+                    None => return self.decide_new(&mut shard, place, policy, request, now),
                 }
-                return self.decide_new(&mut shard, place, policy, request, now);
             }
             return self.decide_one(&mut shard, place, policy, request, now);
         }
@@ -391,11 +410,14 @@ impl MemoryStore {
         let (subject_hash, mut shard) = self.lock_shard(key, now);
         let (name, name_hash) = policy.first_name();
         let place = Self::place(subject_hash, key, name, name_hash);
-        if let Some(slot) = shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
-            return slot.check_word(kernel, now, cost);
+        let request = || Request::new(Op::Check, cost).at(Timestamp::from_micros(now));
+        match shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
+            Some(slot) => match slot.check_word(kernel, now, cost) {
+                Some(decision) => decision,
+                None => self.decide_one(&mut shard, place, policy, &request(), now).decision,
+            },
+            None => self.decide_new(&mut shard, place, policy, &request(), now).decision,
         }
-        let request = Request::new(Op::Check, cost).at(Timestamp::from_micros(now));
-        self.decide_new(&mut shard, place, policy, &request, now).decision
     }
 
     /// [`MemoryStore::check_at`] as a request; out of line, and without

@@ -86,3 +86,25 @@ fn a_limit_redefined_under_its_name_starts_afresh() {
     assert!(store.check(&subject, &window, 2).unwrap().allowed);
     assert_eq!(store.len(), 1);
 }
+
+/// A GCRA whose interval is not whole microseconds leaves an instant with a
+/// fraction, which no word holds: a whole-µs GCRA redefined under the same
+/// name reads it by the general step, as the Redis store does, and is
+/// refused until that instant.
+#[test]
+fn a_fractional_instant_under_a_kernels_name_is_read_by_the_general_step() {
+    let store = MemoryStore::with_clock(ManualClock::new(Timestamp::from_micros(T0)));
+    let subject = Subject::new("one");
+    let fractional = Policy::new([("rule", Limit::gcra(2, Duration::from_micros(616_497), 1).unwrap())]).unwrap();
+    let whole = Policy::new([("rule", Limit::gcra(1, Duration::from_micros(1), 1).unwrap())]).unwrap();
+    assert!(fractional.kernel().is_none() && whole.kernel().is_some());
+    assert!(store.check(&subject, &fractional, 1).unwrap().allowed);
+    let at = Timestamp::from_micros(T0);
+    let checked = store.check_at(&subject, &whole, 1, at).unwrap();
+    assert!(!checked.allowed);
+    assert_eq!(checked.retry_after, Some(Duration::from_micros(308_249)));
+    let decided = store
+        .decide_now(&subject, &whole, &Request::new(Op::Check, 1).at(at))
+        .unwrap();
+    assert_eq!(decided.decision, checked);
+}
