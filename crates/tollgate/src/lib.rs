@@ -63,7 +63,7 @@ pub mod wire;
 
 pub use algorithm::{
     ConcurrencySpec, Durability, FixedWindowSpec, GcraSpec, LeakyBucketSpec, Limit, LimitSpec, Period, Refill,
-    ReservationSpec, SlidingWindowSpec, TokenBucketSpec, WindowSpec, MOST_ALERTS,
+    ReservationSpec, Scope, SlidingWindowSpec, TokenBucketSpec, WindowSpec, MOST_ALERTS,
 };
 pub use clock::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
 pub use decision::{Crossing, Decision, Outcome, Path, Restrictiveness};
@@ -94,7 +94,7 @@ pub struct OverridesDoctests;
 
 #[cfg(feature = "redis")]
 pub use store::{
-    EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, SharedTable,
-    TableChange, TableChanges, DEFAULT_PREFIX,
+    EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, RegionStats,
+    RegionalStore, RegionalStoreBuilder, Share, SharedTable, TableChange, TableChanges, DEFAULT_PREFIX,
 };
 pub use subject::{subject_parts, Subject, SubjectPattern, MAX_KEY_LEN};

@@ -110,6 +110,16 @@ impl Subject {
     pub fn as_key(&self) -> &str {
         &self.key
     }
+
+    /// The subject whose encoded form is `key` (what [`Subject::as_key`]
+    /// gave): read back from a store.
+    #[cfg(feature = "redis")]
+    pub(crate) fn from_key(key: &str) -> Self {
+        Self {
+            key: key.to_owned(),
+            parts: key.split(':').count(),
+        }
+    }
 }
 
 /// The parts of an encoded subject ([`Subject::as_key`]), decoded (bytes

@@ -12,6 +12,7 @@ use super::encoding::{Encoded, Loaded, Members, SortedSet, Value};
 use super::fixed_window::FixedWindowSpec;
 use super::kernel::WordKernel;
 use super::registry::{Change, Kind, LimitSpec, Registered, State, ALGORITHMS};
+use super::scope::Scope;
 use super::{ConcurrencySpec, GcraSpec, LeakyBucketSpec, Refill, ReservationSpec, SlidingWindowSpec, TokenBucketSpec};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
@@ -34,6 +35,8 @@ pub struct Limit {
     /// [`Limit::alerting`]: thresholds (percent of the limit, rising) whose
     /// crossing a decision reports.
     alerts: Thresholds,
+    /// [`Limit::with_scope`]: where the limit holds.
+    pub(super) scope: Scope,
 }
 
 /// The most thresholds one limit alerts at.
@@ -71,6 +74,7 @@ impl LimitSpec {
             records_overage: false,
             durability: None,
             alerts: Thresholds::default(),
+            scope: Scope::Regional,
         })
     }
 
@@ -381,6 +385,10 @@ impl Limit {
                 ))
             }
         };
+        let scope = match value.as_object_mut().and_then(|fields| fields.remove("scope")) {
+            None => Scope::Regional,
+            Some(scope) => Scope::from_json(&scope)?,
+        };
         let durability = match value.as_object_mut().and_then(|fields| fields.remove("durable")) {
             None => None,
             Some(serde_json::Value::String(text)) => Some(Durability::parse(&text)?),
@@ -408,6 +416,7 @@ impl Limit {
         if records_overage {
             limit = limit.recording_overage()?;
         }
+        limit = limit.with_scope(scope)?;
         match lease {
             Some(lease) => limit.with_lease(lease),
             None => Ok(limit),
@@ -471,6 +480,11 @@ impl Limit {
                 "alerts: at most {MOST_ALERTS} thresholds, not {}",
                 alerts.len()
             )));
+        }
+        if self.is_global() && !alerts.is_empty() {
+            return Err(Error::invalid_limit(
+                "alerts: a global limit cannot alert (a region hands out its share without the home store)",
+            ));
         }
         if self.lease.is_some() && !alerts.is_empty() {
             return Err(Error::invalid_limit(
@@ -818,6 +832,9 @@ impl Limit {
             }
             if !self.alerts.is_empty() {
                 fields.insert("alerts".to_owned(), self.alerts.to_vec().into());
+            }
+            if self.is_global() {
+                fields.insert("scope".to_owned(), self.scope.as_str().into());
             }
         }
         json

@@ -54,6 +54,7 @@ mod durability;
 mod kernel;
 mod lifetime;
 mod limit;
+mod scope;
 
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
@@ -91,5 +92,6 @@ pub use self::registry::LimitSpec;
 pub(crate) use self::registry::LUA_IDS;
 pub(crate) use self::registry::{Change, State};
 pub use self::reservation::ReservationSpec;
+pub use self::scope::Scope;
 pub use self::sliding_window::SlidingWindowSpec;
 pub use self::token_bucket::{Refill, TokenBucketSpec};

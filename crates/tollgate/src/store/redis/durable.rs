@@ -39,7 +39,7 @@ pub(super) enum Reach {
 /// generation of the master found (a failover makes older ones stale); on a
 /// Cluster, the node's address.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Home {
+pub(super) struct Home {
     generation: u64,
     node: Option<Arc<str>>,
 }
@@ -199,7 +199,7 @@ impl Dedicated {
 
     /// A connection (idle or new) to the master that holds `first_key`,
     /// and which master that is.
-    async fn connection(&self, first_key: &str) -> redis::RedisResult<(MultiplexedConnection, Home)> {
+    pub(super) async fn connection(&self, first_key: &str) -> redis::RedisResult<(MultiplexedConnection, Home)> {
         let (client, home) = match &self.reach {
             Reach::Server(client) => (client.clone(), Home::default()),
             Reach::Sentinel(followed) => {
@@ -261,7 +261,7 @@ impl Dedicated {
 
     /// Keeps `connection` for the next record, after a clean round (one
     /// that failed is dropped).
-    fn keep(&self, connection: MultiplexedConnection, home: Home) {
+    pub(super) fn keep(&self, connection: MultiplexedConnection, home: Home) {
         let mut idle = self.idle.lock();
         if idle.iter().filter(|(of, _)| *of == home).count() < DEDICATED_IDLE {
             idle.push((home, connection));
@@ -270,7 +270,7 @@ impl Dedicated {
 
     /// Tells of `error` on a connection of its own: after a fault that
     /// may mean a failover, the master is looked up again.
-    fn failed(&self, error: &redis::RedisError) {
+    pub(super) fn failed(&self, error: &redis::RedisError) {
         match &self.reach {
             Reach::Server(_) => {}
             Reach::Sentinel(followed) => followed.failed(error),

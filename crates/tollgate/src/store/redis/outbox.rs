@@ -15,9 +15,34 @@ use crate::error::Result;
 /// ([`RedisStore::outbox`]).
 #[derive(Clone)]
 pub struct Outbox {
+    group: StreamGroup,
+}
+
+/// A Redis Stream read by one consumer group: each entry goes to one
+/// consumer, stays pending until acknowledged, and is taken over by another
+/// consumer when it is left idle. Entries are read as their fields; each
+/// user of a stream reads its own out of them.
+#[derive(Clone)]
+pub(super) struct StreamGroup {
     store: RedisStore,
     stream: String,
     group: String,
+}
+
+/// An entry of a stream: its id, and its fields `(name, value)`.
+pub(super) struct StreamEntry {
+    pub(super) id: String,
+    pub(super) fields: Vec<(String, String)>,
+}
+
+impl StreamEntry {
+    /// The value of field `name`.
+    pub(super) fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, value)| value.as_str())
+    }
 }
 
 /// One crossing, as the call that crossed it wrote it.
@@ -48,9 +73,7 @@ impl RedisStore {
     pub fn outbox(&self, group: &str) -> Option<Outbox> {
         let (stream, _) = self.inner.outbox.as_ref()?;
         Some(Outbox {
-            store: self.clone(),
-            stream: stream.to_string(),
-            group: group.to_owned(),
+            group: StreamGroup::new(self.clone(), stream.to_string(), group.to_owned()),
         })
     }
 }
@@ -58,7 +81,7 @@ impl RedisStore {
 impl Outbox {
     /// The stream's key.
     pub fn stream(&self) -> &str {
-        &self.stream
+        &self.group.stream
     }
 
     /// Creates the consumer group (and the stream) unless it exists; it
@@ -68,6 +91,81 @@ impl Outbox {
     ///
     /// The store's ([`ErrorKind::Store`](crate::ErrorKind::Store)).
     pub async fn join(&self) -> Result<()> {
+        self.group.join().await
+    }
+
+    /// Up to `count` entries no consumer of the group has been given, now
+    /// given to `consumer` (pending until acknowledged).
+    ///
+    /// # Errors
+    ///
+    /// The store's; a group not [`join`](Self::join)ed.
+    pub async fn read(&self, consumer: &str, count: usize) -> Result<Vec<OutboxEntry>> {
+        Ok(alerts(&self.group.read(consumer, count).await?))
+    }
+
+    /// Up to `count` entries given to `consumer` and not yet acknowledged
+    /// (to deliver again after a failure), oldest first.
+    ///
+    /// # Errors
+    ///
+    /// As [`Outbox::read`].
+    pub async fn pending(&self, consumer: &str, count: usize) -> Result<Vec<OutboxEntry>> {
+        Ok(alerts(&self.group.pending(consumer, count).await?))
+    }
+
+    /// Gives `consumer` up to `count` entries another consumer was given
+    /// and left unacknowledged for `min_idle` or more (a process that
+    /// stopped, or cannot deliver).
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    pub async fn claim(&self, consumer: &str, min_idle: Duration, count: usize) -> Result<Vec<OutboxEntry>> {
+        Ok(alerts(&self.group.claim(consumer, min_idle, count).await?))
+    }
+
+    /// Acknowledges the entries `ids` (delivered) and removes them.
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    pub async fn ack(&self, ids: &[String]) -> Result<()> {
+        self.group.ack(ids).await
+    }
+
+    /// The entries in the stream (delivered ones are removed).
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    pub async fn len(&self) -> Result<u64> {
+        self.group.len().await
+    }
+}
+
+/// The alerts among `entries` (others were not written by the library).
+fn alerts(entries: &[StreamEntry]) -> Vec<OutboxEntry> {
+    entries.iter().filter_map(alert).collect()
+}
+
+impl StreamGroup {
+    pub(super) fn new(store: RedisStore, stream: String, group: String) -> Self {
+        Self { store, stream, group }
+    }
+
+    /// The stream's key.
+    pub(super) fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Creates the consumer group (and the stream) unless it exists; it
+    /// reads the stream from its start.
+    ///
+    /// # Errors
+    ///
+    /// The store's ([`ErrorKind::Store`](crate::ErrorKind::Store)).
+    pub(super) async fn join(&self) -> Result<()> {
         let mut create = redis::cmd("XGROUP");
         create
             .arg("CREATE")
@@ -88,7 +186,7 @@ impl Outbox {
     /// # Errors
     ///
     /// The store's; a group not [`join`](Self::join)ed.
-    pub async fn read(&self, consumer: &str, count: usize) -> Result<Vec<OutboxEntry>> {
+    pub(super) async fn read(&self, consumer: &str, count: usize) -> Result<Vec<StreamEntry>> {
         self.read_from(consumer, count, ">").await
     }
 
@@ -98,11 +196,11 @@ impl Outbox {
     /// # Errors
     ///
     /// As [`Outbox::read`].
-    pub async fn pending(&self, consumer: &str, count: usize) -> Result<Vec<OutboxEntry>> {
+    pub(super) async fn pending(&self, consumer: &str, count: usize) -> Result<Vec<StreamEntry>> {
         self.read_from(consumer, count, "0").await
     }
 
-    async fn read_from(&self, consumer: &str, count: usize, from: &str) -> Result<Vec<OutboxEntry>> {
+    async fn read_from(&self, consumer: &str, count: usize, from: &str) -> Result<Vec<StreamEntry>> {
         let mut read = redis::cmd("XREADGROUP");
         read.arg("GROUP")
             .arg(&self.group)
@@ -140,7 +238,7 @@ impl Outbox {
     /// # Errors
     ///
     /// The store's.
-    pub async fn claim(&self, consumer: &str, min_idle: Duration, count: usize) -> Result<Vec<OutboxEntry>> {
+    pub(super) async fn claim(&self, consumer: &str, min_idle: Duration, count: usize) -> Result<Vec<StreamEntry>> {
         let mut claim = redis::cmd("XAUTOCLAIM");
         claim
             .arg(&self.stream)
@@ -168,7 +266,7 @@ impl Outbox {
     /// # Errors
     ///
     /// The store's.
-    pub async fn ack(&self, ids: &[String]) -> Result<()> {
+    pub(super) async fn ack(&self, ids: &[String]) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -186,7 +284,7 @@ impl Outbox {
     /// # Errors
     ///
     /// The store's.
-    pub async fn len(&self) -> Result<u64> {
+    pub(super) async fn len(&self) -> Result<u64> {
         let mut len = redis::cmd("XLEN");
         len.arg(&self.stream);
         self.store
@@ -215,24 +313,25 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
-/// An entry `[id, [field, value, …]]` (`None`: deleted, or not one the
-/// library wrote).
-fn entry(value: &Value) -> Option<OutboxEntry> {
+/// An entry `[id, [field, value, …]]` (`None`: deleted).
+fn entry(value: &Value) -> Option<StreamEntry> {
     let [id, fields] = array(value)?.as_slice() else {
         return None;
     };
-    let fields = array(fields)?;
-    let field = |name: &str| {
-        fields
-            .chunks_exact(2)
-            .find(|pair| text(&pair[0]).as_deref() == Some(name))
-            .and_then(|pair| text(&pair[1]))
-    };
-    let number = |name: &str| field(name)?.parse::<u64>().ok();
+    let fields = array(fields)?
+        .chunks_exact(2)
+        .filter_map(|pair| Some((text(&pair[0])?, text(&pair[1])?)))
+        .collect();
+    Some(StreamEntry { id: text(id)?, fields })
+}
+
+/// An alert the library wrote (`None`: another entry).
+fn alert(entry: &StreamEntry) -> Option<OutboxEntry> {
+    let number = |name: &str| entry.field(name)?.parse::<u64>().ok();
     Some(OutboxEntry {
-        id: text(id)?,
-        key: field("key")?,
-        label: field("label").unwrap_or_default(),
+        id: entry.id.clone(),
+        key: entry.field("key")?.to_owned(),
+        label: entry.field("label").unwrap_or_default().to_owned(),
         threshold: u8::try_from(number("threshold")?).ok()?,
         used: number("used")?,
         limit: number("limit")?,

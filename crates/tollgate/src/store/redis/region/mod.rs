@@ -1,0 +1,683 @@
+//! Global limits across regions ([`RegionalStore`]): every decision in the
+//! region, the regions together never over the limit.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{store_error, RedisStore};
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::decision::{Decision, Outcome, Path};
+use crate::error::{Error, ErrorKind, Result};
+use crate::policy::{Op, Policy, Request};
+use crate::store::lease::SHARE;
+use crate::store::{OnStoreError, Store};
+use crate::subject::Subject;
+use crate::Limit;
+
+mod reports;
+mod share;
+
+/// A [`Store`] for a service that runs in several regions and wants some
+/// limits to hold across all of them ([`Limit::with_scope`]), while every
+/// decision stays in its region.
+///
+/// Each region runs its own Redis (`regional`); one Redis is home to the
+/// global limits (`home`). For a global limit:
+///
+/// - **Units are created only at home**, by its atomic call: a region takes
+///   a block of them ([`Op::CheckAtMost`] at home, as a lease does) into
+///   its **share**, a hash in the regional Redis. Every replica of the
+///   region decides against that share, in one call to the regional Redis:
+///   the replicas of a region share one share, and a decision costs a
+///   regional round trip, never one to home. The regions together never
+///   admit more than home grants, and home never grants more than the
+///   limit: **never over the limit**, for every algorithm that leases.
+/// - **Refilled ahead of need.** A decision that leaves the share under its
+///   low-water mark (the region's recent rate over twice the round trip to
+///   home, and a margin) asks for a fill; one replica at a time fills it (a
+///   fenced lock in the share: a replica whose lock lapsed adds nothing,
+///   and gives its block back home). A block is the region's recent rate
+///   over `block` (at most a quarter of the limit): capacity follows demand.
+/// - **The time shift.** A block lapses `block` after home counted it
+///   (within a window's end, for a window): what it holds then is not
+///   admitted; what a region holds when a newer block replaces it goes back
+///   home ([`Op::Refund`]). So the algorithm's bound holds over any interval
+///   stretched by `block`, and exactly per window for a fixed window.
+/// - **Usage after the fact** ([`Op::Record`]: tokens counted once a
+///   response is done) is never refused: it goes at once into the region's
+///   outbox (a Redis stream in the regional Redis) and from there to home,
+///   at least once, each entry counted once (a marker at home, in the same
+///   transaction as the record), so the home counter converges to the exact
+///   total. While home cannot be reached a region overspends at most what
+///   it records meanwhile.
+/// - **Home unreachable.** The region spends its share until it is gone or
+///   lapses, then follows [`RegionalStoreBuilder::on_home_error`]:
+///   `error`, `open`, `closed`, or `local`, which fills the share without
+///   home with `fraction` of the limit once per window (or block): at most
+///   `regions × fraction × limit` over the limit per window while cut off.
+///
+/// A policy without a global limit goes to `local` (the region's store) as
+/// it is. A global limit is decided alone (one limit in its policy) and
+/// takes check, check-at-most, record and refund.
+pub struct RegionalStore<S: Store = RedisStore> {
+    inner: Arc<Region<S>>,
+}
+
+impl<S: Store> Clone for RegionalStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Region<S> {
+    local: S,
+    regional: RedisStore,
+    home: RedisStore,
+    name: String,
+    /// This replica, as the shares' locks and the outbox's group know it.
+    replica: String,
+    block: Duration,
+    on_home_error: OnStoreError,
+    fraction: f64,
+    stats: Stats,
+    /// The outbox's forwarder runs.
+    forwarding: AtomicBool,
+}
+
+#[derive(Default)]
+struct Stats {
+    fills: AtomicU64,
+    fill_failures: AtomicU64,
+    /// The last fill's latency (µs).
+    last_fill: AtomicU64,
+    /// The round trip to home (µs, smoothed).
+    round_trip: AtomicU64,
+    home_unreachable: AtomicBool,
+    /// A probe of home is under way.
+    probing: AtomicBool,
+    forwarded: AtomicU64,
+    given_back: AtomicU64,
+}
+
+/// What a region does and sees ([`RegionalStore::stats`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionStats {
+    /// The region's name.
+    pub region: String,
+    /// False once a call to home failed, until one succeeds.
+    pub home_reachable: bool,
+    /// Fills of a share from home (blocks taken), and those that failed.
+    pub fills: u64,
+    /// Fills that failed (home unreachable).
+    pub fill_failures: u64,
+    /// The last fill's latency.
+    pub last_fill: Duration,
+    /// The round trip to home, smoothed.
+    pub round_trip: Duration,
+    /// Reports forwarded home (each counted once).
+    pub forwarded: u64,
+    /// Units given back home.
+    pub given_back: u64,
+    /// Reports in the outbox, not yet counted at home.
+    pub outbox: u64,
+}
+
+/// What a share holds ([`RegionalStore::share`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// Units the region may still admit.
+    pub units: u64,
+    /// Until they lapse.
+    pub lapses_in: Duration,
+}
+
+/// Options for a [`RegionalStore`].
+pub struct RegionalStoreBuilder<S: Store> {
+    local: S,
+    regional: RedisStore,
+    home: RedisStore,
+    name: String,
+    block: Duration,
+    on_home_error: OnStoreError,
+    fraction: f64,
+}
+
+impl<S: Store> RegionalStoreBuilder<S> {
+    /// How long a block lives, and the horizon a block is sized over (the
+    /// region's recent rate times this): 1 s unless set.
+    #[must_use]
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = block.max(Duration::from_millis(1));
+        self
+    }
+
+    /// What a global decision is when the share is spent and home cannot
+    /// be reached: `error` (the default), `open`, `closed`, or `local`
+    /// with `fraction` (0 to 1) of the limit per window taken without home.
+    #[must_use]
+    pub fn on_home_error(mut self, policy: OnStoreError, fraction: f64) -> Self {
+        self.on_home_error = policy;
+        self.fraction = fraction.clamp(0.0, 1.0);
+        self
+    }
+
+    /// The store.
+    pub fn build(self) -> RegionalStore<S> {
+        let replica = format!("{}:{:016x}", self.name, fastrand::u64(..));
+        RegionalStore {
+            inner: Arc::new(Region {
+                local: self.local,
+                regional: self.regional,
+                home: self.home,
+                name: self.name,
+                replica,
+                block: self.block,
+                on_home_error: self.on_home_error,
+                fraction: self.fraction,
+                stats: Stats::default(),
+                forwarding: AtomicBool::new(false),
+            }),
+        }
+    }
+}
+
+impl RegionalStore<RedisStore> {
+    /// A region `name` deciding on `regional` (its Redis, which also decides
+    /// its regional limits), whose global limits are created at `home`.
+    pub fn builder(
+        regional: RedisStore,
+        home: RedisStore,
+        name: impl Into<String>,
+    ) -> RegionalStoreBuilder<RedisStore> {
+        RegionalStore::with_local(regional.clone(), regional, home, name)
+    }
+}
+
+impl<S: Store> RegionalStore<S> {
+    /// As [`RegionalStore::builder`], with the region's own limits decided
+    /// on `local` (say a [`ResilientStore`](crate::ResilientStore) over the
+    /// regional Redis), the shares and outbox kept in `regional`.
+    pub fn with_local(
+        local: S,
+        regional: RedisStore,
+        home: RedisStore,
+        name: impl Into<String>,
+    ) -> RegionalStoreBuilder<S> {
+        RegionalStoreBuilder {
+            local,
+            regional,
+            home,
+            name: name.into(),
+            block: Duration::from_secs(1),
+            on_home_error: OnStoreError::Error,
+            fraction: 0.0,
+        }
+    }
+
+    /// The region's name.
+    pub fn region(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The home store.
+    pub fn home(&self) -> &RedisStore {
+        &self.inner.home
+    }
+
+    /// The store of the region's own limits.
+    pub fn local(&self) -> &S {
+        &self.inner.local
+    }
+
+    /// What the region does and sees, with its outbox's length.
+    ///
+    /// # Errors
+    ///
+    /// The regional Redis does not answer (for the outbox's length).
+    pub async fn stats(&self) -> Result<RegionStats> {
+        let stats = &self.inner.stats;
+        Ok(RegionStats {
+            region: self.inner.name.clone(),
+            home_reachable: !stats.home_unreachable.load(Ordering::Relaxed),
+            fills: stats.fills.load(Ordering::Relaxed),
+            fill_failures: stats.fill_failures.load(Ordering::Relaxed),
+            last_fill: Duration::from_micros(stats.last_fill.load(Ordering::Relaxed)),
+            round_trip: Duration::from_micros(stats.round_trip.load(Ordering::Relaxed)),
+            forwarded: stats.forwarded.load(Ordering::Relaxed),
+            given_back: stats.given_back.load(Ordering::Relaxed),
+            outbox: self.inner.outbox_len().await?,
+        })
+    }
+
+    /// What the region's share of `policy`'s global limit holds for
+    /// `subject` now.
+    ///
+    /// # Errors
+    ///
+    /// A policy without a global limit, or the regional Redis does not answer.
+    pub async fn share(&self, subject: &Subject, policy: &Policy) -> Result<Share> {
+        let (name, _) = global_limit(policy)?;
+        let key = self.inner.share_key(subject, name);
+        let mut invocation = share::peek().key(&key);
+        invocation.arg("");
+        let (units, lapses_in): (u64, u64) = self
+            .inner
+            .regional
+            .bounded(self.inner.regional.inner.client.connection.invoke(&invocation))
+            .await?;
+        Ok(Share {
+            units,
+            lapses_in: Duration::from_micros(lapses_in),
+        })
+    }
+
+    /// Forwards what the outbox holds to home now, as the forwarder does
+    /// in the background: how many reports were counted.
+    ///
+    /// # Errors
+    ///
+    /// Either Redis fails; what is left stays for the next round.
+    pub async fn forward(&self) -> Result<usize> {
+        reports::forward_once(&self.inner).await
+    }
+}
+
+/// The one global limit of `policy`, with its name.
+fn global_limit(policy: &Policy) -> Result<(&str, &Limit)> {
+    let mut limits = policy.limits();
+    match (limits.next(), limits.next()) {
+        (Some((name, limit)), None) if limit.is_global() => Ok((name, limit)),
+        _ => Err(Error::invalid_argument(
+            "scope: a global limit is decided alone, as the only limit of its policy",
+        )),
+    }
+}
+
+impl<S: Store> Store for RegionalStore<S> {
+    async fn decide(&self, subject: &Subject, policy: &Policy, request: &Request) -> Result<Outcome> {
+        if !policy.limits().any(|(_, limit)| limit.is_global()) {
+            return self.inner.local.decide(subject, policy, request).await;
+        }
+        let (name, limit) = global_limit(policy)?;
+        policy.validate(request)?;
+        match &request.op {
+            Op::Check | Op::CheckAtMost => Region::take(&self.inner, subject, policy, name, limit, request).await,
+            Op::Record => self.inner.report(subject, name, limit, request).await,
+            Op::Refund { .. } => self.inner.give(subject, policy, name, request).await,
+            _ => Err(Error::invalid_argument(
+                "scope: a global limit takes check, check_at_most, record and refund",
+            )),
+        }
+    }
+
+    async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
+        if !policy.limits().any(|(_, limit)| limit.is_global()) {
+            return self.inner.local.reset(subject, policy).await;
+        }
+        let (name, _) = global_limit(policy)?;
+        self.inner.home.reset(subject, policy).await?;
+        let key = self.inner.share_key(subject, name);
+        self.inner
+            .regional
+            .bounded(
+                self.inner
+                    .regional
+                    .inner
+                    .client
+                    .connection
+                    .query::<()>(redis::cmd("DEL").arg(&key)),
+            )
+            .await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.inner.local.ping().await
+    }
+}
+
+impl RedisStore {
+    /// `call`, bounded by the store's timeout.
+    async fn bounded<T>(&self, call: impl std::future::Future<Output = redis::RedisResult<T>>) -> Result<T> {
+        let timeout = self.inner.timeout;
+        tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| Error::new(ErrorKind::Timeout, format!("redis: no answer within {timeout:?}")))?
+            .map_err(store_error)
+    }
+}
+
+/// A `TAKE`'s reply.
+struct Taken {
+    granted: u64,
+    left: u64,
+    until: u64,
+    retry: u64,
+    fill: u64,
+    /// The instant it was decided at (µs).
+    now: u64,
+}
+
+impl<S: Store> Region<S> {
+    /// The key of `subject`'s share of the global limit `name`.
+    fn share_key(&self, subject: &Subject, name: &str) -> String {
+        self.regional.key(subject, &format!("{name}:share"))
+    }
+
+    fn now_arg(request: &Request) -> String {
+        request.now.map(|now| now.as_micros().to_string()).unwrap_or_default()
+    }
+
+    /// The lock a fill holds at most: the home store's timeout, twice.
+    fn lock_micros(&self) -> u64 {
+        micros(self.home.inner.timeout * 2)
+    }
+
+    async fn run_take(&self, key: &str, request: &Request, limit: &Limit) -> Result<Taken> {
+        let round_trip = self.stats.round_trip.load(Ordering::Relaxed).max(1_000);
+        let low = 2 * round_trip + micros(self.block) / 10;
+        let most = (limit.capacity() / SHARE).max(1);
+        let mut invocation = share::take().key(key);
+        invocation
+            .arg(request.units())
+            .arg(u8::from(matches!(request.op, Op::CheckAtMost)))
+            .arg(Self::now_arg(request))
+            .arg(&self.replica)
+            .arg(self.lock_micros())
+            .arg(low)
+            .arg(micros(self.block))
+            .arg(most);
+        let (granted, left, until, retry, fill, _holder, now): (u64, u64, u64, u64, u64, u8, u64) = self
+            .regional
+            .bounded(self.regional.inner.client.connection.invoke(&invocation))
+            .await?;
+        Ok(Taken {
+            granted,
+            left,
+            until,
+            retry,
+            fill,
+            now,
+        })
+    }
+
+    async fn take(
+        this: &Arc<Self>,
+        subject: &Subject,
+        policy: &Policy,
+        name: &str,
+        limit: &Limit,
+        request: &Request,
+    ) -> Result<Outcome> {
+        let cost = request.units();
+        let at_most = matches!(request.op, Op::CheckAtMost);
+        let key = this.share_key(subject, name);
+        let mut taken = this.run_take(&key, request, limit).await?;
+        let served = |taken: &Taken| {
+            if at_most {
+                taken.granted > 0 || cost == 0
+            } else {
+                taken.granted >= cost
+            }
+        };
+        if taken.fill > 0 {
+            let fill = Self::fill(
+                Arc::clone(this),
+                subject.clone(),
+                policy.clone(),
+                key.clone(),
+                taken.fill,
+                request.now,
+            );
+            if served(&taken) {
+                tokio::spawn(fill);
+            } else {
+                // The share could not serve this request: it waits for the
+                // fill it asked for (a cold share, or one spent early).
+                Box::pin(fill).await;
+                let mut again = request.clone();
+                if at_most {
+                    again.cost = crate::policy::Cost::same(cost);
+                }
+                taken = this.run_take(&key, &again, limit).await?;
+                if taken.fill > 0 {
+                    tokio::spawn(Self::fill(
+                        Arc::clone(this),
+                        subject.clone(),
+                        policy.clone(),
+                        key.clone(),
+                        taken.fill,
+                        request.now,
+                    ));
+                }
+            }
+        }
+        let allowed = served(&taken);
+        if !allowed && this.stats.home_unreachable.load(Ordering::Relaxed) {
+            match this.on_home_error {
+                OnStoreError::Error => {
+                    return Err(Error::new(
+                        ErrorKind::Store,
+                        format!(
+                            "region {}: the share of global limit {name} is spent and home cannot be reached",
+                            this.name
+                        ),
+                    ))
+                }
+                OnStoreError::Open => {
+                    let decision = Decision::allow(limit.capacity(), 0, taken.until, 0);
+                    return Ok(Self::outcome(policy, request, true, cost, decision, Path::Policy));
+                }
+                OnStoreError::Closed | OnStoreError::Local => {}
+            }
+        }
+        let granted = if at_most { taken.granted } else { cost };
+        let decision = if allowed {
+            Decision::allow(limit.capacity(), taken.left, taken.until, 0)
+        } else {
+            let round_trip = this.stats.round_trip.load(Ordering::Relaxed).max(1_000);
+            let retry = match taken.retry {
+                0 => round_trip,
+                retry => retry,
+            };
+            Decision::deny(limit.capacity(), taken.left, Some(retry), taken.until.max(retry))
+        };
+        let mut outcome = Self::outcome(policy, request, allowed, granted, decision, Path::Leased);
+        outcome.decided_at = Timestamp::from_micros(taken.now);
+        Ok(outcome)
+    }
+
+    fn outcome(
+        policy: &Policy,
+        request: &Request,
+        allowed: bool,
+        granted: u64,
+        decision: Decision,
+        path: Path,
+    ) -> Outcome {
+        let now = request.now.unwrap_or_else(|| SystemClock.now()).as_micros();
+        let mut outcome = policy.outcome(&request.op, allowed, granted, now, std::iter::once(decision));
+        outcome.path = path;
+        outcome
+    }
+
+    /// Fills `key`'s share with a block of `block` units from home (this
+    /// replica holds its lock); gives back what it cannot add.
+    async fn fill(this: Arc<Self>, subject: Subject, policy: Policy, key: String, block: u64, now: Option<Timestamp>) {
+        let started = Instant::now();
+        let mut request = Request::new(Op::CheckAtMost, block);
+        request.now = now;
+        // While home cannot be reached, a fill does not wait on it (each
+        // call would take the whole timeout, the share's lock held): one
+        // probe at a time finds when it answers again.
+        let answer = if this.stats.home_unreachable.load(Ordering::Relaxed) {
+            Self::probe(&this);
+            Err(Error::new(ErrorKind::Store, "home cannot be reached"))
+        } else {
+            this.home.decide(&subject, &policy, &request).await
+        };
+        let elapsed = started.elapsed();
+        let stats = &this.stats;
+        let Some((_, limit)) = policy.limits().next() else {
+            return;
+        };
+        let now_arg = now.map(|now| now.as_micros().to_string()).unwrap_or_default();
+        let Ok(outcome) = answer else {
+            stats.fill_failures.fetch_add(1, Ordering::Relaxed);
+            stats.home_unreachable.store(true, Ordering::Relaxed);
+            if this.on_home_error == OnStoreError::Local && this.fraction > 0.0 {
+                this.fill_without_home(&key, limit, &now_arg).await;
+            } else {
+                let mut invocation = share::release().key(&key);
+                invocation
+                    .arg(&now_arg)
+                    .arg(&this.replica)
+                    .arg(micros(this.block / 10).max(micros(Duration::from_millis(100))));
+                let _ = this
+                    .regional
+                    .bounded(this.regional.inner.client.connection.invoke::<u8>(&invocation))
+                    .await;
+            }
+            return;
+        };
+        stats.fills.fetch_add(1, Ordering::Relaxed);
+        stats.last_fill.store(micros(elapsed), Ordering::Relaxed);
+        let previous = stats.round_trip.load(Ordering::Relaxed);
+        let smoothed = if previous == 0 {
+            micros(elapsed)
+        } else {
+            (3 * previous + micros(elapsed)) / 4
+        };
+        stats.round_trip.store(smoothed, Ordering::Relaxed);
+        stats.home_unreachable.store(false, Ordering::Relaxed);
+        // On the caller's clock the block's life starts when home
+        // counted it; on the server's, it is shortened by the
+        // time the answer took to come back.
+        let spent = if now.is_some() { Duration::ZERO } else { elapsed };
+        let mut life = this.block;
+        if limit.window().is_some() {
+            life = life.min(outcome.decision.reset_after);
+        }
+        let life = life.saturating_sub(spent);
+        let retry = if outcome.granted < block {
+            outcome
+                .decision
+                .retry_after
+                .unwrap_or(outcome.decision.reset_after)
+                .saturating_sub(spent)
+                .max(Duration::from_millis(1))
+        } else {
+            Duration::ZERO
+        };
+        let at = outcome.decided_at;
+        let mut invocation = share::add().key(&key);
+        invocation
+            .arg(&now_arg)
+            .arg(&this.replica)
+            .arg(outcome.granted)
+            .arg(micros(life))
+            .arg(at.as_micros())
+            .arg(micros(retry))
+            .arg(micros(life) / 4)
+            .arg(0);
+        let added: Result<(u8, u64, u64)> = this
+            .regional
+            .bounded(this.regional.inner.client.connection.invoke(&invocation))
+            .await;
+        match added {
+            Ok((1, back, back_at)) => {
+                if back > 0 {
+                    this.give_back(&subject, &policy, back, Timestamp::from_micros(back_at), now)
+                        .await;
+                }
+            }
+            // The lock lapsed and another replica took it, or the
+            // regional Redis failed: the block goes back home.
+            _ => this.give_back(&subject, &policy, outcome.granted, at, now).await,
+        }
+    }
+
+    /// Asks home whether it answers again (one probe at a time).
+    fn probe(this: &Arc<Self>) {
+        if this.stats.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let region = Arc::clone(this);
+        tokio::spawn(async move {
+            if region.home.ping().await.is_ok() {
+                region.stats.home_unreachable.store(false, Ordering::Relaxed);
+            }
+            region.stats.probing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Home cannot be reached: fills the share with `fraction` of the
+    /// limit, once per window (or block).
+    async fn fill_without_home(&self, key: &str, limit: &Limit, now_arg: &str) {
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let units = (limit.capacity() as f64 * self.fraction).ceil() as u64;
+        let period = limit.window().unwrap_or(self.block);
+        let mut invocation = share::add().key(key);
+        invocation
+            .arg(now_arg)
+            .arg(&self.replica)
+            .arg(units)
+            .arg(micros(period))
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(micros(period));
+        let _ = self
+            .regional
+            .bounded(
+                self.regional
+                    .inner
+                    .client
+                    .connection
+                    .invoke::<(u8, u64, u64)>(&invocation),
+            )
+            .await;
+    }
+
+    /// Gives `units` counted at home at `at` back home (best effort: units
+    /// not given back lapse, which under-admits, never over).
+    async fn give_back(&self, subject: &Subject, policy: &Policy, units: u64, at: Timestamp, now: Option<Timestamp>) {
+        let mut request = Request::new(Op::Refund { at, lease: None }, units);
+        request.now = now;
+        if self.home.decide(subject, policy, &request).await.is_ok() {
+            self.stats.given_back.fetch_add(units, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives a refund back to the region's share.
+    async fn give(&self, subject: &Subject, policy: &Policy, name: &str, request: &Request) -> Result<Outcome> {
+        let key = self.share_key(subject, name);
+        let mut invocation = share::give().key(&key);
+        invocation.arg(Self::now_arg(request)).arg(request.units());
+        let left: u64 = self
+            .regional
+            .bounded(self.regional.inner.client.connection.invoke(&invocation))
+            .await?;
+        let (_, limit) = global_limit(policy)?;
+        let decision = Decision::allow(limit.capacity(), left, 0, 0);
+        Ok(Self::outcome(
+            policy,
+            request,
+            true,
+            request.units(),
+            decision,
+            Path::Leased,
+        ))
+    }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
