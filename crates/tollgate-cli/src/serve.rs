@@ -60,6 +60,21 @@ pub struct Args {
     /// replicas; without it (or `REDIS_URL`), the embedded memory store.
     #[arg(long)]
     redis: Option<String>,
+    /// With --redis (this region's) and --region: the home Redis of global
+    /// limits (`scope: global` in a rule's `rate_limit`), shared by every
+    /// region (or `GLOBAL_REDIS_URL`). Each region takes its share of a
+    /// global limit from it in blocks and decides on that share at home in
+    /// the region; the regions together never admit more than the limit.
+    #[arg(long, value_name = "URL", requires = "region")]
+    global_redis: Option<String>,
+    /// This region's name, with --global-redis (or `REGION`).
+    #[arg(long, value_name = "NAME")]
+    region: Option<String>,
+    /// With --global-redis and `--on-store-error local`: the fraction of a
+    /// global limit a region admits per window on its own while home
+    /// cannot be reached and its share is spent. [default: 0.1]
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.1)]
+    global_fraction: f64,
     /// The prefix of every Redis key (or `CACHE_KEY_PREFIX`).
     #[arg(long)]
     prefix: Option<String>,
@@ -266,7 +281,24 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
     runtime.block_on(async {
         let webhook = alert_webhook(args)?;
         let connection = Connection::of(args, settings, &prefix, webhook.is_some());
-        let store = store(redis.as_deref(), &connection).await?;
+        let global = args
+            .global_redis
+            .clone()
+            .or_else(|| std::env::var("GLOBAL_REDIS_URL").ok().filter(|url| !url.is_empty()));
+        let region = args
+            .region
+            .clone()
+            .or_else(|| std::env::var("REGION").ok().filter(|name| !name.is_empty()));
+        let store = match (global, region, redis.as_deref()) {
+            (None, _, redis) => store(redis, &connection).await?,
+            (Some(home), Some(region), Some(redis)) => {
+                regional_store(redis, &home, &region, args.global_fraction, &connection).await?
+            }
+            (Some(_), None, _) => return Err(UsageError("--global-redis needs --region (or REGION)".into()).into()),
+            (Some(_), _, None) => {
+                return Err(UsageError("--global-redis needs --redis, this region's Redis".into()).into())
+            }
+        };
         let http = TcpListener::bind(http_address)
             .await
             .with_context(|| format!("cannot listen on {http_address}"))?;
@@ -431,6 +463,50 @@ async fn store(redis: Option<&str>, connection: &Connection<'_>) -> anyhow::Resu
             StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
         },
     })
+}
+
+/// A region's store: its own Redis at `redis` (behind the failure policy),
+/// and the home Redis of global limits at `home`. Both must answer now.
+async fn regional_store(
+    redis: &str,
+    home: &str,
+    region: &str,
+    fraction: f64,
+    connection: &Connection<'_>,
+) -> anyhow::Result<AnyStore> {
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(UsageError(format!("--global-fraction: {fraction} is not a fraction from 0 to 1")).into());
+    }
+    let tls = connection.tls;
+    let connect = |url: String, timeout: Duration| async move {
+        let url = with_redis_tls(&url, tls);
+        let builder = redis_tls_files(redis_builder(&url, connection.prefix).timeout(timeout), tls)?;
+        connect_redis_with(builder, &url).await
+    };
+    let local_url = match StoreUrl::parse(redis)? {
+        StoreUrl::Redis(url) => url,
+        StoreUrl::Memory => return Err(UsageError("--global-redis needs --redis to name a Redis".into()).into()),
+    };
+    let home_url = match StoreUrl::parse(home)? {
+        StoreUrl::Redis(url) => url,
+        StoreUrl::Memory => return Err(UsageError("--global-redis: expected a Redis URL".into()).into()),
+    };
+    let regional = connect(local_url, connection.timeout).await?;
+    // Home is far: its calls (a block, a report) get a second at least.
+    let home = connect(home_url, connection.timeout.max(Duration::from_secs(1)))
+        .await
+        .context("the home Redis (--global-redis)")?;
+    tracing::info!(region, "regions: this region's Redis and the home Redis connected");
+    let local = ResilientStore::builder(regional.clone())
+        .on_error(connection.on_error)
+        .timeout(connection.timeout)
+        .deny_cache(connection.deny_cache)
+        .build();
+    Ok(AnyStore::Regional(
+        tollgate::RegionalStore::with_local(local, regional, home, region)
+            .on_home_error(connection.on_error, fraction)
+            .build(),
+    ))
 }
 
 /// The quota service's (RLQS) settings, from the flags.

@@ -932,6 +932,9 @@ fn bad_files_are_refused_with_file_and_line() {
         ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      requests_per_unit: 100\n", 7, "mapping key \"requests_per_unit\" already defined"),
         ("domain: test\ndescriptors:\n  - key: a\n    key: b\n", 4, "mapping key \"key\" already defined"),
         ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      algorithm: {algorithm: gcra, rate: 10, rate: 20, period: 1s, burst: 5}\n", 5, "rate"),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      scope: world\n", 5, "scope: expected \"global\""),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      algorithm: {algorithm: concurrency, limit: 5, ttl: 1s}\n      scope: global\n", 5, "a concurrency limit cannot be global"),
+        ("domain: test\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      scope: global\n", 5, "scope needs a limit"),
     ];
     for (text, line, expected) in cases {
         let error = parse(text).expect_err(text);
@@ -944,6 +947,30 @@ fn bad_files_are_refused_with_file_and_line() {
         );
         assert!(message.starts_with("limits.yaml:"), "{message}");
     }
+}
+
+/// `scope: global` beside a rule's limit makes it one limit across regions
+/// (a refused check then counts nothing: a region refuses what its share
+/// cannot grant); `regional`, or none, leaves it as it is.
+#[test]
+fn a_rule_opts_into_a_global_limit_with_its_scope() {
+    let text = "domain: test\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1000\n      scope: global\n  - key: ip\n    rate_limit:\n      algorithm: {algorithm: gcra, rate: 10, period: 1s, burst: 5}\n      scope: regional\n";
+    let domain = parse(text).unwrap();
+    let limits: Vec<(String, bool, bool)> = domain
+        .descriptors
+        .nodes()
+        .iter()
+        .map(|node| match &node.rule.as_ref().unwrap().limit {
+            tollgate_server::config::RuleLimit::Limited(limit) => {
+                (node.key.clone(), limit.is_global(), limit.records_overage())
+            }
+            _ => panic!("a limit"),
+        })
+        .collect();
+    assert_eq!(
+        limits,
+        [("tenant".to_owned(), true, false), ("ip".to_owned(), false, false)]
+    );
 }
 
 /// Anchors, aliases and merge keys apply (an explicit key wins over a

@@ -162,6 +162,8 @@ struct RawRateLimit {
     /// Tollgate's extension: thresholds, percent of the limit, whose
     /// crossing is an alert.
     alerts: Option<Vec<u64>>,
+    /// Tollgate's extension: `global`, one limit across regions.
+    scope: Option<String>,
 }
 
 /// A `rate_limit` block, checked.
@@ -293,6 +295,7 @@ impl<'de> Visitor<'de> for RateLimitSeed {
                 "replaces" => raw.replaces = map.next_value_seed(ReplacesSeed)?,
                 "algorithm" => raw.algorithm = Some(map.next_value_seed(AlgorithmSeed)?),
                 "alerts" => raw.alerts = Some(map.next_value()?),
+                "scope" => raw.scope = Some(map.next_value_seed(Text)?),
                 _ => other_key(&mut map, &key)?,
             }
         }
@@ -407,6 +410,15 @@ pub enum RateLimitError {
     /// Alert thresholds the limit refuses.
     #[error("rate_limit: {0}")]
     Alerts(tollgate::Error),
+    /// A scope that is not one, or a limit that cannot be global.
+    #[error("rate_limit: {0}")]
+    Scope(tollgate::Error),
+    /// A scope that is not one.
+    #[error("rate_limit: scope: expected \"global\" (one limit across regions) or \"regional\", not \"{0}\"")]
+    UnknownScope(String),
+    /// A scope without a limit.
+    #[error("rate_limit: scope needs a limit (not unlimited, nor 0 requests)")]
+    ScopeWithoutLimit,
     /// Alerts without a limit to cross.
     #[error("rate_limit: alerts need a limit (not unlimited, nor 0 requests)")]
     AlertsWithoutLimit,
@@ -460,6 +472,19 @@ impl RawRateLimit {
                 RuleLimit::Limited(limit.alerting(alerts).map_err(RateLimitError::Alerts)?)
             }
             (Some(_), _) => return Err(RateLimitError::AlertsWithoutLimit),
+        };
+        let limit = match (self.scope.as_deref(), limit) {
+            (None | Some("regional"), limit) => limit,
+            // A global limit's region refuses what its share cannot grant:
+            // a refused check counts nothing there.
+            (Some("global"), RuleLimit::Limited(limit)) => RuleLimit::Limited(
+                limit
+                    .refusing_overage()
+                    .with_scope(tollgate::Scope::Global)
+                    .map_err(RateLimitError::Scope)?,
+            ),
+            (Some("global"), _) => return Err(RateLimitError::ScopeWithoutLimit),
+            (Some(other), _) => return Err(RateLimitError::UnknownScope(other.to_owned())),
         };
         for replaces in &self.replaces {
             if replaces.is_empty() {

@@ -2,7 +2,7 @@
 
 use super::{MemoryStore, Spread, Store, SubjectPage};
 #[cfg(feature = "redis")]
-use super::{RedisStore, ResilientStore};
+use super::{RedisStore, RegionalStore, ResilientStore};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
@@ -26,6 +26,10 @@ pub enum AnyStore {
     /// deny cache.
     #[cfg(feature = "redis")]
     Resilient(ResilientStore<RedisStore>),
+    /// A region's Redis behind a failure policy, with global limits shared
+    /// with other regions through a home Redis.
+    #[cfg(feature = "redis")]
+    Regional(RegionalStore<ResilientStore<RedisStore>>),
 }
 
 impl Store for AnyStore {
@@ -40,6 +44,8 @@ impl Store for AnyStore {
             Self::Redis(store) => store.decide(subject, policy, request).await,
             #[cfg(feature = "redis")]
             Self::Resilient(store) => store.decide(subject, policy, request).await,
+            #[cfg(feature = "redis")]
+            Self::Regional(store) => store.decide(subject, policy, request).await,
         }
     }
 
@@ -50,6 +56,8 @@ impl Store for AnyStore {
             Self::Redis(store) => store.decide_spread(spread, op).await,
             #[cfg(feature = "redis")]
             Self::Resilient(store) => store.decide_spread(spread, op).await,
+            #[cfg(feature = "redis")]
+            Self::Regional(store) => store.decide_spread(spread, op).await,
         }
     }
 
@@ -60,6 +68,8 @@ impl Store for AnyStore {
             Self::Redis(store) => store.reset(subject, policy).await,
             #[cfg(feature = "redis")]
             Self::Resilient(store) => store.reset(subject, policy).await,
+            #[cfg(feature = "redis")]
+            Self::Regional(store) => store.reset(subject, policy).await,
         }
     }
 
@@ -70,6 +80,8 @@ impl Store for AnyStore {
             Self::Redis(store) => store.ping().await,
             #[cfg(feature = "redis")]
             Self::Resilient(store) => store.ping().await,
+            #[cfg(feature = "redis")]
+            Self::Regional(store) => store.ping().await,
         }
     }
 
@@ -80,6 +92,8 @@ impl Store for AnyStore {
             Self::Redis(store) => store.sleep(duration),
             #[cfg(feature = "redis")]
             Self::Resilient(store) => store.sleep(duration),
+            #[cfg(feature = "redis")]
+            Self::Regional(store) => store.sleep(duration),
         }
     }
 }
@@ -101,6 +115,13 @@ impl From<RedisStore> for AnyStore {
 impl From<ResilientStore<RedisStore>> for AnyStore {
     fn from(store: ResilientStore<RedisStore>) -> Self {
         Self::Resilient(store)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<RegionalStore<ResilientStore<RedisStore>>> for AnyStore {
+    fn from(store: RegionalStore<ResilientStore<RedisStore>>) -> Self {
+        Self::Regional(store)
     }
 }
 
@@ -130,6 +151,8 @@ impl AnyStore {
                 Some(redis) => redis.subjects(pattern, name, cursor, limit).await,
                 None => Err(crate::Error::new(crate::ErrorKind::Store, "redis: not connected yet")),
             },
+            #[cfg(feature = "redis")]
+            Self::Regional(store) => store.regional().subjects(pattern, name, cursor, limit).await,
         }
     }
 }

@@ -64,6 +64,15 @@ pub struct RegionalStore<S: Store = RedisStore> {
     inner: Arc<Region<S>>,
 }
 
+impl<S: Store> std::fmt::Debug for RegionalStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionalStore")
+            .field("region", &self.inner.name)
+            .field("replica", &self.inner.replica)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store> Clone for RegionalStore<S> {
     fn clone(&self) -> Self {
         Self {
@@ -226,6 +235,11 @@ impl<S: Store> RegionalStore<S> {
     /// The home store.
     pub fn home(&self) -> &RedisStore {
         &self.inner.home
+    }
+
+    /// The regional Redis (shares and outbox).
+    pub fn regional(&self) -> &RedisStore {
+        &self.inner.regional
     }
 
     /// The store of the region's own limits.
