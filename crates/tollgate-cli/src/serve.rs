@@ -65,7 +65,7 @@ pub struct Args {
     /// region (or `GLOBAL_REDIS_URL`). Each region takes its share of a
     /// global limit from it in blocks and decides on that share at home in
     /// the region; the regions together never admit more than the limit.
-    #[arg(long, value_name = "URL", requires = "region")]
+    #[arg(long, value_name = "URL")]
     global_redis: Option<String>,
     /// This region's name, with --global-redis (or `REGION`).
     #[arg(long, value_name = "NAME")]
@@ -281,24 +281,7 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
     runtime.block_on(async {
         let webhook = alert_webhook(args)?;
         let connection = Connection::of(args, settings, &prefix, webhook.is_some());
-        let global = args
-            .global_redis
-            .clone()
-            .or_else(|| std::env::var("GLOBAL_REDIS_URL").ok().filter(|url| !url.is_empty()));
-        let region = args
-            .region
-            .clone()
-            .or_else(|| std::env::var("REGION").ok().filter(|name| !name.is_empty()));
-        let store = match (global, region, redis.as_deref()) {
-            (None, _, redis) => store(redis, &connection).await?,
-            (Some(home), Some(region), Some(redis)) => {
-                regional_store(redis, &home, &region, args.global_fraction, &connection).await?
-            }
-            (Some(_), None, _) => return Err(UsageError("--global-redis needs --region (or REGION)".into()).into()),
-            (Some(_), _, None) => {
-                return Err(UsageError("--global-redis needs --redis, this region's Redis".into()).into())
-            }
-        };
+        let store = any_store(args, redis.as_deref(), &connection).await?;
         let http = TcpListener::bind(http_address)
             .await
             .with_context(|| format!("cannot listen on {http_address}"))?;
@@ -463,6 +446,27 @@ async fn store(redis: Option<&str>, connection: &Connection<'_>) -> anyhow::Resu
             StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
         },
     })
+}
+
+/// The store the flags name: the region's with --global-redis, else the
+/// one --redis names (the memory store without it).
+async fn any_store(args: &Args, redis: Option<&str>, connection: &Connection<'_>) -> anyhow::Result<AnyStore> {
+    let global = args
+        .global_redis
+        .clone()
+        .or_else(|| std::env::var("GLOBAL_REDIS_URL").ok().filter(|url| !url.is_empty()));
+    let region = args
+        .region
+        .clone()
+        .or_else(|| std::env::var("REGION").ok().filter(|name| !name.is_empty()));
+    match (global, region, redis) {
+        (None, _, redis) => store(redis, connection).await,
+        (Some(home), Some(region), Some(redis)) => {
+            regional_store(redis, &home, &region, args.global_fraction, connection).await
+        }
+        (Some(_), None, _) => Err(UsageError("--global-redis needs --region (or REGION)".into()).into()),
+        (Some(_), _, None) => Err(UsageError("--global-redis needs --redis, this region's Redis".into()).into()),
+    }
 }
 
 /// A region's store: its own Redis at `redis` (behind the failure policy),

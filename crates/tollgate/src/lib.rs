@@ -92,6 +92,11 @@ pub struct LibraryDoctests;
 #[doc = include_str!("../../../docs/overrides.md")]
 pub struct OverridesDoctests;
 
+/// The Rust blocks of the regions' guide, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../../../docs/regions.md")]
+pub struct RegionsDoctests;
+
 #[cfg(feature = "redis")]
 pub use store::{
     EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, RegionStats,
