@@ -482,9 +482,12 @@ async fn regional_store(
         return Err(UsageError(format!("--global-fraction: {fraction} is not a fraction from 0 to 1")).into());
     }
     let tls = connection.tls;
-    let connect = |url: String, timeout: Duration| async move {
+    let connect = |url: String, timeout: Duration, outbox: bool| async move {
         let url = with_redis_tls(&url, tls);
-        let builder = redis_tls_files(redis_builder(&url, connection.prefix).timeout(timeout), tls)?;
+        let mut builder = redis_tls_files(redis_builder(&url, connection.prefix).timeout(timeout), tls)?;
+        if outbox {
+            builder = builder.alert_outbox(tollgate_server::service::OUTBOX_KEPT);
+        }
         connect_redis_with(builder, &url).await
     };
     let local_url = match StoreUrl::parse(redis)? {
@@ -495,9 +498,9 @@ async fn regional_store(
         StoreUrl::Redis(url) => url,
         StoreUrl::Memory => return Err(UsageError("--global-redis: expected a Redis URL".into()).into()),
     };
-    let regional = connect(local_url, connection.timeout).await?;
+    let regional = connect(local_url, connection.timeout, connection.outbox).await?;
     // Home is far: its calls (a block, a report) get a second at least.
-    let home = connect(home_url, connection.timeout.max(Duration::from_secs(1)))
+    let home = connect(home_url, connection.timeout.max(Duration::from_secs(1)), false)
         .await
         .context("the home Redis (--global-redis)")?;
     tracing::info!(region, "regions: this region's Redis and the home Redis connected");

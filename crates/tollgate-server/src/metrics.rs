@@ -38,6 +38,7 @@ mod overrides;
 mod persistence;
 mod quota;
 mod recent;
+mod region;
 mod tls;
 
 pub use alerts::AlertMetrics;
@@ -45,6 +46,7 @@ pub use overrides::OverrideMetrics;
 pub use persistence::PersistenceMetrics;
 pub(crate) use quota::bucket_name;
 pub use quota::QuotaMetrics;
+pub use region::RegionMetrics;
 pub use tls::TlsMetrics;
 
 use labels::{
@@ -128,6 +130,7 @@ pub struct Metrics {
     quota: QuotaMetrics,
     overrides: OverrideMetrics,
     persistence: PersistenceMetrics,
+    region: RegionMetrics,
     tls: TlsMetrics,
     alerts: AlertMetrics,
     /// The last minute's latencies, for the console.
@@ -177,6 +180,7 @@ impl Metrics {
             quota: QuotaMetrics::default(),
             overrides: OverrideMetrics::default(),
             persistence: PersistenceMetrics::default(),
+            region: RegionMetrics::default(),
             tls: TlsMetrics::default(),
             alerts: AlertMetrics::default(),
             recent: recent::RecentLatency::default(),
@@ -226,6 +230,7 @@ impl Metrics {
         metrics.quota.register(tollgate);
         metrics.overrides.register(tollgate);
         metrics.persistence.register(tollgate);
+        metrics.region.register(tollgate);
         metrics.tls.register(tollgate);
         metrics.alerts.register(tollgate);
         let upstream = metrics.registry.sub_registry_with_prefix("ratelimit_service");
@@ -362,6 +367,11 @@ impl Metrics {
     /// rules would lose their state on its restart.
     pub fn store_persistence(&self, label: &'static str, lost: usize) {
         self.persistence.set(label, lost);
+    }
+
+    /// The region's metrics (with `--global-redis`).
+    pub fn region(&self) -> &RegionMetrics {
+        &self.region
     }
 
     /// Counts a request whose overall OVER_LIMIT the global shadow mode

@@ -100,6 +100,6 @@ pub struct RegionsDoctests;
 #[cfg(feature = "redis")]
 pub use store::{
     EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, RegionStats,
-    RegionalStore, RegionalStoreBuilder, Share, SharedTable, TableChange, TableChanges, DEFAULT_PREFIX,
+    RegionalStore, RegionalStoreBuilder, RuleStats, Share, SharedTable, TableChange, TableChanges, DEFAULT_PREFIX,
 };
 pub use subject::{subject_parts, Subject, SubjectPattern, MAX_KEY_LEN};

@@ -230,6 +230,14 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
     if let Some(engine) = service.engine() {
         service.metrics().engine(engine);
     }
+    if let tollgate::AnyStore::Regional(region) = service.store() {
+        // The outbox's length is one call to the region's Redis; without
+        // it the rest is still shown.
+        let mut stats = region.stats().await;
+        if let Ok(stats) = &mut stats {
+            service.metrics().region().set(stats, &region.rule_stats());
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,

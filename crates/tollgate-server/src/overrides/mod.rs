@@ -217,9 +217,10 @@ impl Overrides {
     /// Overrides kept beside `store`'s state: in it when it is Redis, in
     /// this process otherwise.
     pub fn new(store: &AnyStore) -> Self {
-        let backend = match store {
-            AnyStore::Redis(_) | AnyStore::Resilient(_) => Backend::Shared(store.clone()),
-            _ => Backend::Local,
+        let backend = if store.is_redis() {
+            Backend::Shared(store.clone())
+        } else {
+            Backend::Local
         };
         Self {
             backend,
@@ -284,11 +285,7 @@ impl Overrides {
         let Backend::Shared(store) = &self.backend else {
             return Ok(None);
         };
-        let redis = match store {
-            AnyStore::Redis(redis) => redis.clone(),
-            AnyStore::Resilient(resilient) => resilient.store().cloned().ok_or(OverrideError::NotConnected)?,
-            _ => return Ok(None),
-        };
+        let redis = store.redis().cloned().ok_or(OverrideError::NotConnected)?;
         Ok(Some(redis.table(&format!("overrides:{domain}"))))
     }
 

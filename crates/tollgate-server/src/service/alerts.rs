@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Notify};
-use tollgate::{AnyStore, Outbox, OutboxEntry, Outcome, Path};
+use tollgate::{Outbox, OutboxEntry, Outcome, Path};
 
 use super::Service;
 use crate::config::{Rule, RuleLimit};
@@ -400,11 +400,7 @@ impl Service {
 
     /// The store's outbox, when it has one (Redis with a webhook).
     fn outbox(&self) -> Option<Outbox> {
-        match self.store() {
-            AnyStore::Redis(redis) => redis.outbox(GROUP),
-            AnyStore::Resilient(resilient) => resilient.store()?.outbox(GROUP),
-            _ => None,
-        }
+        self.store().redis()?.outbox(GROUP)
     }
 
     /// Delivers alerts to the webhook until `stopped`: this process's

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tollgate::{AnyStore, Persistence};
+use tollgate::Persistence;
 
 use super::Service;
 use crate::config::RuleLimit;
@@ -74,11 +74,7 @@ impl Service {
     /// Logs a warning, naming the rules, when it changed to keeping nothing
     /// while some rule's state lasts a day or longer.
     pub async fn check_persistence(&self) -> Option<Lasting> {
-        let redis = match self.store() {
-            AnyStore::Redis(redis) => redis.clone(),
-            AnyStore::Resilient(resilient) => resilient.store()?.clone(),
-            _ => return None,
-        };
+        let redis = self.store().redis()?.clone();
         let persistence = match redis.persistence().await {
             Ok(persistence) => persistence,
             Err(error) => {
@@ -125,7 +121,7 @@ impl Service {
     /// Checks persistence at once, then every [`PERSISTENCE_CHECK`] and
     /// after each configuration change, until `stopped`.
     pub async fn follow_persistence(&self, mut stopped: watch::Receiver<bool>) {
-        if !matches!(self.store(), AnyStore::Redis(_) | AnyStore::Resilient(_)) {
+        if !self.store().is_redis() {
             return;
         }
         let mut changes = self.config_changes();

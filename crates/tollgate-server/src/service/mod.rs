@@ -241,11 +241,7 @@ impl Service {
     /// The engine deciding in Redis; `None` on the memory store, or before a
     /// Redis store has connected.
     pub fn engine(&self) -> Option<tollgate::EngineKind> {
-        match self.store.inner() {
-            AnyStore::Redis(redis) => Some(redis.engine()),
-            AnyStore::Resilient(resilient) => resilient.store().map(tollgate::RedisStore::engine),
-            _ => None,
-        }
+        self.store.inner().redis().map(tollgate::RedisStore::engine)
     }
 
     /// Gives back what leased rules hold: before the process stops.

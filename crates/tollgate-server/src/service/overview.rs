@@ -53,6 +53,10 @@ impl Service {
         let (store, breaker_open) = match self.store() {
             AnyStore::Redis(_) => ("redis", None),
             AnyStore::Resilient(resilient) => ("redis (with a failure policy)", Some(resilient.stats().breaker_open)),
+            AnyStore::Regional(regional) => (
+                "redis (a region's, with global limits at home)",
+                Some(regional.local().stats().breaker_open),
+            ),
             _ => ("memory", None),
         };
         let recent = self.metrics.recent_p99();

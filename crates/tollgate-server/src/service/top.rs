@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tollgate::AnyStore;
 
 use super::answer::unix_now;
 use super::matching::Item;
@@ -37,11 +36,7 @@ impl Service {
 
     /// The shared table of `domain`'s summaries, on Redis.
     fn top_table(&self, domain: &str) -> Option<tollgate::SharedTable> {
-        let redis = match self.store() {
-            AnyStore::Redis(redis) => redis.clone(),
-            AnyStore::Resilient(resilient) => resilient.store().cloned()?,
-            _ => return None,
-        };
+        let redis = self.store().redis()?.clone();
         Some(redis.table(&format!("top:{domain}")))
     }
 

@@ -126,6 +126,24 @@ impl From<RegionalStore<ResilientStore<RedisStore>>> for AnyStore {
 }
 
 impl AnyStore {
+    /// The Redis store behind it: the store itself, the one a failure
+    /// policy guards (once connected), or a region's own Redis; `None` in
+    /// memory.
+    #[cfg(feature = "redis")]
+    pub fn redis(&self) -> Option<&RedisStore> {
+        match self {
+            Self::Memory(_) => None,
+            Self::Redis(store) => Some(store),
+            Self::Resilient(store) => store.store(),
+            Self::Regional(store) => Some(store.regional()),
+        }
+    }
+
+    /// True for a Redis store, connected yet or not.
+    pub fn is_redis(&self) -> bool {
+        !matches!(self, Self::Memory(_))
+    }
+
     /// The subjects that fit `pattern` the store holds state for under the
     /// limit `name`, a page at a time: [`MemoryStore::subjects`],
     /// [`RedisStore::subjects`].

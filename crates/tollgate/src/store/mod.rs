@@ -23,7 +23,7 @@ pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{
     EngineChoice, EngineKind, Outbox, OutboxEntry, Persistence, RedisStore, RedisStoreBuilder, RegionStats,
-    RegionalStore, RegionalStoreBuilder, Share, SharedTable, TableChange, TableChanges, DEFAULT_PREFIX,
+    RegionalStore, RegionalStoreBuilder, RuleStats, Share, SharedTable, TableChange, TableChanges, DEFAULT_PREFIX,
 };
 pub use self::resilient::{OnStoreError, ResilienceStats, ResilientStore, ResilientStoreBuilder, StoreConnector};
 pub use self::spread::{Spread, SpreadBuilder};

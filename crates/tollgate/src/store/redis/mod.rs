@@ -81,7 +81,7 @@ pub use self::connection::{EngineChoice, EngineKind};
 use self::durable::{counts, ClusterNodes, Dedicated, Reach};
 pub use self::outbox::{Outbox, OutboxEntry};
 pub use self::persistence::Persistence;
-pub use self::region::{RegionStats, RegionalStore, RegionalStoreBuilder, Share};
+pub use self::region::{RegionStats, RegionalStore, RegionalStoreBuilder, RuleStats, Share};
 pub use self::table::{SharedTable, TableChange, TableChanges};
 use self::url::Target;
 use super::{spread, Spread, Store};

@@ -1,6 +1,7 @@
 //! Global limits across regions ([`RegionalStore`]): every decision in the
 //! region, the regions together never over the limit.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,13 +11,17 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
-use crate::store::lease::SHARE;
-use crate::store::{OnStoreError, Store};
+use crate::store::{OnStoreError, Spread, Store};
 use crate::subject::Subject;
 use crate::Limit;
 
 mod reports;
 mod share;
+
+/// A block is at most this fraction (1 / `REGION_SHARE`) of the limit's
+/// capacity: a region far from home fills its share one block a round
+/// trip, so at 80 ms and 200 a second it needs a block of 16.
+const REGION_SHARE: u64 = 2;
 
 /// A [`Store`] for a service that runs in several regions and wants some
 /// limits to hold across all of them ([`Limit::with_scope`]), while every
@@ -38,7 +43,7 @@ mod share;
 ///   home, and a margin) asks for a fill; one replica at a time fills it (a
 ///   fenced lock in the share: a replica whose lock lapsed adds nothing,
 ///   and gives its block back home). A block is the region's recent rate
-///   over `block` (at most a quarter of the limit): capacity follows demand.
+///   over `block` (at most half the limit): capacity follows demand.
 /// - **The time shift.** A block lapses `block` after home counted it
 ///   (within a window's end, for a window): what it holds then is not
 ///   admitted; what a region holds when a newer block replaces it goes back
@@ -92,6 +97,8 @@ struct Region<S> {
     on_home_error: OnStoreError,
     fraction: f64,
     stats: Stats,
+    /// Per global limit (by name): its fills and what its shares hold.
+    rules: parking_lot::Mutex<HashMap<String, RuleStats>>,
     /// The outbox's forwarder runs.
     forwarding: AtomicBool,
 }
@@ -133,6 +140,23 @@ pub struct RegionStats {
     pub given_back: u64,
     /// Reports in the outbox, not yet counted at home.
     pub outbox: u64,
+}
+
+/// What a region did for one global limit, over all its subjects
+/// ([`RegionalStore::rule_stats`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleStats {
+    /// The limit's name.
+    pub rule: String,
+    /// Blocks taken from home into its shares.
+    pub fills: u64,
+    /// Units home granted into them.
+    pub units_taken: u64,
+    /// What the share held after the last decision on it.
+    pub share_left: u64,
+    /// The last fill's latency.
+    pub last_fill: Duration,
 }
 
 /// What a share holds ([`RegionalStore::share`]).
@@ -188,6 +212,7 @@ impl<S: Store> RegionalStoreBuilder<S> {
                 on_home_error: self.on_home_error,
                 fraction: self.fraction,
                 stats: Stats::default(),
+                rules: parking_lot::Mutex::new(HashMap::new()),
                 forwarding: AtomicBool::new(false),
             }),
         }
@@ -267,6 +292,13 @@ impl<S: Store> RegionalStore<S> {
         })
     }
 
+    /// What the region did per global limit, by name.
+    pub fn rule_stats(&self) -> Vec<RuleStats> {
+        let mut rules: Vec<RuleStats> = self.inner.rules.lock().values().cloned().collect();
+        rules.sort_by(|a, b| a.rule.cmp(&b.rule));
+        rules
+    }
+
     /// What the region's share of `policy`'s global limit holds for
     /// `subject` now.
     ///
@@ -328,6 +360,16 @@ impl<S: Store> Store for RegionalStore<S> {
         }
     }
 
+    async fn decide_spread(&self, spread: &Spread, op: Op) -> Result<Outcome> {
+        // Regional rows alone go to the region's store as one spread (one
+        // call where it can); a global row is decided on its share.
+        if spread.policy().limits().any(|(_, limit)| limit.is_global()) {
+            crate::store::spread::by_subject(self, spread, op).await
+        } else {
+            self.inner.local.decide_spread(spread, op).await
+        }
+    }
+
     async fn reset(&self, subject: &Subject, policy: &Policy) -> Result<()> {
         if !policy.limits().any(|(_, limit)| limit.is_global()) {
             return self.inner.local.reset(subject, policy).await;
@@ -385,6 +427,21 @@ impl<S: Store> Region<S> {
         request.now.map(|now| now.as_micros().to_string()).unwrap_or_default()
     }
 
+    /// Updates what is known of the global limit `name`.
+    fn note(&self, name: &str, change: impl FnOnce(&mut RuleStats)) {
+        let mut rules = self.rules.lock();
+        if let Some(rule) = rules.get_mut(name) {
+            change(rule);
+            return;
+        }
+        let mut rule = RuleStats {
+            rule: name.to_owned(),
+            ..RuleStats::default()
+        };
+        change(&mut rule);
+        rules.insert(name.to_owned(), rule);
+    }
+
     /// The lock a fill holds at most: the home store's timeout, twice.
     fn lock_micros(&self) -> u64 {
         micros(self.home.inner.timeout * 2)
@@ -393,7 +450,7 @@ impl<S: Store> Region<S> {
     async fn run_take(&self, key: &str, request: &Request, limit: &Limit) -> Result<Taken> {
         let round_trip = self.stats.round_trip.load(Ordering::Relaxed).max(1_000);
         let low = 2 * round_trip + micros(self.block) / 10;
-        let most = (limit.capacity() / SHARE).max(1);
+        let most = (limit.capacity() / REGION_SHARE).max(1);
         let mut invocation = share::take().key(key);
         invocation
             .arg(request.units())
@@ -430,6 +487,7 @@ impl<S: Store> Region<S> {
         let at_most = matches!(request.op, Op::CheckAtMost);
         let key = this.share_key(subject, name);
         let mut taken = this.run_take(&key, request, limit).await?;
+        this.note(name, |rule| rule.share_left = taken.left);
         let served = |taken: &Taken| {
             if at_most {
                 taken.granted > 0 || cost == 0
@@ -559,6 +617,13 @@ impl<S: Store> Region<S> {
         };
         stats.fills.fetch_add(1, Ordering::Relaxed);
         stats.last_fill.store(micros(elapsed), Ordering::Relaxed);
+        if let Some((name, _)) = policy.limits().next() {
+            this.note(name, |rule| {
+                rule.fills += 1;
+                rule.units_taken += outcome.granted;
+                rule.last_fill = elapsed;
+            });
+        }
         let previous = stats.round_trip.load(Ordering::Relaxed);
         let smoothed = if previous == 0 {
             micros(elapsed)

@@ -17,7 +17,8 @@ use redis::Script;
 
 /// Takes `cost` units (all or nothing; `at_most`: as many as held, up to
 /// `cost`), and asks for a fill when what is left falls under the region's
-/// low-water mark (its recent rate over `low` µs) and no replica fills it.
+/// low-water mark (its recent rate over `low` µs) and no replica fills it
+/// (a peek, of cost 0, asks none).
 ///
 /// ARGV: cost, at_most (0/1), now (µs; empty: the server's clock), token,
 /// lock (µs), low (µs), block (µs), most (units).
@@ -40,9 +41,11 @@ local horizon = tonumber(ARGV[7])
 local retry_at, asked, since = tonumber(f[5]) or 0, tonumber(f[6]) or 0, tonumber(f[7])
 local fresh = since == nil
 if fresh then since = now end
-if now - since > 2 * horizon then
-  asked = math.ceil(asked * horizon / (now - since))
-  since = now - horizon
+-- The recent rate: what was asked over the last quarter to half block.
+local recent = horizon / 4
+if now - since > recent then
+  asked = math.ceil(asked * recent / 2 / (now - since))
+  since = now - recent / 2
 end
 asked = asked + cost
 local granted = 0
@@ -55,13 +58,13 @@ if lock and lock_until > now then
   if lock == ARGV[4] then holder = 1 else holder = 2 end
 end
 local fill = 0
-if holder == 0 and now >= retry_at then
-  local rate = asked / math.max(now - since, horizon)
+if holder == 0 and now >= retry_at and cost > 0 then
+  local rate = asked / math.max(now - since, recent / 2)
   local low = math.max(cost, math.ceil(rate * tonumber(ARGV[6])))
   if left < low or (granted < cost and not at_most) then
     local most = math.max(tonumber(ARGV[8]), cost)
     if fresh then
-      fill = most
+      fill = math.max(math.floor(most / 2), cost)
     else
       fill = math.min(math.max(cost, math.ceil(rate * horizon)), most)
     end
