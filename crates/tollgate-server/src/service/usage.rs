@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use super::deciding::{set_decisions, Charge};
-use super::matching::Matched;
+use super::matching::{Limited, Matched};
 use super::request::Descriptor;
 use super::{answer::unix_now, CheckRequest, Service, ServiceError, RULE};
 use tollgate::SubjectPattern;
@@ -48,6 +48,27 @@ pub struct Usage {
     pub reset_after_ms: Option<u64>,
     /// When it resets (RFC 3339, UTC).
     pub resets_at: Option<String>,
+    /// A global limit (`scope: global`) where this process is a region's
+    /// (`--global-redis`): `used` and `remaining` are then home's, across
+    /// every region, and this is the region's side.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global: Option<GlobalUsage>,
+}
+
+/// A region's side of a global limit.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct GlobalUsage {
+    /// The region's name.
+    pub region: String,
+    /// Units the region's share holds for this descriptor now.
+    pub share: u64,
+    /// Until they lapse.
+    pub share_lapses_in_ms: u64,
+    /// Home answered (its `used` and `remaining` are shown); when it did
+    /// not, they are the share's.
+    pub home_reachable: bool,
+    /// Reports recorded in the region and not yet counted at home.
+    pub outbox: u64,
 }
 
 /// One entry of a descriptor.
@@ -110,6 +131,15 @@ impl Service {
                 (Matched::Blocked, _) => (Some(0), Some(0), Some(0)),
                 _ => (None, None, None),
             };
+            let global = match item.limited() {
+                Some(limited) if limited.limit.is_global() => self.global_usage(limited).await,
+                _ => None,
+            };
+            let (used, remaining) = match &global {
+                Some((_, Some(home))) => (Some(home.limit.saturating_sub(home.remaining)), Some(home.remaining)),
+                _ => (used, remaining),
+            };
+            let global = global.map(|(region, _)| region);
             let reset = item.status.duration_until_reset.filter(|_| limit.is_some());
             let reset_micros = reset.map(|reset| u64::try_from(reset.as_micros()).unwrap_or(u64::MAX));
             usage.push(Usage {
@@ -134,9 +164,38 @@ impl Service {
                 remaining,
                 reset_after_ms: reset.map(|reset| u64::try_from(reset.as_millis()).unwrap_or(u64::MAX)),
                 resets_at: reset_micros.and_then(|micros| rfc3339(now.saturating_add(micros))),
+                global,
             });
         }
         Ok(usage)
+    }
+}
+
+impl Service {
+    /// The region's side of the global limit `limited`, and home's
+    /// decision on it (a peek; `None` when home does not answer); `None`
+    /// when this process is no region's.
+    async fn global_usage(&self, limited: &Limited) -> Option<(GlobalUsage, Option<tollgate::Decision>)> {
+        let tollgate::AnyStore::Regional(region) = self.store() else {
+            return None;
+        };
+        let policy = tollgate::Policy::new([(limited.name.as_str(), limited.limit.clone())]).ok()?;
+        let share = region.share(&limited.subject, &policy).await.ok()?;
+        let peek = tollgate::Request::new(tollgate::Op::CheckAtMost, 0);
+        let home = tollgate::Store::decide(region.home(), &limited.subject, &policy, &peek)
+            .await
+            .ok();
+        let stats = region.stats().await.ok();
+        Some((
+            GlobalUsage {
+                region: region.region().to_owned(),
+                share: share.units,
+                share_lapses_in_ms: u64::try_from(share.lapses_in.as_millis()).unwrap_or(u64::MAX),
+                home_reachable: home.is_some(),
+                outbox: stats.map_or(0, |stats| stats.outbox),
+            },
+            home.map(|outcome| outcome.decision),
+        ))
     }
 }
 
