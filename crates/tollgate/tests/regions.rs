@@ -254,3 +254,73 @@ fn cut_off_with_local_a_region_takes_its_fraction_per_window() {
         }
     });
 }
+
+/// The region's own Redis lost: a global decision follows the region's
+/// failure policy as its own limits do (`local`: this process's memory
+/// store, the whole limit per process), and a report goes home directly.
+#[test]
+fn a_region_without_its_redis_falls_back_as_its_own_limits_do() {
+    let home = RedisServer::start();
+    let mut regional = RedisServer::start();
+    tollgate_testkit::runtime().block_on(async {
+        let region = |policy: OnStoreError| {
+            let (regional, home) = (regional.port(), home.port());
+            async move {
+                RegionalStore::builder(store(regional).await, store(home).await, "r1")
+                    .on_home_error(policy, 0.0)
+                    .build()
+            }
+        };
+        let (local, closed) = (region(OnStoreError::Local).await, region(OnStoreError::Closed).await);
+        let policy = global(Limit::fixed_window(5, Duration::from_secs(3600)).unwrap());
+        let budget = Policy::new([(
+            "tokens",
+            Limit::fixed_window(1_000, Duration::from_secs(3600))
+                .unwrap()
+                .with_scope(Scope::Global)
+                .unwrap(),
+        )])
+        .unwrap();
+        let subject = Subject::new("tenant-d");
+        let now = Timestamp::from_micros(T0);
+        assert!(
+            local
+                .decide(&subject, &policy, &Request::new(Op::Check, 1).at(now))
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+        regional.stop();
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let outcome = local
+                .decide(&subject, &policy, &Request::new(Op::Check, 1).at(now))
+                .await
+                .unwrap();
+            assert_eq!(outcome.path, tollgate::Path::Local);
+            admitted += u64::from(outcome.decision.allowed);
+        }
+        assert_eq!(admitted, 5, "this process's memory store holds the whole limit");
+        let refused = closed
+            .decide(&subject, &policy, &Request::new(Op::Check, 1).at(now))
+            .await
+            .unwrap();
+        assert!(!refused.decision.allowed && refused.path == tollgate::Path::Policy);
+        let reported = local
+            .decide(&subject, &budget, &Request::new(Op::Record, 7).at(now))
+            .await
+            .unwrap();
+        assert!(reported.decision.allowed);
+        let counted = store(home.port())
+            .await
+            .decide(&subject, &budget, &Request::new(Op::CheckAtMost, 0).at(now))
+            .await
+            .unwrap();
+        assert_eq!(
+            counted.decision.remaining,
+            1_000 - 7,
+            "the report counted at home directly"
+        );
+    });
+}

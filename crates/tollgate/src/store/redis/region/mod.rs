@@ -11,7 +11,7 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{Op, Policy, Request};
-use crate::store::{OnStoreError, Spread, Store};
+use crate::store::{MemoryStore, OnStoreError, Spread, Store};
 use crate::subject::Subject;
 use crate::Limit;
 
@@ -56,6 +56,10 @@ const REGION_SHARE: u64 = 2;
 ///   transaction as the record), so the home counter converges to the exact
 ///   total. While home cannot be reached a region overspends at most what
 ///   it records meanwhile.
+/// - **Regional Redis unreachable.** A global decision follows the same
+///   failure policy as the region's own limits: `error`, `open`,
+///   `closed`, or `local` (this process's memory store, the whole limit per
+///   process); a report goes to home directly.
 /// - **Home unreachable.** The region spends its share until it is gone or
 ///   lapses, then follows [`RegionalStoreBuilder::on_home_error`]:
 ///   `error`, `open`, `closed`, or `local`, which fills the share without
@@ -97,6 +101,8 @@ struct Region<S> {
     on_home_error: OnStoreError,
     fraction: f64,
     stats: Stats,
+    /// Decides while the regional Redis fails, with `local`.
+    memory: MemoryStore,
     /// Per global limit (by name): its fills and what its shares hold.
     rules: parking_lot::Mutex<HashMap<String, RuleStats>>,
     /// The outbox's forwarder runs.
@@ -212,6 +218,7 @@ impl<S: Store> RegionalStoreBuilder<S> {
                 on_home_error: self.on_home_error,
                 fraction: self.fraction,
                 stats: Stats::default(),
+                memory: MemoryStore::new(),
                 rules: parking_lot::Mutex::new(HashMap::new()),
                 forwarding: AtomicBool::new(false),
             }),
@@ -486,7 +493,10 @@ impl<S: Store> Region<S> {
         let cost = request.units();
         let at_most = matches!(request.op, Op::CheckAtMost);
         let key = this.share_key(subject, name);
-        let mut taken = this.run_take(&key, request, limit).await?;
+        let mut taken = match this.run_take(&key, request, limit).await {
+            Ok(taken) => taken,
+            Err(error) => return this.fallback(subject, policy, request, error),
+        };
         this.note(name, |rule| rule.share_left = taken.left);
         let served = |taken: &Taken| {
             if at_most {
@@ -514,7 +524,10 @@ impl<S: Store> Region<S> {
                 if at_most {
                     again.cost = crate::policy::Cost::same(cost);
                 }
-                taken = this.run_take(&key, &again, limit).await?;
+                taken = match this.run_take(&key, &again, limit).await {
+                    Ok(taken) => taken,
+                    Err(error) => return this.fallback(subject, policy, request, error),
+                };
                 if taken.fill > 0 {
                     tokio::spawn(Self::fill(
                         Arc::clone(this),
@@ -560,6 +573,36 @@ impl<S: Store> Region<S> {
         let mut outcome = Self::outcome(policy, request, allowed, granted, decision, Path::Leased);
         outcome.decided_at = Timestamp::from_micros(taken.now);
         Ok(outcome)
+    }
+
+    /// The regional Redis failed `request`: the region's failure policy
+    /// answers, as for its own limits (`local`: this process's memory
+    /// store, the whole limit per process while the regional Redis is down).
+    fn fallback(&self, subject: &Subject, policy: &Policy, request: &Request, error: Error) -> Result<Outcome> {
+        let (allowed, path) = match self.on_home_error {
+            OnStoreError::Error => return Err(error),
+            OnStoreError::Open => (true, Path::Policy),
+            OnStoreError::Closed => (false, Path::Policy),
+            OnStoreError::Local => {
+                let mut outcome = self.memory.decide_now(subject, policy, request)?;
+                outcome.path = Path::Local;
+                return Ok(outcome);
+            }
+        };
+        let capacity = policy.limits().next().map_or(0, |(_, limit)| limit.capacity());
+        let decision = if allowed {
+            Decision::allow(capacity, 0, 0, 0)
+        } else {
+            Decision::deny(capacity, 0, Some(1_000_000), 1_000_000)
+        };
+        Ok(Self::outcome(
+            policy,
+            request,
+            allowed,
+            if allowed { request.units() } else { 0 },
+            decision,
+            path,
+        ))
     }
 
     fn outcome(

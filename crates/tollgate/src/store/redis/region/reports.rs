@@ -56,7 +56,7 @@ impl<S: Store> Region<S> {
     ) -> Result<Outcome> {
         let outbox = self.outbox();
         if !self.forwarding.swap(true, Ordering::AcqRel) {
-            outbox.join().await?;
+            // Its rounds join the outbox's group first.
             tokio::spawn(forward(Arc::downgrade(self)));
         }
         let at = request.now.map(|now| now.as_micros().to_string()).unwrap_or_default();
@@ -73,10 +73,16 @@ impl<S: Store> Region<S> {
             .arg(request.units())
             .arg("at")
             .arg(at);
-        self.regional
-            .bounded(self.regional.inner.client.connection.query::<String>(&add))
-            .await?;
         let policy = Policy::new([(name, limit.clone())])?;
+        let added = self
+            .regional
+            .bounded(self.regional.inner.client.connection.query::<String>(&add))
+            .await;
+        if added.is_err() {
+            // The region's outbox cannot take it: home counts it directly
+            // (once; a report that fails there too is the caller's error).
+            return self.home.decide(subject, &policy, request).await;
+        }
         let share = self.peek(subject, name).await.unwrap_or(Share {
             units: 0,
             lapses_in: Duration::ZERO,
