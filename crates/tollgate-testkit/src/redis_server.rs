@@ -269,6 +269,42 @@ impl RedisServer {
         assert!(self.launch(), "redis-server did not restart on port {}", self.port);
     }
 
+    /// A replica of this server, once its link is up and this server counts
+    /// it for `WAIT` (polled, with a deadline of 10 s).
+    pub fn start_replica(&self) -> Self {
+        let port = self.port.to_string();
+        let replica = Self::start_with(&["--replicaof".to_owned(), "127.0.0.1".to_owned(), port]);
+        let started = std::time::Instant::now();
+        let deadline = std::time::Duration::from_secs(10);
+        while !replica.cli(&["INFO", "replication"]).contains("master_link_status:up") {
+            assert!(started.elapsed() < deadline, "the replica never synced");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Synced is not yet acknowledging: the master counts a replica for
+        // WAIT once it has reported its offset.
+        while !self.acknowledged_by_a_replica() {
+            assert!(started.elapsed() < deadline, "the replica never acknowledged");
+        }
+        replica
+    }
+
+    /// A write and a `WAIT 1 100` on one connection count one replica.
+    fn acknowledged_by_a_replica(&self) -> bool {
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run redis-cli");
+        std::io::Write::write_all(
+            child.stdin.as_mut().expect("stdin"),
+            b"SET replica-probe 1\nWAIT 1 100\n",
+        )
+        .expect("write");
+        let output = child.wait_with_output().expect("redis-cli ends");
+        String::from_utf8_lossy(&output.stdout).lines().last() == Some("1")
+    }
+
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let tls = self.extra.iter().any(|arg| arg == "--tls-cert-file");

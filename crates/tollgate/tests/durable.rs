@@ -13,43 +13,6 @@ use tollgate::{
     Subject,
 };
 
-/// A replica of `master`, once its link is up (polled, with a deadline).
-fn replica_of(master: &RedisServer) -> RedisServer {
-    let port = master.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof".to_owned(), "127.0.0.1".to_owned(), port]);
-    let started = Instant::now();
-    while !replica.cli(&["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(started.elapsed() < Duration::from_secs(10), "the replica never synced");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    // Synced is not yet acknowledging: the master counts a replica for WAIT
-    // once it has reported its offset.
-    while !acknowledges(master) {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the replica never acknowledged"
-        );
-    }
-    replica
-}
-
-/// A write and a `WAIT 1 100` on one connection to `master` count one replica.
-fn acknowledges(master: &RedisServer) -> bool {
-    let mut child = std::process::Command::new("redis-cli")
-        .args(["-p", &master.port().to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run redis-cli");
-    std::io::Write::write_all(
-        child.stdin.as_mut().expect("stdin"),
-        b"SET replica-probe 1\nWAIT 1 100\n",
-    )
-    .expect("write");
-    let output = child.wait_with_output().expect("redis-cli ends");
-    String::from_utf8_lossy(&output.stdout).lines().last() == Some("1")
-}
-
 async fn limiter(master: &RedisServer, durability: Durability) -> Limiter<RedisStore> {
     let store = RedisStore::builder(master.url())
         .timeout(Duration::from_millis(300))
@@ -82,7 +45,7 @@ fn durable_reads_back_from_json() {
 async fn a_replicated_record_answers_once_a_replica_has_it() {
     // The first sync at once, not after the default 5 s.
     let master = RedisServer::start_with(&["--repl-diskless-sync-delay".to_owned(), "0".to_owned()]);
-    let mut replica = replica_of(&master);
+    let mut replica = master.start_replica();
     let limiter = limiter(&master, Durability::Replicated).await;
     let store = limiter.store().clone();
     let acme = Subject::new("acme");
@@ -179,7 +142,7 @@ async fn an_fsynced_record_waits_for_the_append_only_file_where_the_server_has_w
 async fn a_failover_keeps_every_acknowledged_durable_record() {
     let master = RedisServer::start_with(&["--repl-diskless-sync-delay".to_owned(), "0".to_owned()]);
     let mut master = master;
-    let replica = replica_of(&master);
+    let replica = master.start_replica();
     let durable = limiter(&master, Durability::Replicated).await;
     let plain = Limiter::new(
         durable.store().clone(),

@@ -324,3 +324,51 @@ fn a_region_without_its_redis_falls_back_as_its_own_limits_do() {
         );
     });
 }
+
+/// A durable global limit (`durable: replicated`): a block counts for a
+/// region only once home's replica has it, so a failover of home (its
+/// replica cut off and promoted, the old master killed) loses none of the
+/// units a region admitted.
+#[test]
+fn a_failover_of_home_loses_no_block_a_region_spent() {
+    let mut master = RedisServer::start_with(&["--repl-diskless-sync-delay".to_owned(), "0".to_owned()]);
+    let replica = master.start_replica();
+    let regional = RedisServer::start();
+    tollgate_testkit::runtime().block_on(async {
+        let region = RegionalStore::builder(store(regional.port()).await, store(master.port()).await, "r1")
+            .on_home_error(OnStoreError::Closed, 0.0)
+            .block(Duration::from_millis(10))
+            .build();
+        let limit = Limit::fixed_window(1_000, Duration::from_secs(3600))
+            .unwrap()
+            .durable(tollgate::Durability::Replicated);
+        let policy = global(limit);
+        let subject = Subject::new("tenant-e");
+        let mut admitted = 0;
+        // A request a millisecond, blocks that lapse after 10: the region
+        // asks home for blocks all along.
+        for round in 0..600 {
+            if round == 300 {
+                replica.cli(&["REPLICAOF", "NO", "ONE"]);
+            }
+            let check = Request::new(Op::Check, 1).at(Timestamp::from_micros(T0 + round * 1_000));
+            let outcome = region.decide(&subject, &policy, &check).await.unwrap();
+            admitted += u64::from(outcome.decision.allowed);
+        }
+        assert!(admitted >= 250, "only {admitted} admitted before the cut and after it");
+        master.stop();
+        let promoted = store(replica.port()).await;
+        let peek = Request::new(Op::CheckAtMost, 0).at(Timestamp::from_micros(T0 + 600_000));
+        let held = 1_000
+            - promoted
+                .decide(&subject, &policy, &peek)
+                .await
+                .unwrap()
+                .decision
+                .remaining;
+        assert!(
+            held >= admitted,
+            "the promoted home holds {held}, the region admitted {admitted}"
+        );
+    });
+}
