@@ -169,14 +169,13 @@ impl Slot {
     }
 
     /// Decides a policy of one limit offering `kernel` (the request
-    /// validated) on this slot's word, committing the new word in place. A
-    /// word whose instant has passed says nothing, like no state at all: it
-    /// stays until the next sweep.
+    /// validated) on this slot's word `seen` ([`Slot::word`]), committing
+    /// the new word in place. A word whose instant has passed says nothing,
+    /// like no state at all: it stays until the next sweep.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    fn decide_word(&mut self, kernel: &WordKernel, policy: &Policy, request: &Request, now: u64) -> Option<Outcome> {
-        let seen = self.word(kernel, now)?;
-        Some(policy.decide_word(kernel, seen, now, request, |new| self.put_word(kernel, new)))
+    fn decide_word(&mut self, kernel: &WordKernel, seen: u64, policy: &Policy, request: &Request, now: u64) -> Outcome {
+        policy.decide_word(kernel, seen, now, request, |new| self.put_word(kernel, new))
     }
 
     /// The kernel's word in this slot: zero when the slot's state has
@@ -209,13 +208,12 @@ impl Slot {
     /// left unbuilt.
     #[allow(clippy::inline_always)] // the memory store's hot path (BENCHMARKS.md, "In process")
     #[inline(always)]
-    fn check_word(&mut self, kernel: &WordKernel, now: u64, cost: u64) -> Option<Decision> {
-        let seen = self.word(kernel, now)?;
+    fn check_word(&mut self, kernel: &WordKernel, seen: u64, now: u64, cost: u64) -> Decision {
         let step = kernel.check(seen, now, cost);
         if let Some(new) = step.change {
             self.put_word(kernel, new);
         }
-        Some(step.decision)
+        step.decision
     }
 }
 
@@ -352,8 +350,8 @@ impl MemoryStore {
             if let Some(kernel) = policy.kernel() {
                 match shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
                     Some(slot) => {
-                        if let Some(outcome) = slot.decide_word(kernel, policy, request, now) {
-                            return outcome;
+                        if let Some(seen) = slot.word(kernel, now) {
+                            return slot.decide_word(kernel, seen, policy, request, now);
                         }
                     }
                     None => return self.decide_new(&mut shard, place, policy, request, now),
@@ -412,8 +410,8 @@ impl MemoryStore {
         let place = Self::place(subject_hash, key, name, name_hash);
         let request = || Request::new(Op::Check, cost).at(Timestamp::from_micros(now));
         match shard.slots.find_mut(place.hash, |slot| place.holds(&slot.key)) {
-            Some(slot) => match slot.check_word(kernel, now, cost) {
-                Some(decision) => decision,
+            Some(slot) => match slot.word(kernel, now) {
+                Some(seen) => slot.check_word(kernel, seen, now, cost),
                 None => self.decide_one(&mut shard, place, policy, &request(), now).decision,
             },
             None => self.decide_new(&mut shard, place, policy, &request(), now).decision,
