@@ -506,21 +506,23 @@ impl<S: Store> Region<S> {
                 taken.granted >= cost
             }
         };
-        if taken.fill > 0 {
-            let fill = Self::fill(
+        let fill = |block| {
+            Self::fill(
                 Arc::clone(this),
                 subject.clone(),
                 policy.clone(),
                 key.clone(),
-                taken.fill,
+                block,
                 request.now,
-            );
+            )
+        };
+        if taken.fill > 0 {
             if served(&taken) {
-                tokio::spawn(fill);
+                tokio::spawn(fill(taken.fill));
             } else {
                 // The share could not serve this request: it waits for the
                 // fill it asked for (a cold share, or one spent early).
-                Box::pin(fill).await;
+                Box::pin(fill(taken.fill)).await;
                 let mut again = request.clone();
                 if at_most {
                     again.cost = crate::policy::Cost::same(cost);
@@ -530,14 +532,7 @@ impl<S: Store> Region<S> {
                     Err(error) => return this.fallback(subject, policy, request, error),
                 };
                 if taken.fill > 0 {
-                    tokio::spawn(Self::fill(
-                        Arc::clone(this),
-                        subject.clone(),
-                        policy.clone(),
-                        key.clone(),
-                        taken.fill,
-                        request.now,
-                    ));
+                    tokio::spawn(fill(taken.fill));
                 }
             }
         }

@@ -15,6 +15,22 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
+/// A script's body, after `instant(given)`: the instant a caller gave
+/// (µs), or the server's clock (`TIME`) when it gave none.
+macro_rules! with_clock {
+    ($body:literal) => {
+        concat!(
+            "local function instant(given)\n",
+            "  local now = tonumber(given)\n",
+            "  if now then return now end\n",
+            "  local time = redis.call('TIME')\n",
+            "  return tonumber(time[1]) * 1000000 + tonumber(time[2])\n",
+            "end\n",
+            $body
+        )
+    };
+}
+
 /// Takes `cost` units (all or nothing; `at_most`: as many as held, up to
 /// `cost`), and asks for a fill when what is left falls under the region's
 /// low-water mark (its recent rate over `low` µs) and no replica fills it
@@ -26,12 +42,9 @@ use redis::Script;
 /// 0: none), the block to fill (0: none; then this replica holds the lock),
 /// the lock's holder (1: this replica, 2: another, 0: none), and the
 /// instant decided at (µs).
-const TAKE: &str = r"
-local now = tonumber(ARGV[3])
-if not now then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+const TAKE: &str = with_clock!(
+    r"
+local now = instant(ARGV[3])
 local cost, at_most = tonumber(ARGV[1]), ARGV[2] == '1'
 local f = redis.call('HMGET', KEYS[1], 'units', 'until', 'lock', 'lock_until', 'retry_at', 'asked', 'since')
 local units, untl = tonumber(f[1]) or 0, tonumber(f[2]) or 0
@@ -79,7 +92,8 @@ if untl > now then until_left = untl - now end
 local retry_left = 0
 if retry_at > now then retry_left = retry_at - now end
 return {granted, left, until_left, retry_left, fill, holder, now}
-";
+"
+);
 
 /// Adds a block the home store granted, if this replica still holds the
 /// lock (a replica whose lock lapsed and was taken over adds nothing: the
@@ -92,12 +106,9 @@ return {granted, left, until_left, retry_left, fill, holder, now}
 /// at (µs: when home counted them), retry (µs from now; 0: none),
 /// slack (µs), provisional period (µs; 0: a block from home).
 /// Reply: added (0/1), units handed back, when those were counted (µs).
-const ADD: &str = r"
-local now = tonumber(ARGV[1])
-if not now then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+const ADD: &str = with_clock!(
+    r"
+local now = instant(ARGV[1])
 local f = redis.call('HMGET', KEYS[1], 'units', 'until', 'lock', 'at', 'provisional_at')
 if f[3] ~= ARGV[2] then return {0, 0, 0} end
 local provisional = tonumber(ARGV[8])
@@ -128,48 +139,43 @@ if provisional > 0 then
 end
 redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(untl, now + provisional) - now) / 1000) + 1000)
 return {1, back, back_at}
-";
+"
+);
 
 /// Frees the lock without a block (home refused or could not be reached),
 /// asking no fill again for `retry` µs. ARGV: now, token, retry (µs).
-const RELEASE: &str = r"
-local now = tonumber(ARGV[1])
-if not now then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+const RELEASE: &str = with_clock!(
+    r"
+local now = instant(ARGV[1])
 if redis.call('HGET', KEYS[1], 'lock') ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[1], 'lock', 'lock_until')
 redis.call('HSET', KEYS[1], 'retry_at', now + tonumber(ARGV[3]))
 return 1
-";
+"
+);
 
 /// Gives `units` back to the share (a spread decision's refund), while it
 /// lives. ARGV: now, units. Reply: units held after.
-const GIVE: &str = r"
-local now = tonumber(ARGV[1])
-if not now then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+const GIVE: &str = with_clock!(
+    r"
+local now = instant(ARGV[1])
 local f = redis.call('HMGET', KEYS[1], 'units', 'until')
 if (tonumber(f[2]) or 0) <= now then return 0 end
 return redis.call('HINCRBY', KEYS[1], 'units', tonumber(ARGV[2]))
-";
+"
+);
 
 /// Reads what a share holds: units (0 once lapsed), and µs until the
 /// lapse. ARGV: now.
-const PEEK: &str = r"
-local now = tonumber(ARGV[1])
-if not now then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+const PEEK: &str = with_clock!(
+    r"
+local now = instant(ARGV[1])
 local f = redis.call('HMGET', KEYS[1], 'units', 'until')
 local untl = tonumber(f[2]) or 0
 if untl <= now then return {0, 0} end
 return {tonumber(f[1]) or 0, untl - now}
-";
+"
+);
 
 macro_rules! script {
     ($name:ident, $source:ident) => {
