@@ -21,17 +21,6 @@ pub struct Target {
     pub token_file: Option<PathBuf>,
 }
 
-/// `key=value`, as `--entry` takes it.
-pub fn parse_entry(text: &str) -> Result<(String, String), String> {
-    let (key, value) = text
-        .split_once('=')
-        .ok_or_else(|| format!("\"{text}\": an entry is key=value"))?;
-    if key.is_empty() {
-        return Err(format!("\"{text}\": the key must not be empty"));
-    }
-    Ok((key.to_owned(), value.to_owned()))
-}
-
 /// Entries as the API writes a descriptor: `[{"key": …, "value": …}, …]`.
 pub fn descriptor(entries: &[(String, String)]) -> Value {
     entries

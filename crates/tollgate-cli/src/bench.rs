@@ -135,7 +135,7 @@ pub struct Args {
     #[arg(long = "descriptor", value_name = "ENTRIES", requires = "target")]
     descriptors: Vec<String>,
     /// How long to run, e.g. 5s or 500ms [default: 5s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "requests")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::arg::duration, conflicts_with = "requests")]
     duration: Option<Duration>,
     /// Stop after this many requests instead of after a duration
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -169,10 +169,10 @@ pub struct Args {
     /// Redis: what a decision is when Redis fails (error, open, closed,
     /// local); with it the store gets a deadline and a circuit breaker, and
     /// the summary counts decisions by path
-    #[arg(long, value_name = "POLICY", value_parser = parse_on_store_error)]
+    #[arg(long, value_name = "POLICY", value_parser = crate::arg::on_store_error)]
     on_store_error: Option<OnStoreError>,
     /// Redis, with --on-store-error: the deadline of each call [default: 100ms]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "on_store_error")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::arg::duration, requires = "on_store_error")]
     store_timeout: Option<Duration>,
     /// Redis, with --on-store-error: denials remembered and answered again
     /// until their retry_after, one per subject (0: off) [default: 0]
@@ -225,18 +225,6 @@ impl BenchOp {
             Self::Acquire => "acquire",
         }
     }
-}
-
-pub(crate) fn parse_on_store_error(text: &str) -> Result<OnStoreError, String> {
-    text.parse().map_err(|error: tollgate::Error| error.to_string())
-}
-
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = tollgate::duration::parse_duration(text).map_err(|error| error.to_string())?;
-    if duration.is_zero() {
-        return Err("the duration must be more than zero".to_owned());
-    }
-    Ok(duration)
 }
 
 /// When the run stops.

@@ -13,6 +13,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 mod api;
+mod arg;
 mod bench;
 mod overrides;
 mod serve;

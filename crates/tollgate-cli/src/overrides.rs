@@ -5,7 +5,7 @@
 use clap::{Args as ClapArgs, Subcommand};
 use serde_json::{json, Value};
 
-use crate::api::{descriptor, parse_entry, Target};
+use crate::api::{descriptor, Target};
 use crate::serve::ADMIN_TOKEN_ENV;
 use crate::UsageError;
 
@@ -26,7 +26,7 @@ struct Which {
     domain: String,
     /// One entry of the descriptor, `key=value`, outermost first (repeat
     /// for each).
-    #[arg(long = "entry", value_name = "KEY=VALUE", required = true, value_parser = parse_entry)]
+    #[arg(long = "entry", value_name = "KEY=VALUE", required = true, value_parser = crate::arg::entry)]
     entries: Vec<(String, String)>,
 }
 

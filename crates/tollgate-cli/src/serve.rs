@@ -10,19 +10,19 @@ use tokio::net::TcpListener;
 use tollgate::{AnyStore, MemoryStore, OnStoreError, ResilientStore};
 use tollgate_server::http::AdminToken;
 use tollgate_server::quota::{Blanket, QuotaSettings};
-use tollgate_server::service::{HeaderNames, REFUSALS_SAMPLED_OF};
+use tollgate_server::service::HeaderNames;
 use tollgate_server::settings::{RedisTls, Settings};
 use tollgate_server::xds::XdsSettings;
 use tollgate_server::{Config, LoadOptions, Options, Server};
 
-use crate::bench::{parse_duration, parse_on_store_error};
+use crate::arg;
 use crate::store::{connect_redis_with, redis_builder, StoreUrl};
 use crate::UsageError;
 
 mod alerts;
 mod telemetry;
 
-use self::alerts::{alert_webhook, alert_webhook_roots, webhook_url};
+use self::alerts::{alert_webhook, alert_webhook_roots};
 
 /// Arguments of `tollgate serve`.
 ///
@@ -92,12 +92,12 @@ pub struct Args {
     /// in-process store enforces each limit until Redis answers again).
     /// With any but `error`, serve also starts while Redis is unreachable
     /// and moves to it once it answers; with `error` it does not start.
-    #[arg(long, value_name = "POLICY", default_value = "error", value_parser = parse_on_store_error)]
+    #[arg(long, value_name = "POLICY", default_value = "error", value_parser = arg::on_store_error)]
     on_store_error: OnStoreError,
     /// With --redis: the deadline of every Redis call (or `REDIS_TIMEOUT`);
     /// after consecutive faults a circuit breaker skips Redis for a
     /// back-off, then probes it. [default: 100ms]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = arg::duration)]
     store_timeout: Option<Duration>,
     /// The health endpoints (gRPC health, `/healthcheck`, `/healthz`) fail
     /// while the store does not answer, checked every second (or
@@ -115,16 +115,16 @@ pub struct Args {
     deny_cache: usize,
     /// The quota service (RLQS): how often each limit is split among the
     /// Envoys and assignments sent, in whole seconds (Envoy reads no less).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = arg::duration)]
     rlqs_interval: Duration,
     /// The quota service: how long an assignment lives, in whole seconds,
     /// at least the interval: how long an Envoy keeps its last rate once
     /// no server answers, before its `expired_assignment_behavior`.
-    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = arg::duration)]
     rlqs_ttl: Duration,
     /// The quota service: a bucket without requests for this long is
     /// abandoned (the Envoy forgets it until its next request).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = arg::duration)]
     rlqs_abandon_after: Duration,
     /// The quota service: what a bucket matching no rule is assigned,
     /// `allow` (all) or `deny` (all).
@@ -144,7 +144,7 @@ pub struct Args {
     policy_header: Option<String>,
     /// Log one line for this share (0 to 1) of refused descriptors: the
     /// domain, the descriptor, the rule, its limit and when to retry.
-    #[arg(long, value_name = "RATE", value_parser = refusal_rate)]
+    #[arg(long, value_name = "RATE", value_parser = arg::refusal_rate)]
     log_refusals: Option<u32>,
     /// Opens the overrides API (`/v1/overrides`) to requests carrying the
     /// token in this file as `Authorization: Bearer` (or the token in
@@ -160,7 +160,7 @@ pub struct Args {
     /// JSON, with an `Idempotency-Key`, until it answers 2xx (or
     /// `TOLLGATE_ALERT_WEBHOOK`); on Redis, alerts wait in the store's
     /// outbox meanwhile.
-    #[arg(long, value_name = "URL", value_parser = webhook_url)]
+    #[arg(long, value_name = "URL", value_parser = arg::webhook_url)]
     alert_webhook: Option<String>,
     /// Trust an `https://` alert webhook whose certificate chains to a CA
     /// in this PEM file (a private CA), beside the public roots (or
@@ -170,7 +170,7 @@ pub struct Args {
     /// How long an alert a replica was given may wait undelivered (the
     /// replica stopped, or cannot reach the webhook) before another replica
     /// on the same Redis takes it over.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = arg::duration, default_value = "30s")]
     alert_take_over: Duration,
     /// Only validate the configuration, then exit (0 when it is valid).
     #[arg(long)]
@@ -367,19 +367,6 @@ fn serve(args: &Args, settings: &Settings, source: Source) -> anyhow::Result<()>
 
 /// The environment variable holding the admin token.
 pub const ADMIN_TOKEN_ENV: &str = "TOLLGATE_ADMIN_TOKEN";
-
-/// `--log-refusals`: a share from 0 to 1, in millionths.
-fn refusal_rate(text: &str) -> Result<u32, String> {
-    let rate: f64 = text
-        .parse()
-        .ok()
-        .filter(|rate: &f64| (0.0..=1.0).contains(rate))
-        .ok_or_else(|| format!("\"{text}\": a share from 0 to 1 (0.01: one refusal in a hundred)"))?;
-    let scale = f64::from(REFUSALS_SAMPLED_OF);
-    // In range by the filter above.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok((rate * scale).round() as u32)
-}
 
 /// The environment variable holding the read-only token.
 pub const READ_TOKEN_ENV: &str = "TOLLGATE_READ_TOKEN";

@@ -30,7 +30,7 @@ use tollgate::{
     Timestamp,
 };
 
-use self::step::{Echo, Step, StepOp};
+use self::step::{Echo, Step, StepError, StepOp};
 use crate::store::{self, StoreUrl};
 use crate::UsageError;
 
@@ -139,7 +139,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return Err(UsageError("--prefix and --keep-keys apply only to a Redis store".to_owned()).into());
     }
     if let Some(path) = &args.plot {
-        plot::Kind::of(path).map_err(UsageError)?;
+        plot::Kind::of(path).map_err(|error| UsageError(error.to_string()))?;
     }
     let several = args.limit.len() > 1;
     let mut simulations = args
@@ -232,7 +232,7 @@ pub fn replay(
         for simulation in simulations.iter_mut() {
             answers.push(match text {
                 Some(text) => simulation.step(text)?,
-                None => Answer::invalid(None, "the step is not valid UTF-8".to_owned()),
+                None => Answer::invalid(None, StepError::NotUtf8),
             });
         }
         let text = match (format, answers.as_slice()) {
@@ -275,14 +275,14 @@ pub struct Answer {
     /// The step as written, when it was a JSON object (for the table).
     echo: Option<Echo>,
     /// Its decision, or why it could not be run.
-    result: Result<Decided, String>,
+    result: Result<Decided, StepError>,
 }
 
 impl Answer {
-    fn invalid(echo: Option<Echo>, message: String) -> Self {
+    fn invalid(echo: Option<Echo>, error: StepError) -> Self {
         Self {
             echo,
-            result: Err(message),
+            result: Err(error),
         }
     }
 }
@@ -350,22 +350,22 @@ struct RedisBackend {
 #[derive(Debug)]
 enum Failure {
     /// The step is invalid: answered with `{"error": …}`, the replay goes on.
-    Invalid(String),
+    Invalid(StepError),
     /// The store failed: the replay ends (exit code 1), since the answers
     /// that would follow could not be compared with another store's.
     Store(tollgate::Error),
 }
 
-impl From<String> for Failure {
-    fn from(message: String) -> Self {
-        Self::Invalid(message)
+impl From<StepError> for Failure {
+    fn from(error: StepError) -> Self {
+        Self::Invalid(error)
     }
 }
 
 impl From<tollgate::Error> for Failure {
     fn from(error: tollgate::Error) -> Self {
         if error.is_invalid() {
-            Self::Invalid(error.to_string())
+            Self::Invalid(StepError::Refused(error))
         } else {
             Self::Store(error)
         }
@@ -548,7 +548,7 @@ impl Simulation {
     pub fn step(&mut self, line: &str) -> anyhow::Result<Answer> {
         let value: serde_json::Value = match serde_json::from_str(line) {
             Ok(value) => value,
-            Err(error) => return Ok(Answer::invalid(None, format!("invalid JSON: {error}"))),
+            Err(error) => return Ok(Answer::invalid(None, StepError::Json(error))),
         };
         let echo = Echo::of(&value);
         let result = match Step::from_value(value)
@@ -556,7 +556,7 @@ impl Simulation {
             .and_then(|step| self.run(&step))
         {
             Ok(decided) => Ok(decided),
-            Err(Failure::Invalid(message)) => Err(message),
+            Err(Failure::Invalid(error)) => Err(error),
             Err(Failure::Store(error)) => return Err(anyhow::Error::new(error)),
         };
         Ok(Answer {
@@ -567,17 +567,16 @@ impl Simulation {
 
     fn run(&mut self, step: &Step) -> Result<Decided, Failure> {
         if let Some(last) = self.last.filter(|&last| step.t_us < last) {
-            return Err(Failure::Invalid(format!(
-                "t_ms must not decrease ({} after {})",
-                output::millis(step.t_us),
-                output::millis(last)
-            )));
+            return Err(Failure::Invalid(StepError::TimeGoesBack {
+                t_ms: output::millis(step.t_us),
+                last: output::millis(last),
+            }));
         }
         let now = self
             .start
             .checked_add(step.t_us)
             .filter(|&now| now <= MAX_NOW)
-            .ok_or_else(|| "t_ms is too large (the simulated time must stay below 2^53 us)".to_owned())?;
+            .ok_or(StepError::TimePastEnd)?;
         let now = Timestamp::from_micros(now);
         let subject = Subject::new(&step.key);
         let request = |op: Op, cost: u64| Request::new(op, cost).at(now);

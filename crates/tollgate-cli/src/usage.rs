@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use clap::Args as ClapArgs;
 use serde_json::Value;
 
-use crate::api::{parse_entry, Target};
+use crate::api::Target;
 use crate::serve::{ADMIN_TOKEN_ENV, READ_TOKEN_ENV};
 
 /// Show where every limit below a descriptor prefix stands (consumes
@@ -22,7 +22,7 @@ pub struct Args {
     domain: String,
     /// One entry of the prefix, `key=value`, outermost first (repeat for
     /// each; none: the whole domain).
-    #[arg(long = "entry", value_name = "KEY=VALUE", value_parser = parse_entry)]
+    #[arg(long = "entry", value_name = "KEY=VALUE", value_parser = crate::arg::entry)]
     entries: Vec<(String, String)>,
     /// Print the server's answer (JSON, every page in one `usage` list).
     #[arg(long)]

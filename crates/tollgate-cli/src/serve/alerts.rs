@@ -12,7 +12,7 @@ pub(super) fn alert_webhook(args: &Args) -> Result<Option<String>, UsageError> {
         return Ok(Some(url.clone()));
     }
     match std::env::var(ALERT_WEBHOOK_ENV) {
-        Ok(url) if !url.trim().is_empty() => webhook_url(url.trim())
+        Ok(url) if !url.trim().is_empty() => crate::arg::webhook_url(url.trim())
             .map(Some)
             .map_err(|error| UsageError(format!("{ALERT_WEBHOOK_ENV}: {error}"))),
         _ => Ok(None),
@@ -39,13 +39,4 @@ pub(super) fn alert_webhook_roots(args: &Args) -> Result<Vec<rustls::pki_types::
     tollgate_server::service::WebhookClient::new(&roots)
         .map_err(|error| UsageError(format!("{source} {}: {error}", path.display())))?;
     Ok(roots)
-}
-
-/// An `http://` or `https://` URL with a host.
-pub(super) fn webhook_url(text: &str) -> Result<String, String> {
-    let parsed = reqwest::Url::parse(text).map_err(|error| format!("\"{text}\" is not a URL: {error}"))?;
-    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-        return Err(format!("\"{text}\": expected an http:// or https:// URL with a host"));
-    }
-    Ok(text.to_owned())
 }

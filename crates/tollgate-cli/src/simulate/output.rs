@@ -49,7 +49,7 @@ fn decision_fields(out: &mut String, decision: &Decision) {
 pub fn json(answer: &Answer) -> String {
     let decided = match &answer.result {
         Ok(decided) => decided,
-        Err(message) => return format!("{{\"error\":{}}}", quote(message)),
+        Err(message) => return format!("{{\"error\":{}}}", quote(&message.to_string())),
     };
     let mut out = String::from("{");
     decision_fields(&mut out, &decided.decision);
@@ -186,7 +186,7 @@ mod tests {
 
     #[test]
     fn errors_are_escaped() {
-        let answer = Answer::invalid(None, "bad \"step\"\n".to_owned());
+        let answer = Answer::invalid(None, crate::simulate::StepError::Shape("bad \"step\"\n".to_owned()));
         assert_eq!(json(&answer), r#"{"error":"bad \"step\"\n"}"#);
     }
 }

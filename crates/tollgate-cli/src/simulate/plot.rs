@@ -57,10 +57,10 @@ impl Kind {
     ///
     /// An extension other than `.svg` or `.png`, or a directory that does
     /// not exist.
-    pub fn of(path: &Path) -> Result<Self, String> {
+    pub fn of(path: &Path) -> Result<Self, PlotPathError> {
         let parent = path.parent().filter(|parent| !parent.as_os_str().is_empty());
         if let Some(parent) = parent.filter(|parent| !parent.is_dir()) {
-            return Err(format!("--plot: no directory \"{}\"", parent.display()));
+            return Err(PlotPathError::NoDirectory(parent.to_owned()));
         }
         match path
             .extension()
@@ -69,12 +69,18 @@ impl Kind {
         {
             Some(ext) if ext == "svg" => Ok(Self::Svg),
             Some(ext) if ext == "png" => Ok(Self::Png),
-            _ => Err(format!(
-                "--plot: \"{}\" must end in .svg or .png (the format is chosen by the extension)",
-                path.display()
-            )),
+            _ => Err(PlotPathError::Extension(path.to_owned())),
         }
     }
+}
+
+/// A `--plot` path no plot can be written to.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotPathError {
+    #[error("--plot: no directory \"{}\"", .0.display())]
+    NoDirectory(std::path::PathBuf),
+    #[error("--plot: \"{}\" must end in .svg or .png (the format is chosen by the extension)", .0.display())]
+    Extension(std::path::PathBuf),
 }
 
 const PANEL_HEIGHT: u32 = 320;
@@ -144,7 +150,7 @@ fn register_font() -> anyhow::Result<()> {
 ///
 /// An unknown extension, or a file that cannot be written.
 pub fn draw(path: &Path, series: &[Series]) -> anyhow::Result<()> {
-    let kind = Kind::of(path).map_err(|message| anyhow::Error::new(crate::UsageError(message)))?;
+    let kind = Kind::of(path).map_err(|error| anyhow::Error::new(crate::UsageError(error.to_string())))?;
     register_font()?;
     let panels: u32 = series.iter().map(|series| series.panels.len() as u32).sum();
     if panels == 0 {

@@ -14,6 +14,43 @@ use serde_json::Value;
 /// The latest `t_ms` accepted, in µs (floats hold integers exactly below it).
 const MAX_MICROS: u64 = 1 << 53;
 
+/// Why a step does not run: it is answered with `{"error": …}` and the
+/// replay goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("the step is not valid UTF-8")]
+    NotUtf8,
+    #[error("invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The step as a whole has the wrong shape (serde's words).
+    #[error("{0}")]
+    Shape(String),
+    /// One field has the wrong shape (serde's words).
+    #[error("{path}: {message}")]
+    Field { path: String, message: String },
+    #[error("{0} is not a number")]
+    NotANumber(&'static str),
+    #[error("{0} must not be negative")]
+    Negative(&'static str),
+    #[error("{0} is too large (at most 2^53 us)")]
+    TooLarge(&'static str),
+    #[error("{field} ({ms}) is finer than a microsecond (0.001 ms)")]
+    FinerThanMicrosecond { field: &'static str, ms: f64 },
+    #[error("max_wait_ms applies only to reserve and acquire")]
+    MaxWaitWithoutWaiting,
+    #[error("lease applies only to acquire and release")]
+    LeaseWithoutLeasing,
+    #[error("release needs a \"lease\" (the one its acquire answered with)")]
+    ReleaseWithoutLease,
+    #[error("t_ms must not decrease ({t_ms} after {last})")]
+    TimeGoesBack { t_ms: String, last: String },
+    #[error("t_ms is too large (the simulated time must stay below 2^53 us)")]
+    TimePastEnd,
+    /// The library refuses the request (a cost the limit never admits, …).
+    #[error(transparent)]
+    Refused(tollgate::Error),
+}
+
 /// A step, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
@@ -84,14 +121,14 @@ enum OpName {
 
 impl Step {
     /// Reads and validates a step; the error names the field at fault.
-    pub fn from_value(value: Value) -> Result<Self, String> {
+    pub fn from_value(value: Value) -> Result<Self, StepError> {
         let raw: Raw = serde_path_to_error::deserialize(value).map_err(|error| {
             let path = error.path().to_string();
             let message = error.inner().to_string().replace('`', "\"");
             if path == "." {
-                message
+                StepError::Shape(message)
             } else {
-                format!("{path}: {message}")
+                StepError::Field { path, message }
             }
         })?;
         let t_us = micros(raw.t_ms, "t_ms")?;
@@ -103,10 +140,10 @@ impl Step {
             .map(|ms| micros(ms, "max_wait_ms").map(Duration::from_micros))
             .transpose()?;
         if max_wait.is_some() && !matches!(raw.op, OpName::Reserve | OpName::Acquire) {
-            return Err("max_wait_ms applies only to reserve and acquire".to_owned());
+            return Err(StepError::MaxWaitWithoutWaiting);
         }
         if raw.lease.is_some() && !matches!(raw.op, OpName::Acquire | OpName::Release) {
-            return Err("lease applies only to acquire and release".to_owned());
+            return Err(StepError::LeaseWithoutLeasing);
         }
         let op = match raw.op {
             OpName::Check => StepOp::Check,
@@ -117,9 +154,7 @@ impl Step {
                 max_wait,
             },
             OpName::Release => StepOp::Release {
-                lease: raw
-                    .lease
-                    .ok_or("release needs a \"lease\" (the one its acquire answered with)")?,
+                lease: raw.lease.ok_or(StepError::ReleaseWithoutLease)?,
             },
             OpName::Reset => StepOp::Reset,
             OpName::Record => StepOp::Record,
@@ -134,21 +169,21 @@ impl Step {
 }
 
 /// Whole microseconds in `ms` milliseconds; see the module docs.
-fn micros(ms: f64, field: &str) -> Result<u64, String> {
+fn micros(ms: f64, field: &'static str) -> Result<u64, StepError> {
     if ms.is_nan() {
-        return Err(format!("{field} is not a number"));
+        return Err(StepError::NotANumber(field));
     }
     if ms < 0.0 {
-        return Err(format!("{field} must not be negative"));
+        return Err(StepError::Negative(field));
     }
     let us = ms * 1000.0;
     if us >= MAX_MICROS as f64 {
-        return Err(format!("{field} is too large (at most 2^53 us)"));
+        return Err(StepError::TooLarge(field));
     }
     let whole = us.round();
     let tolerance = 1e-6_f64.max(us * 4.0 * f64::EPSILON);
     if (us - whole).abs() > tolerance {
-        return Err(format!("{field} ({ms}) is finer than a microsecond (0.001 ms)"));
+        return Err(StepError::FinerThanMicrosecond { field, ms });
     }
     Ok(whole as u64)
 }
@@ -191,7 +226,11 @@ mod tests {
     use serde_json::json;
 
     fn step(value: Value) -> Result<Step, String> {
-        Step::from_value(value)
+        Step::from_value(value).map_err(|error| error.to_string())
+    }
+
+    fn refused(ms: f64) -> StepError {
+        micros(ms, "t_ms").unwrap_err()
     }
 
     #[test]
@@ -210,16 +249,19 @@ mod tests {
 
     #[test]
     fn times_are_whole_microseconds() {
-        assert_eq!(micros(0.001, "t_ms"), Ok(1));
-        assert_eq!(micros(142.857, "t_ms"), Ok(142_857));
-        assert_eq!(micros(0.300_000_000_000_000_04, "t_ms"), Ok(300));
-        assert_eq!(micros(86_400_000.001, "t_ms"), Ok(86_400_000_001));
-        assert_eq!(micros(1e12 + 0.003, "t_ms"), Ok(1_000_000_000_000_003));
-        assert!(micros(0.0005, "t_ms").unwrap_err().contains("finer than a microsecond"));
-        assert!(micros(1e9 + 0.0001, "t_ms").unwrap_err().contains("finer"));
-        assert!(micros(-1.0, "t_ms").unwrap_err().contains("negative"));
-        assert!(micros(f64::NAN, "t_ms").unwrap_err().contains("not a number"));
-        assert!(micros(1e13, "t_ms").unwrap_err().contains("too large"));
+        assert_eq!(micros(0.001, "t_ms").unwrap(), 1);
+        assert_eq!(micros(142.857, "t_ms").unwrap(), 142_857);
+        assert_eq!(micros(0.300_000_000_000_000_04, "t_ms").unwrap(), 300);
+        assert_eq!(micros(86_400_000.001, "t_ms").unwrap(), 86_400_000_001);
+        assert_eq!(micros(1e12 + 0.003, "t_ms").unwrap(), 1_000_000_000_000_003);
+        assert_eq!(
+            refused(0.0005).to_string(),
+            "t_ms (0.0005) is finer than a microsecond (0.001 ms)"
+        );
+        assert!(matches!(refused(1e9 + 0.0001), StepError::FinerThanMicrosecond { .. }));
+        assert!(matches!(refused(-1.0), StepError::Negative("t_ms")));
+        assert!(matches!(refused(f64::NAN), StepError::NotANumber("t_ms")));
+        assert!(matches!(refused(1e13), StepError::TooLarge("t_ms")));
     }
 
     #[test]
