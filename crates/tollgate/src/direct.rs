@@ -16,7 +16,8 @@ use crate::algorithm::{Change, State, WordKernel};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
-use crate::policy::{Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Op, Request};
 
 /// One policy's state for one subject, in this process; see the module docs.
 ///

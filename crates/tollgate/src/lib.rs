@@ -54,6 +54,7 @@ mod follower;
 mod limiter;
 mod overrides;
 mod policy;
+mod request;
 mod settling;
 mod store;
 mod subject;
@@ -72,7 +73,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use follower::{Applied, Followed, FollowedMap, TableFollower};
 pub use limiter::{Acquired, Estimated, Limiter, Permit, Settlement};
 pub use overrides::PolicyOverrides;
-pub use policy::{Cost, Op, Policy, Request};
+pub use policy::Policy;
+pub use request::{Cost, Op, Request};
 pub use store::{
     AnyStore, LeaseStats, LeasedStore, MemoryStore, MemoryStoreBuilder, OnStoreError, ResilienceStats, ResilientStore,
     ResilientStoreBuilder, Spread, SpreadBuilder, Store, StoreConnector, SubjectPage,

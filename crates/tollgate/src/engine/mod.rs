@@ -22,7 +22,8 @@ use crate::algorithm::{Encoded, Loaded, State, DERIVED};
 pub use crate::algorithm::{Members, Scores, SortedSet, Value, Visit};
 use crate::clock::Timestamp;
 use crate::decision::{Crossing, Decision};
-use crate::policy::{Policy, Request};
+use crate::policy::Policy;
+use crate::request::Request;
 
 pub mod protocol;
 

@@ -28,7 +28,7 @@ use std::time::Duration;
 use crate::algorithm::{Limit, LimitSpec};
 use crate::clock::{micros, Timestamp};
 use crate::decision::Decision;
-use crate::policy::Op;
+use crate::request::Op;
 
 /// The calling convention's version: the module answers it to
 /// `TOLLGATE.VERSION`, and a client uses a module only when it is its own.

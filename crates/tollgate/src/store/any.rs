@@ -6,7 +6,8 @@ use super::{RedisStore, RegionalStore, ResilientStore};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
-use crate::policy::{Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Op, Request};
 use crate::subject::{Subject, SubjectPattern};
 
 /// Either store; decides like the store it holds. Code that knows its store

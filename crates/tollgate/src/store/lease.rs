@@ -18,7 +18,8 @@ use super::{Spread, Store};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::Result;
-use crate::policy::{Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Op, Request};
 use crate::subject::Subject;
 
 /// A block is never more than this fraction (1 / `SHARE`) of the limit's

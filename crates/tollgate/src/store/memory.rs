@@ -28,7 +28,8 @@ use crate::algorithm::{Change, State, WordKernel};
 use crate::clock::{micros, Clock, Sleep, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome};
 use crate::error::Result;
-use crate::policy::{name_hash, Op, Policy, Request};
+use crate::policy::{name_hash, Policy};
+use crate::request::{Op, Request};
 use crate::subject::{subject_parts, Subject, SubjectPattern};
 
 type Hasher = foldhash::fast::RandomState;

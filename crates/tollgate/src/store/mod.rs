@@ -30,7 +30,8 @@ pub use self::spread::{Spread, SpreadBuilder};
 use crate::clock::Sleep;
 use crate::decision::Outcome;
 use crate::error::Result;
-use crate::policy::{Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Op, Request};
 use crate::subject::Subject;
 
 /// A place that keeps limit state and decides atomically.

@@ -43,7 +43,8 @@ use super::{MemoryStore, Spread, Store};
 use crate::clock::{Clock as _, Sleep, SystemClock};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
-use crate::policy::{Cost, Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Cost, Op, Request};
 use crate::subject::Subject;
 
 /// What a decision is when the store fails (an error, a missed deadline, an

@@ -20,7 +20,8 @@ use crate::algorithm::Limit;
 use crate::clock::Timestamp;
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, Result};
-use crate::policy::{Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Op, Request};
 use crate::subject::Subject;
 
 /// Limits kept under several subjects and decided together, all-or-nothing

@@ -23,7 +23,7 @@ use super::connection::{self, Engine, Fault, Followed};
 use super::{fill, store_error, Client, Encoded, RedisStore};
 use crate::algorithm::Durability;
 use crate::error::{Error, ErrorKind, Result};
-use crate::policy::{Op, Request};
+use crate::request::{Op, Request};
 
 /// Where a durable record's connection goes.
 pub(super) enum Reach {

@@ -11,7 +11,8 @@ use super::{fill, store_error, RedisStore};
 use crate::clock::Timestamp;
 use crate::engine::protocol::OpCode;
 use crate::error::{Error, ErrorKind, Result};
-use crate::policy::{Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Op, Request};
 use crate::subject::Subject;
 
 /// One report to count once: its name (unique to its sender), its units,

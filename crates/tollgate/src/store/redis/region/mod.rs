@@ -10,7 +10,8 @@ use super::{store_error, RedisStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
-use crate::policy::{Op, Policy, Request};
+use crate::policy::Policy;
+use crate::request::{Op, Request};
 use crate::store::{MemoryStore, OnStoreError, Spread, Store};
 use crate::subject::Subject;
 use crate::Limit;
@@ -525,7 +526,7 @@ impl<S: Store> Region<S> {
                 Box::pin(fill(taken.fill)).await;
                 let mut again = request.clone();
                 if at_most {
-                    again.cost = crate::policy::Cost::same(cost);
+                    again.cost = crate::request::Cost::same(cost);
                 }
                 taken = match this.run_take(&key, &again, limit).await {
                     Ok(taken) => taken,
