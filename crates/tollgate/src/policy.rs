@@ -528,7 +528,13 @@ impl Policy {
             .each()
             .and_then(|costs| costs.first().copied())
             .unwrap_or(cost);
-        let mut step = decide(action, cost_seen);
+        // A check, the common case, is decided with its action known here,
+        // so that the step inlined for it carries no match on the action.
+        let mut step = if action == Action::Check {
+            decide(Action::Check, cost_seen)
+        } else {
+            decide(action, cost_seen)
+        };
         let allowed = step.decision.allowed;
         if !allowed && action == Action::Check && self.limits[0].1.records_overage() {
             step = decide(Action::Record, cost_seen);
