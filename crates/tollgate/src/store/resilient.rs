@@ -27,24 +27,27 @@
 //!
 //! [`RedisStore`]: crate::RedisStore
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
+mod breaker;
+mod deny_cache;
+
+use self::breaker::Breaker;
+use self::deny_cache::DenyCache;
 use super::{MemoryStore, Spread, Store};
 use crate::clock::{Clock as _, Sleep, SystemClock};
 use crate::decision::{Decision, Outcome, Path};
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::Policy;
-use crate::request::{Cost, Op, Request};
+use crate::request::{Op, Request};
 use crate::subject::Subject;
 
 /// What a decision is when the store fails (an error, a missed deadline, an
@@ -537,110 +540,6 @@ impl<S: Store> Store for ResilientStore<S> {
     }
 }
 
-/// The circuit breaker. Closed, it counts consecutive faults; open, it
-/// refuses calls until `open_until`, when the first caller to claim the
-/// instant probes the store (and moves `open_until` one back-off on, so that
-/// a probe that never returns cannot keep the store skipped for good).
-struct Breaker {
-    epoch: Instant,
-    threshold: u64,
-    first_backoff: u64,
-    max_backoff: u64,
-    /// Consecutive faults while closed.
-    failures: AtomicU64,
-    /// µs since `epoch` until which calls are refused; 0: closed.
-    open_until: AtomicU64,
-    /// The current back-off, µs.
-    backoff: AtomicU64,
-    opened: AtomicU64,
-}
-
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
-impl Breaker {
-    fn new(threshold: u64, backoff: Duration, max_backoff: Duration) -> Self {
-        Self {
-            epoch: Instant::now(),
-            threshold,
-            first_backoff: micros(backoff).max(1),
-            max_backoff: micros(max_backoff).max(1),
-            failures: AtomicU64::new(0),
-            open_until: AtomicU64::new(0),
-            backoff: AtomicU64::new(micros(backoff).max(1)),
-            opened: AtomicU64::new(0),
-        }
-    }
-
-    fn now(&self) -> u64 {
-        micros(self.epoch.elapsed()).max(1)
-    }
-
-    fn is_open(&self) -> bool {
-        self.open_until.load(Ordering::Acquire) != 0
-    }
-
-    /// Whether a call may go to the store now (closed, or the probe).
-    fn admits(&self) -> bool {
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return true;
-        }
-        let now = self.now();
-        if now < until {
-            return false;
-        }
-        let next = now + self.backoff.load(Ordering::Relaxed);
-        self.open_until
-            .compare_exchange(until, next, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// A call succeeded; true when that closed an open breaker.
-    fn succeeded(&self) -> bool {
-        // Read before writing: a healthy store's decisions leave the shared
-        // lines untouched.
-        if self.failures.load(Ordering::Relaxed) != 0 {
-            self.failures.store(0, Ordering::Relaxed);
-        }
-        if self.open_until.load(Ordering::Acquire) == 0 || self.open_until.swap(0, Ordering::AcqRel) == 0 {
-            return false;
-        }
-        self.backoff.store(self.first_backoff, Ordering::Relaxed);
-        true
-    }
-
-    /// A call failed; the back-off when that opened the breaker.
-    fn failed(&self) -> Option<Duration> {
-        if self.is_open() {
-            // A failed probe: wait twice as long before the next.
-            let backoff = (self.backoff.load(Ordering::Relaxed) * 2).min(self.max_backoff);
-            self.backoff.store(backoff, Ordering::Relaxed);
-            self.open_until.store(self.now() + backoff, Ordering::Release);
-            return None;
-        }
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures < self.threshold {
-            return None;
-        }
-        self.failures.store(0, Ordering::Relaxed);
-        let backoff = self.backoff.load(Ordering::Relaxed);
-        self.open_until.store(self.now() + backoff, Ordering::Release);
-        self.opened.fetch_add(1, Ordering::Relaxed);
-        Some(Duration::from_micros(backoff))
-    }
-
-    /// How long until the store is called again (zero while closed).
-    fn until_probe(&self) -> Duration {
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return Duration::from_micros(self.first_backoff);
-        }
-        Duration::from_micros(until.saturating_sub(self.now()))
-    }
-}
-
 /// Faults are logged at most once a second, with how many were not.
 #[derive(Default)]
 struct FaultLog {
@@ -662,134 +561,4 @@ impl FaultLog {
             }
         }
     }
-}
-
-/// Denials by subject and policy, answered again until their `retry_after`.
-/// Looked up under a read lock and by a hash of the subject and the limit
-/// names, so that a decision that finds nothing allocates nothing.
-struct DenyCache {
-    capacity: usize,
-    hasher: foldhash::fast::RandomState,
-    entries: RwLock<HashMap<u64, Denial>>,
-}
-
-struct Denial {
-    /// The subject's key, to tell apart subjects whose hashes meet.
-    subject: String,
-    policy: Policy,
-    op: Op,
-    cost: Cost,
-    outcome: Outcome,
-    at: Instant,
-    until: Instant,
-}
-
-impl DenyCache {
-    fn new(capacity: usize) -> Self {
-        Self {
-            capacity,
-            hasher: foldhash::fast::RandomState::default(),
-            entries: RwLock::new(HashMap::new()),
-        }
-    }
-
-    fn cacheable(policy: &Policy, request: &Request) -> bool {
-        request.now.is_none()
-            && !policy.has_concurrency()
-            // A refused check of such a limit still counts, in the store.
-            && !policy.records_overage()
-            && matches!(request.op, Op::Check | Op::CheckAtMost | Op::Reserve { .. })
-    }
-
-    /// Where the denials of `policy` for `subject` are kept: a hash of the
-    /// subject and the names of the policy's limits (a server decides many
-    /// policies for one subject).
-    fn key(&self, subject: &Subject, policy: &Policy) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
-        subject.as_key().hash(&mut hasher);
-        for (name, _) in policy.limits() {
-            name.hash(&mut hasher);
-        }
-        hasher.finish()
-    }
-
-    /// The remembered denial of this very request, its times brought to now.
-    fn answer(&self, subject: &Subject, policy: &Policy, request: &Request) -> Option<Outcome> {
-        if !Self::cacheable(policy, request) {
-            return None;
-        }
-        let entries = self.entries.read();
-        let denial = entries.get(&self.key(subject, policy))?;
-        let now = Instant::now();
-        // An expired denial is replaced by the next one, or swept when full.
-        if now >= denial.until {
-            return None;
-        }
-        let same = denial.subject == subject.as_key()
-            && denial.op == request.op
-            && denial.cost == request.cost
-            && denial.policy == *policy;
-        if !same {
-            return None;
-        }
-        let elapsed = now.duration_since(denial.at);
-        let mut outcome = denial.outcome.clone();
-        drop(entries);
-        age(&mut outcome.decision, elapsed);
-        for (_, decision) in &mut outcome.limits {
-            age(decision, elapsed);
-        }
-        outcome.path = Path::DenyCache;
-        Some(outcome)
-    }
-
-    fn remember(&self, subject: &Subject, policy: &Policy, request: &Request, outcome: &Outcome) {
-        let retry_after = match outcome.decision.retry_after {
-            Some(retry_after) if !outcome.decision.allowed && !retry_after.is_zero() => retry_after,
-            _ => return,
-        };
-        if !Self::cacheable(policy, request) {
-            return;
-        }
-        let at = Instant::now();
-        let Some(until) = at.checked_add(retry_after) else {
-            return;
-        };
-        let key = self.key(subject, policy);
-        let mut entries = self.entries.write();
-        if entries.len() >= self.capacity && !entries.contains_key(&key) {
-            entries.retain(|_, denial| denial.until > at);
-            if entries.len() >= self.capacity {
-                // Still full of live denials: start again rather than grow.
-                entries.clear();
-            }
-        }
-        entries.insert(
-            key,
-            Denial {
-                subject: subject.as_key().to_owned(),
-                policy: policy.clone(),
-                op: request.op.clone(),
-                cost: request.cost.clone(),
-                outcome: outcome.clone(),
-                at,
-                until,
-            },
-        );
-    }
-
-    fn forget(&self, subject: &Subject, policy: &Policy) {
-        let key = self.key(subject, policy);
-        self.entries.write().remove(&key);
-    }
-}
-
-/// A decision as it reads `elapsed` later: its waits that much shorter.
-fn age(decision: &mut Decision, elapsed: Duration) {
-    if let Some(retry_after) = &mut decision.retry_after {
-        if !decision.allowed {
-            *retry_after = retry_after.saturating_sub(elapsed);
-        }
-    }
-    decision.reset_after = decision.reset_after.saturating_sub(elapsed);
 }
