@@ -108,7 +108,7 @@ impl Running {
 async fn envoy(
     address: std::net::SocketAddr,
     tls: Option<(&Authority, Option<&Leaf>, &str)>,
-) -> Result<RateLimitServiceClient<tonic::transport::Channel>, String> {
+) -> Result<RateLimitServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
     let endpoint = match tls {
         None => tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap(),
         Some((authority, leaf, name)) => {
@@ -129,7 +129,7 @@ async fn envoy(
                 .unwrap()
         }
     };
-    let channel = endpoint.connect().await.map_err(|error| format!("{error:?}"))?;
+    let channel = endpoint.connect().await?;
     Ok(RateLimitServiceClient::new(channel))
 }
 
@@ -407,7 +407,7 @@ async fn a_rotated_certificate_is_taken_up() {
     let mut client = loop {
         match envoy(server.grpc, Some((&authority, None, "after.test"))).await {
             Ok(client) => break client,
-            Err(error) => assert!(std::time::Instant::now() < deadline, "not taken up: {error}"),
+            Err(error) => assert!(std::time::Instant::now() < deadline, "not taken up: {error:?}"),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };

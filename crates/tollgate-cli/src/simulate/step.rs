@@ -225,8 +225,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn step(value: Value) -> Result<Step, String> {
-        Step::from_value(value).map_err(|error| error.to_string())
+    fn step(value: Value) -> Result<Step, StepError> {
+        Step::from_value(value)
+    }
+
+    /// What `value` is refused with.
+    fn refusal(value: Value) -> String {
+        step(value).unwrap_err().to_string()
     }
 
     fn refused(ms: f64) -> StepError {
@@ -266,23 +271,23 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let message = step(json!({"t_ms": 0, "cots": 1})).unwrap_err();
+        let message = refusal(json!({"t_ms": 0, "cots": 1}));
         assert!(message.contains("unknown field \"cots\""), "{message}");
-        let message = step(json!({"t_ms": 0, "cost": "x"})).unwrap_err();
+        let message = refusal(json!({"t_ms": 0, "cost": "x"}));
         assert!(message.starts_with("cost: "), "{message}");
-        let message = step(json!({"t_ms": 0, "op": "chek"})).unwrap_err();
+        let message = refusal(json!({"t_ms": 0, "op": "chek"}));
         assert!(message.starts_with("op: unknown variant \"chek\""), "{message}");
-        let message = step(json!({"key": "a"})).unwrap_err();
+        let message = refusal(json!({"key": "a"}));
         assert!(message.contains("missing field \"t_ms\""), "{message}");
-        let message = step(json!({"t_ms": 0, "op": "release"})).unwrap_err();
+        let message = refusal(json!({"t_ms": 0, "op": "release"}));
         assert!(message.contains("needs a \"lease\""), "{message}");
-        let message = step(json!({"t_ms": 0, "lease": "1"})).unwrap_err();
+        let message = refusal(json!({"t_ms": 0, "lease": "1"}));
         assert!(message.contains("lease applies only"), "{message}");
         for huge in [9_007_199_254_740.992, 9_223_372_036_854_775_807.0, f64::MAX] {
             let unbounded = step(json!({"t_ms": 0, "op": "reserve", "max_wait_ms": huge})).unwrap();
             assert_eq!(unbounded.op, StepOp::Reserve { max_wait: None }, "{huge}");
         }
-        let message = step(json!({"t_ms": 0, "max_wait_ms": 1})).unwrap_err();
+        let message = refusal(json!({"t_ms": 0, "max_wait_ms": 1}));
         assert!(message.contains("max_wait_ms applies only"), "{message}");
     }
 

@@ -1,6 +1,6 @@
 use super::*;
 
-fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+fn settings(pairs: &[(&str, &str)]) -> Result<Settings, SettingError> {
     let names: Vec<String> = pairs.iter().map(|(name, _)| (*name).to_owned()).collect();
     let lookup = |name: &str| {
         pairs
@@ -8,7 +8,7 @@ fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
             .find(|(each, _)| *each == name)
             .map(|(_, value)| (*value).to_owned())
     };
-    Settings::from_lookup(lookup, &names).map_err(|error| error.to_string())
+    Settings::from_lookup(lookup, &names)
 }
 
 #[test]
@@ -187,7 +187,7 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         (&[("DEBUG_PORT", "debug")][..], "DEBUG_PORT"),
         (&[("MAX_DESCRIPTORS", "0")][..], "MAX_DESCRIPTORS"),
     ] {
-        let error = settings(pairs).unwrap_err();
+        let error = settings(pairs).unwrap_err().to_string();
         assert!(error.starts_with(named), "{error}");
     }
 }

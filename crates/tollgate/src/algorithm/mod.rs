@@ -67,6 +67,8 @@ pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
 #[cfg(test)]
+pub(crate) mod leasable;
+#[cfg(test)]
 pub(crate) mod properties;
 #[cfg(all(test, feature = "engine"))]
 pub(crate) mod testing;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::LeasedStore;
-use crate::algorithm::properties::{any_leasable, stated_bound};
+use crate::algorithm::leasable::{any_leasable, stated_bound};
 use crate::{Limit, MemoryStore, Op, Outcome, Path, Policy, Request, Store, Subject, Timestamp};
 
 /// An instant in the middle of a second, so that runs straddle windows.
